@@ -1,0 +1,1 @@
+"""specref: a small, verified reference implementation of speculative decoding."""

@@ -1,0 +1,1 @@
+"""Transformer models used as targets and drafts."""
