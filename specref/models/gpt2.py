@@ -1,0 +1,395 @@
+"""GPT-2 in one readable file, with Hugging Face's parameter names and layouts.
+
+``GPT2(config).state_dict()`` has exactly the keys and tensor shapes of
+``transformers.GPT2LMHeadModel``: each model loads the other's weights.  Linear
+layers are GPT-2's ``Conv1D``: the weight is stored ``[in, out]`` and applied as
+``x @ weight + bias``.
+
+What is added for speculative decoding:
+
+* a static KV cache with one length per sequence (``KVCache``), so rejected
+  drafts are dropped by moving a length back;
+* ``position_ids`` and a boolean ``attention_mask`` among the *new* tokens, so a
+  flattened tree of drafts can be scored in one pass (a node sees the cache and
+  its ancestors only);
+* ``return_hidden=True`` returns every layer's hidden states, the features that
+  Medusa/EAGLE-style drafts read.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .kvcache import KVCache
+
+
+@dataclass
+class GPT2Config:
+    """The GPT-2 hyper-parameters, under the field names of HF ``config.json``."""
+
+    vocab_size: int = 50257
+    n_positions: int = 1024
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    n_inner: int | None = None  # MLP width; None means 4 * n_embd
+    activation_function: str = "gelu_new"
+    layer_norm_epsilon: float = 1e-5
+    initializer_range: float = 0.02
+    # Dropout rates are kept for config.json round-trips; this reference model is
+    # used for inference and short single-epoch training, so it applies none.
+    resid_pdrop: float = 0.0
+    embd_pdrop: float = 0.0
+    attn_pdrop: float = 0.0
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.n_inner is not None and (not isinstance(self.n_inner, int) or self.n_inner <= 0):
+            raise ValueError(f"n_inner must be None or a positive int, got {self.n_inner!r}")
+        if self.activation_function not in _ACTIVATIONS:
+            raise ValueError(f"activation_function must be one of {sorted(_ACTIVATIONS)}, "
+                             f"got {self.activation_function!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def to_dict(self) -> dict[str, Any]:
+        """A dict that HF ``GPT2Config.from_dict`` (and ``config.json``) understands."""
+        d = asdict(self)
+        d["model_type"] = "gpt2"
+        d["architectures"] = ["GPT2LMHeadModel"]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "GPT2Config":
+        """Read an HF GPT-2 ``config.json`` dict; unknown keys (task heads, versions...) are ignored."""
+        if not isinstance(d, dict):
+            raise TypeError(f"d must be a dict, got {type(d).__name__}")
+        if d.get("model_type", "gpt2") != "gpt2":
+            raise ValueError(f"not a GPT-2 config: model_type={d.get('model_type')!r}")
+        if d.get("scale_attn_by_inverse_layer_idx") or d.get("reorder_and_upcast_attn"):
+            raise ValueError("scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not supported")
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _gelu_new(x: torch.Tensor) -> torch.Tensor:
+    # GPT-2's tanh approximation of GELU (HF "gelu_new").
+    return F.gelu(x, approximate="tanh")
+
+
+_ACTIVATIONS = {"gelu_new": _gelu_new, "gelu_pytorch_tanh": _gelu_new, "gelu": F.gelu, "relu": F.relu}
+
+
+class Conv1D(nn.Module):
+    """GPT-2's linear layer: ``y = x @ weight + bias`` with ``weight`` stored ``[in, out]``."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_in, n_out))
+        self.bias = nn.Parameter(torch.zeros(n_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: GPT2Config) -> None:
+        super().__init__()
+        self.n_head, self.head_dim = config.n_head, config.head_dim
+        self.c_attn = Conv1D(config.n_embd, 3 * config.n_embd)
+        self.c_proj = Conv1D(config.n_embd, config.n_embd)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, T, C]
+        mask: torch.Tensor,  # [B or 1, 1, T, S] bool, True = may attend
+        cache: KVCache | None,
+        layer: int,
+        slots: torch.Tensor | None,  # [B, T] cache slots of the new tokens
+        n_slots: int,  # S: how many cache slots to attend over
+    ) -> torch.Tensor:  # [B, T, C]
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
+        if cache is not None:
+            # Write the new entries at each sequence's own slots, then attend over the
+            # first n_slots slots; the mask hides stale slots and other sequences' padding.
+            idx = slots[:, None, :, None].expand(B, self.n_head, T, self.head_dim)
+            cache.k[layer].scatter_(2, idx, k.to(cache.dtype))
+            cache.v[layer].scatter_(2, idx, v.to(cache.dtype))
+            k = cache.k[layer, :, :, :n_slots].to(q.dtype)
+            v = cache.v[layer, :, :, :n_slots].to(q.dtype)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, T, D]
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPT2Config) -> None:
+        super().__init__()
+        inner = config.n_inner or 4 * config.n_embd
+        self.c_fc = Conv1D(config.n_embd, inner)
+        self.c_proj = Conv1D(inner, config.n_embd)
+        self.act = _ACTIVATIONS[config.activation_function]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, C]
+        return self.c_proj(self.act(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+
+    def __init__(self, config: GPT2Config) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.attn = Attention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.mlp = MLP(config)
+
+    def forward(self, x, mask, cache, layer, slots, n_slots):  # [B, T, C] -> [B, T, C]
+        x = x + self.attn(self.ln_1(x), mask, cache, layer, slots, n_slots)
+        return x + self.mlp(self.ln_2(x))
+
+
+class Transformer(nn.Module):
+    # A container only, so that parameter names carry HF's "transformer." prefix.
+    def __init__(self, config: GPT2Config) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.n_positions, config.n_embd)
+        self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+
+
+class GPT2Output(NamedTuple):
+    logits: torch.Tensor  # [B, T, V]
+    # n_layer + 1 tensors [B, T, C], HF's convention: the embedding output, the
+    # output of blocks 0..n_layer-2, and finally ln_f(output of the last block).
+    hidden_states: tuple[torch.Tensor, ...]
+
+
+# HF checkpoints may carry these non-persistent attention buffers; they hold no weights.
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+
+
+class GPT2(nn.Module):
+    """GPT-2 language model (``GPT2LMHeadModel``) with a speculative-decoding-friendly forward."""
+
+    def __init__(self, config: GPT2Config) -> None:
+        super().__init__()
+        if not isinstance(config, GPT2Config):
+            raise TypeError(f"config must be a GPT2Config, got {type(config).__name__}")
+        self.config = config
+        self.transformer = Transformer(config)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
+        self.apply(self._init_weights)
+        # GPT-2 scales residual projections by 1/sqrt(2 * n_layer) so the residual
+        # stream's variance does not grow with depth.
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=config.initializer_range / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, (Conv1D, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+        if isinstance(module, Conv1D):
+            nn.init.zeros_(module.bias)
+        if isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    # -- convenience -------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.transformer.wte.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.transformer.wte.weight.dtype
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())  # tied lm_head counted once
+        if exclude_embeddings:
+            n -= self.transformer.wte.weight.numel() + self.transformer.wpe.weight.numel()
+        return n
+
+    def new_cache(
+        self,
+        batch_size: int,
+        max_len: int | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> KVCache:
+        """An empty cache for ``batch_size`` sequences of up to ``max_len`` (default ``n_positions``) tokens."""
+        c = self.config
+        max_len = c.n_positions if max_len is None else max_len
+        if not isinstance(max_len, int) or isinstance(max_len, bool) or not 0 < max_len <= c.n_positions:
+            raise ValueError(f"max_len must be an int in [1, n_positions={c.n_positions}], got {max_len!r}")
+        return KVCache(c.n_layer, batch_size, c.n_head, c.head_dim, max_len,
+                       device=self.device if device is None else device,
+                       dtype=self.dtype if dtype is None else dtype)
+
+    # -- forward -----------------------------------------------------------------------
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, T] long
+        cache: KVCache | None = None,
+        position_ids: torch.Tensor | None = None,  # [B, T] or [1, T] long
+        attention_mask: torch.Tensor | None = None,  # [B or 1, T, T] bool, among the new tokens
+        return_hidden: bool = False,
+    ) -> torch.Tensor | GPT2Output:
+        """Logits ``[B, T, V]`` for ``input_ids`` (appended after ``cache`` if one is given).
+
+        The attention rule: new token ``i`` of sequence ``b`` sees every cached
+        slot ``< cache.lengths[b]`` and the new tokens ``j`` with
+        ``attention_mask[b, i, j]`` (default: causal, ``j <= i``).  Positions
+        default to ``cache.lengths[b] + arange(T)``.  The cache gets the new
+        tokens' K/V at slots ``lengths[b] ..`` and ``lengths`` grows by ``T``.
+
+        With ``return_hidden=True`` returns ``GPT2Output(logits, hidden_states)``.
+        """
+        c = self.config
+        if not isinstance(input_ids, torch.Tensor):
+            raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
+        if input_ids.dtype.is_floating_point or input_ids.is_complex() or input_ids.dtype == torch.bool:
+            raise TypeError(f"input_ids must be an integer tensor, got dtype {input_ids.dtype}")
+        if input_ids.ndim != 2:
+            raise ValueError(f"input_ids must have shape [B, T], got {tuple(input_ids.shape)}")
+        B, T = input_ids.shape
+        if B == 0 or T == 0:
+            raise ValueError(f"input_ids must be non-empty, got shape {tuple(input_ids.shape)}")
+        if bool((input_ids < 0).any()) or bool((input_ids >= c.vocab_size).any()):
+            raise ValueError(f"input_ids must lie in [0, vocab_size={c.vocab_size}), "
+                             f"got min {int(input_ids.min())} max {int(input_ids.max())}")
+        input_ids = input_ids.to(device=self.device, dtype=torch.long)
+        dev = self.device
+
+        if cache is not None:
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+            if cache.n_layer != c.n_layer or cache.k.shape[2] != c.n_head or cache.k.shape[4] != c.head_dim:
+                raise ValueError("cache was built for a different model shape")
+            if cache.batch_size != B:
+                raise ValueError(f"cache holds {cache.batch_size} sequences but input_ids has B={B}")
+            if cache.device != dev:
+                raise ValueError(f"cache is on {cache.device} but the model is on {dev}")
+            past = cache.lengths  # [B]
+            n_slots = int(past.max()) + T
+            if n_slots > cache.max_len:
+                raise ValueError(f"total length {n_slots} exceeds the cache's max_len={cache.max_len}")
+        else:
+            past = torch.zeros(B, dtype=torch.long, device=dev)
+            n_slots = T
+        new = torch.arange(T, device=dev)
+        slots = past[:, None] + new  # [B, T] cache slot (= default position) of each new token
+
+        if position_ids is None:
+            if n_slots > c.n_positions:
+                raise ValueError(f"total length {n_slots} (cached + new tokens) exceeds n_positions={c.n_positions}")
+            position_ids = slots
+        else:
+            if not isinstance(position_ids, torch.Tensor) or position_ids.dtype.is_floating_point \
+                    or position_ids.dtype == torch.bool:
+                raise TypeError("position_ids must be an integer tensor")
+            if position_ids.ndim != 2 or position_ids.shape[1] != T or position_ids.shape[0] not in (1, B):
+                raise ValueError(f"position_ids must have shape [{B} or 1, {T}], got {tuple(position_ids.shape)}")
+            position_ids = position_ids.to(device=dev, dtype=torch.long)
+            if bool((position_ids < 0).any()) or bool((position_ids >= c.n_positions).any()):
+                raise ValueError(f"position_ids must lie in [0, n_positions={c.n_positions})")
+
+        if attention_mask is None:
+            new_mask = new[None, :, None] >= new[None, None, :]  # [1, T, T] causal
+        else:
+            if not isinstance(attention_mask, torch.Tensor) or attention_mask.dtype != torch.bool:
+                raise TypeError("attention_mask must be a bool tensor (True = may attend)")
+            if attention_mask.ndim != 3 or attention_mask.shape[1:] != (T, T) or attention_mask.shape[0] not in (1, B):
+                raise ValueError(f"attention_mask must have shape [{B} or 1, {T}, {T}], "
+                                 f"got {tuple(attention_mask.shape)}")
+            new_mask = attention_mask.to(dev)
+        if cache is None:
+            mask = new_mask[:, None]  # [B or 1, 1, T, T]
+        else:
+            # Slot s of sequence b is visible to new token i iff it is cached (s < past[b])
+            # or it is new token j = s - past[b] and new_mask[b, i, j].
+            s = torch.arange(n_slots, device=dev)
+            rel = s[None, :] - past[:, None]  # [B, S]
+            in_new = (rel >= 0) & (rel < T)
+            gathered = new_mask.expand(B, T, T).gather(2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, n_slots))
+            mask = ((rel < 0)[:, None, :] | (in_new[:, None, :] & gathered))[:, None]  # [B, 1, T, S]
+
+        tr = self.transformer
+        x = tr.wte(input_ids) + tr.wpe(position_ids)  # [B, T, C]
+        hidden: list[torch.Tensor] = []
+        for layer, block in enumerate(tr.h):
+            if return_hidden:
+                hidden.append(x)
+            x = block(x, mask, cache, layer, slots, n_slots)
+        x = tr.ln_f(x)
+        logits = self.lm_head(x)  # [B, T, V]
+        if cache is not None:
+            cache.lengths = past + T  # a new tensor: callers' references to the old lengths stay valid
+        if return_hidden:
+            hidden.append(x)
+            return GPT2Output(logits, tuple(hidden))
+        return logits
+
+    # -- HF interop ----------------------------------------------------------------------
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True, assign: bool = False):
+        """Load GPT-2 weights with HF names (with or without the ``transformer.`` prefix).
+
+        Tolerates a missing ``lm_head.weight`` (it is tied to ``wte``) and drops HF's
+        non-persistent ``attn.bias`` / ``attn.masked_bias`` buffers.
+        """
+        sd = normalize_state_dict(state_dict)
+        if "lm_head.weight" not in sd:
+            sd["lm_head.weight"] = sd.get("transformer.wte.weight", self.transformer.wte.weight)
+        result = super().load_state_dict(sd, strict=strict, assign=assign)
+        self.lm_head.weight = self.transformer.wte.weight  # keep the tie even with assign=True
+        return result
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> "GPT2":
+        """Load an HF-layout GPT-2 checkpoint (local folder or HF cache); see ``specref.models.pretrained``."""
+        from .pretrained import from_pretrained
+
+        return from_pretrained(name_or_path, device=device, dtype=dtype)
+
+
+def normalize_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF GPT-2 state dict -> ``GPT2`` keys: add the ``transformer.`` prefix where absent, drop buffers.
+
+    The original hub checkpoints of ``gpt2`` store ``h.0.attn...``/``wte.weight``
+    without the prefix; ``GPT2LMHeadModel.state_dict()`` has it.
+    """
+    if not isinstance(state_dict, dict):
+        raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state_dict.items():
+        if key.endswith(_IGNORED_SUFFIXES):
+            continue
+        if key != "lm_head.weight" and not key.startswith("transformer."):
+            key = "transformer." + key
+        out[key] = value
+    return out

@@ -1,0 +1,164 @@
+"""The speculative accept/reject rule (Leviathan et al. 2022; Chen et al. 2023).
+
+Draft x ~ q is accepted with probability min(1, p(x) / q(x)); on rejection a
+replacement is drawn from the residual max(0, p - q) / sum(max(0, p - q)).
+Then P(emit x) = min(p(x), q(x)) + (1 - beta) * residual(x) = p(x), where
+beta = sum_x min(p(x), q(x)) is the probability of accepting: the rule is exact.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._validate import check_probs, check_tensor, check_tokens
+from .sampling import sample
+
+
+def acceptance_probability(
+    p: torch.Tensor,  # [..., V]
+    q: torch.Tensor,  # [..., V]
+) -> torch.Tensor:  # [...]
+    """beta = sum_x min(p(x), q(x)) = 1 - TV(p, q): the chance a draft x ~ q is accepted."""
+    _check_pair(p, q)
+    return torch.minimum(p, q).sum(-1)
+
+
+def residual(
+    p: torch.Tensor,  # [..., V]
+    q: torch.Tensor,  # [..., V]
+) -> torch.Tensor:  # [..., V]
+    """The distribution sampled after a rejection: max(0, p - q) normalized.
+
+    When p == q the residual has zero mass. Then a rejection has probability
+    1 - beta = 0 and the residual is never sampled, so any distribution would do;
+    we return p itself, without dividing by zero, so the result is always a
+    valid distribution and no NaN can leak into a batch.
+    """
+    _check_pair(p, q)
+    return _residual(p, q)
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    diff = (p - q).clamp(min=0)
+    mass = diff.sum(-1, keepdim=True)
+    empty = mass <= 0
+    return torch.where(empty, p, diff / torch.where(empty, torch.ones_like(mass), mass))
+
+
+def _check_pair(p: torch.Tensor, q: torch.Tensor) -> None:
+    check_probs("p", p)
+    check_probs("q", q)
+    if p.shape != q.shape:
+        raise ValueError(f"p and q must have the same shape [..., V], got {tuple(p.shape)} and {tuple(q.shape)}")
+
+
+def _check_chain(draft_tokens: object, q: object | None, p: object, probs: bool) -> tuple[int, int]:
+    """Shapes: draft_tokens [B?, k], q [B?, k, V], p [B?, k+1, V]. Returns (k, V)."""
+    p = check_probs("p", p, min_dim=2) if probs else check_tensor("p", p)
+    draft_tokens = check_tensor("draft_tokens", draft_tokens)
+    if draft_tokens.dim() not in (1, 2):
+        raise ValueError(f"draft_tokens must have shape [k] or [B, k], got {tuple(draft_tokens.shape)}")
+    batched = draft_tokens.dim() == 2
+    k = draft_tokens.shape[-1]
+    lead = tuple(draft_tokens.shape[:-1])
+    if tuple(p.shape[:-1]) != lead + (k + 1,):
+        raise ValueError(
+            f"p must have shape {'[B, k+1, V]' if batched else '[k+1, V]'} = "
+            f"{list(lead + (k + 1,))} + [V] for {k} drafts, got {tuple(p.shape)}"
+        )
+    V = p.shape[-1]
+    if V == 0:
+        raise ValueError("p has an empty vocabulary (last dim is 0)")
+    if q is not None:
+        q = check_probs("q", q, min_dim=2)
+        if tuple(q.shape) != lead + (k, V):
+            raise ValueError(
+                f"q must have shape {'[B, k, V]' if batched else '[k, V]'} = {list(lead + (k, V))} "
+                f"(one draft distribution per draft, same vocabulary as p), got {tuple(q.shape)}"
+            )
+        if q.device != p.device or draft_tokens.device != p.device:
+            raise ValueError("draft_tokens, q and p must be on the same device")
+    check_tokens("draft_tokens", draft_tokens, V)
+    return k, V
+
+
+def verify_chain(
+    draft_tokens: torch.Tensor,  # [k] or [B, k]
+    q: torch.Tensor,  # [k, V] or [B, k, V]: the draft distribution each draft was sampled from
+    p: torch.Tensor,  # [k+1, V] or [B, k+1, V]: target distributions after context + drafts
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | int]:
+    """One speculative step: accept drafts left to right with probability min(1, p/q).
+
+    On the first rejection emit a sample of residual(p_i, q_i) and stop; if all k are
+    accepted emit a bonus sample of p_{k+1}. Returns (tokens, n_accepted): unbatched,
+    tokens has length n_accepted + 1; batched, tokens is [B, k+1] padded with -1 and
+    n_accepted is [B]. Random numbers: k + 1 uniforms per row, from `generator`.
+    """
+    k, V = _check_chain(draft_tokens, q, p, probs=True)
+    batched = draft_tokens.dim() == 2
+    if not batched:
+        draft_tokens, q, p = draft_tokens[None], q[None], p[None]
+    draft_tokens = draft_tokens.long()
+    B = draft_tokens.shape[0]
+    dtype = torch.promote_types(p.dtype, q.dtype)
+    p, q = p.to(dtype), q.to(dtype)
+
+    px = p[:, :k].gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, k]
+    qx = q.gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, k]
+    if (qx <= 0).any():
+        raise ValueError("q gives probability 0 to a draft token: a draft must be sampled from q (q(draft) > 0)")
+
+    u = torch.rand((B, k + 1), generator=generator, dtype=dtype, device=p.device)
+    # u < min(1, px/qx) written without a division: u * qx < px.
+    accepted = u[:, :k] * qx < px  # [B, k]
+    n_accepted = accepted.long().cumprod(-1).sum(-1)  # [B] length of the accepted prefix
+
+    # The final token: residual at the first rejection, or the bonus from p_{k+1}.
+    at = n_accepted.clamp(max=max(k - 1, 0))
+    rows = torch.arange(B, device=p.device)
+    if k > 0:
+        res = _residual(p[rows, at], q[rows, at])  # [B, V]
+        final_dist = torch.where((n_accepted < k)[:, None], res, p[:, k])
+    else:
+        final_dist = p[:, 0]
+    final = sample(final_dist, u=u[:, k])  # [B]
+
+    positions = torch.arange(k + 1, device=p.device)
+    padded = torch.cat([draft_tokens, torch.full((B, 1), -1, device=p.device, dtype=torch.long)], -1)
+    tokens = torch.where(positions < n_accepted[:, None], padded, torch.full_like(padded, -1))
+    tokens = tokens.scatter(-1, n_accepted[:, None], final[:, None])
+    if batched:
+        return tokens, n_accepted
+    n = int(n_accepted[0])
+    return tokens[0, : n + 1], n
+
+
+def verify_chain_greedy(
+    draft_tokens: torch.Tensor,  # [k] or [B, k]
+    p: torch.Tensor,  # [k+1, V] or [B, k+1, V]: target probabilities or logits
+) -> tuple[torch.Tensor, torch.Tensor | int]:
+    """Greedy rule: accept while the draft equals the target's argmax, then emit the argmax.
+
+    The one-hot special case of `verify_chain` (p and q both one-hot). Only the argmax
+    of p is used, so logits work too. Same return as `verify_chain`.
+    """
+    k, V = _check_chain(draft_tokens, None, p, probs=False)
+    if not p.is_floating_point():
+        raise TypeError(f"p must be a floating-point tensor, got {p.dtype}")
+    if torch.isnan(p).any():
+        raise ValueError("p contains NaN")
+    batched = draft_tokens.dim() == 2
+    if not batched:
+        draft_tokens, p = draft_tokens[None], p[None]
+    draft_tokens = draft_tokens.long()
+    best = p.argmax(-1)  # [B, k+1]
+    n_accepted = (draft_tokens == best[:, :k]).long().cumprod(-1).sum(-1)  # [B]
+    positions = torch.arange(k + 1, device=p.device)
+    # Accepted drafts equal the argmax there, so the emitted tokens are the argmax
+    # up to and including position n_accepted (the correction or the bonus).
+    tokens = torch.where(positions <= n_accepted[:, None], best, torch.full_like(best, -1))
+    if batched:
+        return tokens, n_accepted
+    n = int(n_accepted[0])
+    return tokens[0, : n + 1], n

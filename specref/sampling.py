@@ -1,0 +1,95 @@
+"""Turning logits into the distribution we sample from, and sampling it.
+
+The same `process_logits` call must produce both `p` (target) and `q` (draft):
+the acceptance rule is exact only when both are processed the same way.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._validate import check_tensor
+
+
+def process_logits(
+    logits: torch.Tensor,  # [..., V]
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> torch.Tensor:  # [..., V]
+    """Temperature, then top-k, then top-p, then softmax: the distribution decoding samples.
+
+    temperature == 0 means greedy: a one-hot vector on the argmax (first index on ties).
+    top_k keeps the k largest logits (ties with the k-th are kept too, so the result
+    does not depend on sort order). top_p keeps the smallest set of most likely tokens
+    whose mass reaches top_p (always at least one token). -inf logits are allowed
+    (masked tokens); NaN and +inf are not. Computes in float32 (float64 stays float64).
+    """
+    logits = check_tensor("logits", logits)
+    if not logits.is_floating_point():
+        raise TypeError(f"logits must be a floating-point tensor, got {logits.dtype}")
+    if logits.dim() < 1 or logits.shape[-1] == 0:
+        raise ValueError(f"logits must have shape [..., V] with V >= 1, got {tuple(logits.shape)}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"temperature must be a number >= 0, got {temperature!r}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+    if top_k is not None:
+        if isinstance(top_k, bool) or not isinstance(top_k, int):
+            raise TypeError(f"top_k must be an int >= 1 or None, got {top_k!r}")
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1 (or None to disable), got {top_k}")
+    if top_p is not None:
+        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)):
+            raise TypeError(f"top_p must be a number in (0, 1] or None, got {top_p!r}")
+        if not (0 < top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1] (or None to disable), got {top_p}")
+    if torch.isnan(logits).any():
+        raise ValueError("logits contain NaN")
+    if torch.isposinf(logits).any():
+        raise ValueError("logits contain +inf")
+    if torch.isneginf(logits).all(-1).any():
+        raise ValueError("logits have a row where every token is -inf (nothing can be sampled)")
+
+    x = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+    if temperature == 0:
+        # Greedy is the limit temperature -> 0: all mass on the argmax.
+        return torch.nn.functional.one_hot(x.argmax(-1), x.shape[-1]).to(x.dtype)
+    x = x / temperature
+    neg_inf = torch.tensor(float("-inf"), dtype=x.dtype, device=x.device)
+    if top_k is not None and top_k < x.shape[-1]:
+        kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
+        x = torch.where(x < kth, neg_inf, x)
+    if top_p is not None and top_p < 1:
+        probs = torch.softmax(x, dim=-1)
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        # Mass strictly before each sorted token; a token is kept while that mass < top_p,
+        # so the most likely token is always kept.
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        keep_sorted = before < top_p
+        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+        x = torch.where(keep, x, neg_inf)
+    return torch.softmax(x, dim=-1)
+
+
+def sample(
+    probs: torch.Tensor,  # [..., V]
+    generator: torch.Generator | None = None,
+    u: torch.Tensor | None = None,  # [...] uniforms in [0, 1), instead of drawing them
+) -> torch.Tensor:  # [...] long
+    """Draw one token per row by inverse CDF: the first index whose cumulative mass exceeds u.
+
+    Zero-probability tokens are never returned (their CDF step is empty). One uniform
+    per row, drawn from `generator` (or passed as `u`), so the random stream is explicit.
+    """
+    probs = check_tensor("probs", probs)
+    if u is None:
+        u = torch.rand(probs.shape[:-1], generator=generator, dtype=probs.dtype, device=probs.device)
+    cdf = torch.cumsum(probs, dim=-1)
+    # Scaling u by the total keeps the draw inside the support even when rounding
+    # leaves the last CDF entry slightly below 1.
+    target = (u.to(cdf.dtype) * cdf[..., -1]).unsqueeze(-1)
+    idx = torch.searchsorted(cdf.contiguous(), target.contiguous(), right=True).squeeze(-1)
+    return idx.clamp_(max=probs.shape[-1] - 1)

@@ -1,0 +1,69 @@
+"""How many tokens a speculative step yields, and what that buys (Leviathan et al. 2022).
+
+If each draft is accepted independently with probability alpha, the accepted
+count A has P(A >= i) = alpha^i, so E[tokens per step] = sum_{i=0..k} alpha^i
+= (1 - alpha^(k+1)) / (1 - alpha). A step costs one target pass (assumed to
+verify k+1 tokens for the price of one) plus k draft steps of relative cost c:
+S(alpha, k, c) = E / (1 + c k).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ArrayLike = float | int | np.ndarray
+
+
+def _as_alpha(alpha: ArrayLike) -> np.ndarray:
+    a = np.asarray(alpha, dtype=np.float64)
+    if np.isnan(a).any() or (a < 0).any() or (a > 1).any():
+        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+    return a
+
+
+def _as_k(k: ArrayLike, name: str = "k") -> np.ndarray:
+    kk = np.asarray(k)
+    if kk.dtype.kind not in "iu" and not (kk.dtype.kind == "f" and np.all(np.mod(kk, 1) == 0)):
+        raise TypeError(f"{name} must be an integer (or array of integers), got {k!r}")
+    kk = kk.astype(np.int64)
+    if (kk < 0).any():
+        raise ValueError(f"{name} must be >= 0, got {k!r}")
+    return kk
+
+
+def _as_c(c: ArrayLike) -> np.ndarray:
+    cc = np.asarray(c, dtype=np.float64)
+    if np.isnan(cc).any() or (cc < 0).any() or np.isinf(cc).any():
+        raise ValueError(f"c must be a finite number >= 0, got {c!r}")
+    return cc
+
+
+def _out(x: np.ndarray) -> float | np.ndarray:
+    return float(x) if x.ndim == 0 else x
+
+
+def expected_tokens_per_step(alpha: ArrayLike, k: ArrayLike) -> float | np.ndarray:
+    """E[tokens per step] = (1 - alpha^(k+1)) / (1 - alpha); exactly k + 1 at alpha = 1."""
+    a, kk = _as_alpha(alpha), _as_k(k)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # expm1/log keep full precision as alpha -> 1, where the plain form cancels.
+        la = np.log(a)
+        e = np.expm1((kk + 1) * la) / np.expm1(la)
+    return _out(np.where(a == 1, kk + 1.0, e))
+
+
+def speedup(alpha: ArrayLike, k: ArrayLike, c: ArrayLike) -> float | np.ndarray:
+    """S(alpha, k, c) = (1 - alpha^(k+1)) / ((1 - alpha) (1 + c k)): tokens per unit of target time."""
+    cc, kk = _as_c(c), _as_k(k)
+    return _out(np.asarray(expected_tokens_per_step(alpha, kk)) / (1 + cc * kk))
+
+
+def optimal_k(alpha: ArrayLike, c: ArrayLike, k_max: int = 16) -> int | np.ndarray:
+    """The k in 0..k_max with the largest speedup (smallest k on ties; 0 = don't speculate)."""
+    if isinstance(k_max, bool) or not isinstance(k_max, (int, np.integer)) or k_max < 0:
+        raise ValueError(f"k_max must be an int >= 0, got {k_max!r}")
+    a, cc = np.broadcast_arrays(_as_alpha(alpha), _as_c(c))
+    ks = np.arange(k_max + 1).reshape((-1,) + (1,) * a.ndim)
+    s = np.asarray(speedup(a[None], ks, cc[None]))
+    best = np.argmax(s, axis=0)  # argmax returns the first maximum: the smallest k
+    return int(best) if best.ndim == 0 else best
