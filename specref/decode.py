@@ -1,0 +1,273 @@
+"""Plain and speculative decoding with a KV cache.
+
+A speculative step: the draft proposes k tokens (keeping q); one target pass
+over [last token, x_1..x_k] gives p_1..p_{k+1}; `verify_chain` keeps the
+accepted prefix and adds one token (correction or bonus). Both caches are then
+rolled back to the accepted prefix by moving their lengths: rejected entries
+are simply overwritten later. The token the target emitted gets its K/V entry
+when it is fed at the start of the next step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .drafts import Draft, SamplingParams, as_draft
+from .rejection import verify_chain, verify_chain_greedy
+from .sampling import sample
+
+
+@dataclass
+class SpecStats:
+    """What one `speculative_generate` call did, counted over active rows and steps."""
+
+    k: int
+    target_passes: int = 0
+    draft_passes: int = 0
+    steps: int = 0  # row-steps: one per active sequence per target pass
+    accepted_hist: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # [k+1]
+    proposed: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    time_target: float = 0.0
+    time_draft: float = 0.0
+    time_total: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts / proposed drafts (an empirical alpha)."""
+        return self.accepted / max(self.proposed, 1)
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean number of accepted drafts per step."""
+        return self.accepted / max(self.steps, 1)
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens emitted per target pass and sequence (1 to k+1)."""
+        return self.emitted / max(self.steps, 1)
+
+    @property
+    def time_overhead(self) -> float:
+        return self.time_total - self.time_target - self.time_draft
+
+    def as_dict(self) -> dict[str, float | int | list[int]]:
+        return {
+            "k": self.k,
+            "target_passes": self.target_passes,
+            "draft_passes": self.draft_passes,
+            "steps": self.steps,
+            "accepted_hist": self.accepted_hist.tolist(),
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted": self.mean_accepted,
+            "tokens_per_step": self.tokens_per_step,
+            "time_target": self.time_target,
+            "time_draft": self.time_draft,
+            "time_overhead": self.time_overhead,
+            "time_total": self.time_total,
+        }
+
+
+def _check_common(model: torch.nn.Module, input_ids: object, max_new_tokens: object, name: str = "model") -> torch.Tensor:
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a [B, T] torch.Tensor of token ids, got {type(input_ids).__name__}")
+    if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool or input_ids.is_complex():
+        raise TypeError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if input_ids.dim() != 2 or input_ids.shape[0] == 0:
+        raise ValueError(f"input_ids must have shape [B, T] with B >= 1, got {tuple(input_ids.shape)}")
+    if input_ids.shape[1] == 0:
+        raise ValueError("input_ids is an empty prompt: give at least one token")
+    V = model.config.vocab_size
+    if bool((input_ids < 0).any()) or bool((input_ids >= V).any()):
+        raise ValueError(f"input_ids holds ids outside the vocabulary [0, {V})")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    n_ctx = model.config.n_positions
+    if input_ids.shape[1] + max_new_tokens > n_ctx:
+        raise ValueError(
+            f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+            f"{name}'s context window n_positions={n_ctx}"
+        )
+    return input_ids.to(model.device, torch.long)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _finish(
+    tokens: torch.Tensor,  # [B, T + max_new]
+    lengths: torch.Tensor,  # [B]
+    eos_token_id: int | None,
+) -> torch.Tensor:
+    """Fill each row after its last emitted token with EOS (rows that stopped early)."""
+    pos = torch.arange(tokens.shape[1], device=tokens.device)
+    if eos_token_id is None:
+        return tokens
+    return torch.where(pos[None] < lengths[:, None], tokens, torch.full_like(tokens, eos_token_id))
+
+
+@torch.no_grad()
+def generate(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,  # [B, T] or [T]
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    eos_token_id: int | None = None,
+) -> torch.Tensor:  # [B, T + max_new_tokens]
+    """Plain autoregressive decoding: one target pass per token, sampling process_logits(logits).
+
+    A row stops after emitting `eos_token_id`; its remaining positions are filled with EOS.
+    """
+    params = SamplingParams(temperature, top_k, top_p)
+    params.probs(torch.zeros(1))  # validates the sampling arguments up front
+    input_ids = _check_common(model, input_ids, max_new_tokens)
+    B, T = input_ids.shape
+    tokens = torch.zeros((B, T + max_new_tokens), dtype=torch.long, device=input_ids.device)
+    tokens[:, :T] = input_ids
+    lengths = torch.full((B,), T, dtype=torch.long, device=input_ids.device)
+    done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+    if max_new_tokens == 0:
+        return tokens
+    cache = model.new_cache(B)
+    logits = model(input_ids, cache=cache)[:, -1]  # [B, V]
+    for i in range(max_new_tokens):
+        x = logits.argmax(-1) if params.greedy else sample(params.probs(logits), generator)  # [B]
+        x = torch.where(done, torch.zeros_like(x), x)
+        tokens[:, T + i] = x
+        lengths = lengths + (~done).long()
+        if eos_token_id is not None:
+            done = done | (x == eos_token_id)
+        if bool(done.all()) or i == max_new_tokens - 1:
+            break
+        logits = model(x[:, None], cache=cache)[:, -1]
+    return _finish(tokens, lengths, eos_token_id)
+
+
+@torch.no_grad()
+def speculative_generate(
+    target: torch.nn.Module,
+    draft: Draft | torch.nn.Module,
+    input_ids: torch.Tensor,  # [B, T] or [T]
+    k: int = 4,
+    max_new_tokens: int = 64,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    eos_token_id: int | None = None,
+) -> tuple[torch.Tensor, SpecStats]:  # [B, T + max_new_tokens], stats
+    """Speculative decoding: the output distribution is exactly the target's (greedy: the same tokens).
+
+    Each row accepts its own number of drafts per step. Exactly `max_new_tokens`
+    tokens are generated per row unless it emits `eos_token_id` (nothing after EOS;
+    the rest is filled with EOS). Near the end of the budget or the context
+    window, k shrinks so no token is drafted that could never be emitted.
+    """
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"k must be an int >= 1, got {k!r}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1 (k drafted tokens per step), got {k}")
+    params = SamplingParams(temperature, top_k, top_p)
+    params.probs(torch.zeros(1))
+    drafter = as_draft(draft)
+    if drafter.vocab_size != target.config.vocab_size:
+        raise ValueError(
+            f"draft and target vocabularies differ ({drafter.vocab_size} vs {target.config.vocab_size}): "
+            "they must share one tokenizer"
+        )
+    draft_device = getattr(getattr(drafter, "model", None), "device", target.device)
+    if draft_device != target.device:
+        raise ValueError(f"target is on {target.device} but the draft is on {draft_device}: put both on one device")
+    input_ids = _check_common(target, input_ids, max_new_tokens, "the target")
+    dev = target.device
+    B, T = input_ids.shape
+    n_ctx = target.config.n_positions
+    stats = SpecStats(k=k, accepted_hist=np.zeros(k + 1, dtype=np.int64))
+    tokens = torch.zeros((B, T + max_new_tokens), dtype=torch.long, device=dev)
+    tokens[:, :T] = input_ids
+    lengths = torch.full((B,), T, dtype=torch.long, device=dev)
+    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    if max_new_tokens == 0:
+        return tokens, stats
+
+    t_start = time.perf_counter()
+    cache = target.new_cache(B)
+    drafter.begin(B)
+    # The target's cache holds every token but the last one, which each step feeds first.
+    _sync(dev)
+    t0 = time.perf_counter()
+    if T > 1:
+        target(input_ids[:, :-1], cache=cache)
+        stats.target_passes += 1
+    _sync(dev)
+    stats.time_target += time.perf_counter() - t0
+
+    while not bool(done.all()):
+        remaining = T + max_new_tokens - lengths  # [B]
+        room = int(remaining[~done].max())
+        # Never draft past the budget (the last token comes from the target) or the window.
+        k_eff = max(0, min(k, room - 1, n_ctx - int(lengths.max())))
+
+        _sync(dev)
+        t0 = time.perf_counter()
+        drafts, q = drafter.propose(tokens, lengths, k_eff, params, generator)  # [B, k_eff], [B, k_eff, V]
+        _sync(dev)
+        stats.time_draft += time.perf_counter() - t0
+        stats.draft_passes += k_eff
+
+        t0 = time.perf_counter()
+        last = tokens.gather(1, (lengths - 1)[:, None])  # [B, 1]
+        logits = target(torch.cat([last, drafts], 1), cache=cache)  # [B, k_eff+1, V]
+        _sync(dev)
+        stats.time_target += time.perf_counter() - t0
+        stats.target_passes += 1
+
+        if params.greedy:
+            out, n_acc = verify_chain_greedy(drafts, logits)
+        else:
+            out, n_acc = verify_chain(drafts, q, params.probs(logits), generator)  # [B, k_eff+1], [B]
+
+        # How many of this step's tokens each row keeps: budget, then everything up to EOS.
+        n_out = torch.minimum(n_acc + 1, remaining)
+        if eos_token_id is not None:
+            is_eos = (out == eos_token_id) & (torch.arange(k_eff + 1, device=dev) < n_out[:, None])
+            first = torch.where(is_eos.any(1), is_eos.long().argmax(1) + 1, n_out)
+            n_out = torch.minimum(n_out, first)
+            hit_eos = is_eos.any(1)
+        else:
+            hit_eos = torch.zeros_like(done)
+        n_out = torch.where(done, torch.zeros_like(n_out), n_out)
+
+        active = ~done
+        stats.steps += int(active.sum())
+        stats.proposed += k_eff * int(active.sum())
+        stats.accepted += int(n_acc[active].sum())
+        stats.emitted += int(n_out.sum())
+        if k_eff == k:
+            stats.accepted_hist += np.bincount(n_acc[active].cpu().numpy(), minlength=k + 1)
+
+        for b in torch.nonzero(n_out).flatten().tolist():  # write the kept tokens into the buffer
+            start, n = int(lengths[b]), int(n_out[b])
+            tokens[b, start : start + n] = out[b, :n]
+        # The draft saw [context, x_1..x_{k-1}]; the buffer now agrees with it up to here.
+        n_valid = lengths + torch.minimum(n_acc, n_out)
+        lengths = lengths + n_out
+        done = done | hit_eos | (lengths >= T + max_new_tokens)
+
+        cache.truncate(lengths - 1)  # keep context + accepted drafts; drop rejected ones
+        drafter.rollback(n_valid)
+
+    stats.time_total = time.perf_counter() - t_start
+    return _finish(tokens, lengths, eos_token_id), stats
