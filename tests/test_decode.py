@@ -1,0 +1,234 @@
+"""Plain and speculative decoding on small random GPT-2 models: exactness, stats, errors."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+
+from specref.decode import generate, speculative_generate
+from specref.drafts import ModelDraft, SamplingParams
+from specref.models.gpt2 import GPT2, GPT2Config
+from specref.sampling import sample
+
+
+def _model(vocab: int, n_embd: int, n_layer: int, seed: int, n_positions: int = 256, scale: float = 1.0) -> GPT2:
+    torch.manual_seed(seed)  # tests may seed the global RNG; library code never does
+    m = GPT2(GPT2Config(vocab_size=vocab, n_positions=n_positions, n_embd=n_embd, n_layer=n_layer, n_head=2))
+    with torch.no_grad():
+        for p in m.parameters():  # larger weights: sharper, more varied logits than GPT-2's init
+            p.mul_(scale)
+    return m.double().eval()
+
+
+def _noisy_copy(model: GPT2, noise: float, seed: int) -> GPT2:
+    """A draft that agrees with the target often but not always."""
+    g = torch.Generator().manual_seed(seed)
+    d = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in d.parameters():
+            p.add_(noise * p.std() * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return d
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[GPT2, GPT2]:
+    target = _model(vocab=64, n_embd=32, n_layer=2, seed=0, scale=20.0)
+    return target, _noisy_copy(target, noise=0.05, seed=1)
+
+
+PROMPTS = [[1, 2, 3], [7], [10, 20, 30, 40, 50, 60, 5, 5]]
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_greedy_speculative_equals_greedy_target_batch_1(pair, k):
+    target, draft = pair
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt])
+        expected = generate(target, ids, 200, temperature=0)
+        got, stats = speculative_generate(target, draft, ids, k=k, max_new_tokens=200, temperature=0)
+        assert torch.equal(got, expected), f"prompt {prompt}, k={k}"
+        assert 0 < stats.acceptance_rate < 1, "the draft should be partly right, so both paths run"
+
+
+@pytest.mark.parametrize("k", [1, 3, 4, 8])
+def test_greedy_speculative_equals_greedy_target_batch_4(pair, k):
+    target, draft = pair
+    g = torch.Generator().manual_seed(k)
+    ids = torch.randint(0, 64, (4, 6), generator=g)
+    expected = generate(target, ids, 200, temperature=0)
+    got, stats = speculative_generate(target, draft, ids, k=k, max_new_tokens=200, temperature=0)
+    assert torch.equal(got, expected)
+    # Rows accept different numbers of drafts, so per-row cache lengths really differ.
+    assert (stats.accepted_hist > 0).sum() >= 2
+
+
+def test_generates_exactly_max_new_tokens(pair):
+    target, draft = pair
+    ids = torch.tensor([[1, 2, 3]])
+    for n in [0, 1, 2, 5, 17]:
+        out, stats = speculative_generate(target, draft, ids, k=4, max_new_tokens=n, temperature=0)
+        assert out.shape == (1, 3 + n)
+        assert stats.emitted == n
+
+
+def test_nothing_is_emitted_after_eos(pair):
+    target, draft = pair
+    ids = torch.tensor([[1, 2, 3]])
+    greedy = generate(target, ids, 60, temperature=0)[0, 3:]
+    eos = int(greedy[10])  # a token the greedy continuation emits at step 10
+    first = int((greedy == eos).nonzero()[0])
+    out, stats = speculative_generate(target, draft, ids, k=4, max_new_tokens=60, temperature=0, eos_token_id=eos)
+    assert torch.equal(out[0, 3 : 3 + first + 1], greedy[: first + 1])
+    assert (out[0, 3 + first :] == eos).all()
+    assert stats.emitted == first + 1
+    assert torch.equal(out, generate(target, ids, 60, temperature=0, eos_token_id=eos))
+
+
+def test_stats_are_consistent(pair):
+    target, draft = pair
+    ids = torch.tensor([[4, 5, 6]] * 3)
+    out, s = speculative_generate(target, draft, ids, k=3, max_new_tokens=40, temperature=0)
+    assert s.emitted == 3 * 40
+    assert s.accepted <= s.proposed
+    assert 1 <= s.tokens_per_step <= 4
+    assert s.draft_passes <= 3 * s.target_passes
+    assert s.accepted_hist.sum() <= s.steps
+    assert s.time_total >= s.time_target + s.time_draft - 1e-9
+
+
+def test_seeded_sampling_reproduces(pair):
+    target, draft = pair
+    ids = torch.tensor([[1, 2, 3]])
+    runs = [
+        speculative_generate(target, draft, ids, k=4, max_new_tokens=30, generator=torch.Generator().manual_seed(5))[0]
+        for _ in range(2)
+    ]
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_inputs_are_not_modified(pair):
+    target, draft = pair
+    ids = torch.tensor([[1, 2, 3]])
+    before = ids.clone()
+    speculative_generate(target, draft, ids, k=2, max_new_tokens=10, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(ids, before)
+
+
+# -- sampling: the first two tokens follow the target's exact distribution --------------
+
+V_SMALL = 6
+N_RUNS = 30_000
+
+
+@pytest.fixture(scope="module")
+def tiny_pair() -> tuple[GPT2, GPT2]:
+    target = _model(vocab=V_SMALL, n_embd=16, n_layer=1, seed=3, n_positions=8, scale=3.0)
+    return target, _model(vocab=V_SMALL, n_embd=16, n_layer=1, seed=4, n_positions=8, scale=3.0)
+
+
+def _exact_first_two(target: GPT2, prompt: list[int], params: SamplingParams) -> np.ndarray:
+    """P(x1, x2) = p(x1 | prompt) p(x2 | prompt, x1), from the target alone."""
+    ids = torch.tensor([prompt + [x1] for x1 in range(V_SMALL)])
+    with torch.no_grad():
+        probs = params.probs(target(ids))  # [V, T+1, V]: row x1 holds p(. | prompt, x1) last
+    return (probs[0, -2, :, None] * probs[:, -1, :]).numpy()  # [x1, x2]
+
+
+def _sample_first_two(target, draft, prompt, k, params, seed) -> np.ndarray:
+    ids = torch.tensor([prompt] * N_RUNS)
+    out, _ = speculative_generate(target, draft, ids, k=k, max_new_tokens=2, temperature=params.temperature,
+                                  top_k=params.top_k, generator=torch.Generator().manual_seed(seed))
+    pairs = out[:, len(prompt):].numpy()
+    return np.bincount(pairs[:, 0] * V_SMALL + pairs[:, 1], minlength=V_SMALL**2)
+
+
+def _chi2_pvalue(counts: np.ndarray, expected_probs: np.ndarray) -> float:
+    expected = expected_probs.ravel() * counts.sum()
+    keep = expected > 0
+    assert counts[~keep].sum() == 0, "a zero-probability pair was emitted"
+    return float(scipy.stats.chisquare(counts[keep], expected[keep] * counts[keep].sum() / expected[keep].sum()).pvalue)
+
+
+@pytest.mark.parametrize("k,params", [(1, SamplingParams(1.0)), (2, SamplingParams(1.0)), (3, SamplingParams(0.7, top_k=4))])
+def test_sampled_first_two_tokens_follow_the_target(tiny_pair, k, params):
+    target, draft = tiny_pair
+    exact = _exact_first_two(target, [1, 2], params)
+    counts = _sample_first_two(target, draft, [1, 2], k, params, seed=10 + k)
+    assert _chi2_pvalue(counts, exact) > 1e-3
+
+
+class _MisprocessedDraft(ModelDraft):
+    """Negative control: samples drafts at temperature 0.5 but reports q at temperature 1."""
+
+    def propose(self, tokens, lengths, k, params, generator=None):
+        drafts, q_hot = super().propose(tokens, lengths, k, SamplingParams(0.5), generator)
+        # softmax(l / 0.5) ** 0.5, renormalized, is softmax(l): the q a temperature-1 draft would report.
+        q = q_hot.sqrt()
+        return drafts, q / q.sum(-1, keepdim=True)
+
+
+def test_negative_control_misprocessed_q_is_flagged(tiny_pair):
+    target, draft = tiny_pair
+    params = SamplingParams(1.0)
+    exact = _exact_first_two(target, [1, 2], params)
+    counts = _sample_first_two(target, _MisprocessedDraft(draft), [1, 2], 2, params, seed=21)
+    assert _chi2_pvalue(counts, exact) < 1e-6
+
+
+def test_negative_control_always_accept_is_flagged(tiny_pair, monkeypatch):
+    import specref.decode as decode
+
+    def always_accept(draft_tokens, q, p, generator=None):
+        B, k = draft_tokens.shape
+        bonus = sample(p[:, k], generator)
+        return torch.cat([draft_tokens, bonus[:, None]], 1), torch.full((B,), k)
+
+    monkeypatch.setattr(decode, "verify_chain", always_accept)
+    target, draft = tiny_pair
+    params = SamplingParams(1.0)
+    exact = _exact_first_two(target, [1, 2], params)
+    counts = _sample_first_two(target, draft, [1, 2], 2, params, seed=22)
+    assert _chi2_pvalue(counts, exact) < 1e-6
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(input_ids=torch.tensor([[1, 99]])), "vocabulary"),
+        (dict(input_ids=torch.zeros((1, 0), dtype=torch.long)), "empty prompt"),
+        (dict(input_ids=torch.ones((1, 250), dtype=torch.long), max_new_tokens=10), "context window"),
+        (dict(k=0), "k must be >= 1"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_k=0), "top_k"),
+        (dict(input_ids=torch.tensor([[1.0, 2.0]])), "integer"),
+    ],
+)
+def test_bad_input_is_rejected(pair, kwargs, match):
+    target, draft = pair
+    args = dict(input_ids=torch.tensor([[1, 2]]), k=2, max_new_tokens=5)
+    args.update(kwargs)
+    with pytest.raises((ValueError, TypeError), match=match):
+        speculative_generate(target, draft, **args)
+
+
+def test_vocabulary_mismatch_is_rejected(pair):
+    target, _ = pair
+    other = _model(vocab=65, n_embd=16, n_layer=1, seed=9)
+    with pytest.raises(ValueError, match="vocabularies differ"):
+        speculative_generate(target, other, torch.tensor([[1, 2]]), k=2, max_new_tokens=3)
+
+
+def test_models_on_different_devices_are_rejected(pair):
+    target, _ = pair
+    elsewhere = SimpleNamespace(config=SimpleNamespace(vocab_size=64), device=torch.device("meta"))
+    with pytest.raises(ValueError, match="one device"):
+        speculative_generate(target, ModelDraft(elsewhere), torch.tensor([[1, 2]]), k=2, max_new_tokens=3)
