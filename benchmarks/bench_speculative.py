@@ -1,0 +1,69 @@
+"""Plain vs speculative decoding on the bundled pair, k = 1..8, greedy and temperature 1.
+
+For each k, in one run: alpha, c, v(k) (target time to verify k+1 tokens / one
+plain step), tokens per step, the measured speedup, the chapter's predicted
+S(alpha, k, c) (which assumes v = 1), the refined prediction E / (v + c k),
+and measured / refined. Goals: measured / refined >= 0.9 (the loop adds little
+overhead beyond the passes); best-k greedy speedup >= 1.5x on CPU.
+
+    python benchmarks/bench_speculative.py [--device cuda] [--prompts 8] [--new-tokens 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+
+import torch
+
+from specref.measure import measure_costs, plain_time, speculative_run
+from specref.models.pretrained import load_pair
+from specref.prompts import heldout_prompts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--k", type=int, nargs="+", default=list(range(1, 9)))
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    dtype = getattr(torch, args.dtype)
+    target, draft, tokenizer = load_pair(device=args.device, dtype=dtype)
+    prompts = [torch.tensor([p], device=args.device) for p in heldout_prompts(args.prompts, args.prompt_tokens)]
+    context = args.prompt_tokens + args.new_tokens // 2
+    costs = measure_costs(target, draft, args.k, context_len=context)
+
+    print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+          f"device {args.device}, dtype {args.dtype}, threads {torch.get_num_threads()}")
+    print(f"pair: target {target.config.n_layer}x{target.config.n_embd}, draft {draft.config.n_layer}x"
+          f"{draft.config.n_embd}; {args.prompts} held-out prompts of {args.prompt_tokens} tokens, "
+          f"{args.new_tokens} new tokens each")
+    print(f"one target step {costs.t_target * 1e3:.2f} ms, one draft step {costs.t_draft * 1e3:.2f} ms, "
+          f"c = {costs.c:.3f}")
+
+    for temperature in (0.0, 1.0):
+        base = plain_time(target, prompts, args.new_tokens, temperature=temperature)
+        name = "greedy" if temperature == 0 else f"temperature {temperature:g}"
+        print(f"\n{name}: plain decoding {base:.2f} s "
+              f"({args.prompts * args.new_tokens / base:.0f} tokens/s)")
+        print(" k  alpha  tok/step    c     v(k)  speedup  predicted  refined  measured/refined")
+        best = None
+        for k in args.k:
+            r = speculative_run(target, draft, prompts, k, args.new_tokens, costs, base, temperature=temperature)
+            print(f"{k:2d}  {r.alpha:5.3f}  {r.tokens_per_step:8.2f}  {r.c:5.3f}  {r.v:5.2f}  {r.speedup:7.2f}"
+                  f"  {r.predicted:9.2f}  {r.refined:7.2f}  {r.speedup / r.refined:16.2f}")
+            if best is None or r.speedup > best.speedup:
+                best = r
+        print(f"best k = {best.k}: speedup {best.speedup:.2f}x "
+              f"(goal >= 1.5x greedy on CPU: {'met' if best.speedup >= 1.5 else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()
