@@ -87,18 +87,23 @@ def verify_chain(
     q: torch.Tensor,  # [k, V] or [B, k, V]: the draft distribution each draft was sampled from
     p: torch.Tensor,  # [k+1, V] or [B, k+1, V]: target distributions after context + drafts
     generator: torch.Generator | None = None,
+    u: torch.Tensor | None = None,  # [k+1] or [B, k+1] uniforms in [0, 1), instead of drawing them
 ) -> tuple[torch.Tensor, torch.Tensor | int]:
     """One speculative step: accept drafts left to right with probability min(1, p/q).
 
     On the first rejection emit a sample of residual(p_i, q_i) and stop; if all k are
     accepted emit a bonus sample of p_{k+1}. Returns (tokens, n_accepted): unbatched,
     tokens has length n_accepted + 1; batched, tokens is [B, k+1] padded with -1 and
-    n_accepted is [B]. Random numbers: k + 1 uniforms per row, from `generator`.
+    n_accepted is [B]. Random numbers: k + 1 uniforms per row, from `generator`, or
+    given as `u` (exact enumeration drives the rule this way).
     """
     k, V = _check_chain(draft_tokens, q, p, probs=True)
     batched = draft_tokens.dim() == 2
+    if u is not None:
+        _check_uniforms(u, tuple(draft_tokens.shape[:-1]) + (k + 1,))
     if not batched:
         draft_tokens, q, p = draft_tokens[None], q[None], p[None]
+        u = None if u is None else u[None]
     draft_tokens = draft_tokens.long()
     B = draft_tokens.shape[0]
     dtype = torch.promote_types(p.dtype, q.dtype)
@@ -109,7 +114,10 @@ def verify_chain(
     if (qx <= 0).any():
         raise ValueError("q gives probability 0 to a draft token: a draft must be sampled from q (q(draft) > 0)")
 
-    u = torch.rand((B, k + 1), generator=generator, dtype=dtype, device=p.device)
+    if u is None:
+        u = torch.rand((B, k + 1), generator=generator, dtype=dtype, device=p.device)
+    else:
+        u = u.to(device=p.device, dtype=dtype)
     # u < min(1, px/qx) written without a division: u * qx < px.
     accepted = u[:, :k] * qx < px  # [B, k]
     n_accepted = accepted.long().cumprod(-1).sum(-1)  # [B] length of the accepted prefix
@@ -132,6 +140,18 @@ def verify_chain(
         return tokens, n_accepted
     n = int(n_accepted[0])
     return tokens[0, : n + 1], n
+
+
+def _check_uniforms(u: object, shape: tuple[int, ...]) -> None:
+    u = check_tensor("u", u)
+    if not u.is_floating_point():
+        raise TypeError(f"u must be a floating-point tensor of uniforms, got {u.dtype}")
+    if tuple(u.shape) != shape:
+        raise ValueError(
+            f"u must have shape [B?, k+1] = {list(shape)} (one uniform per draft plus one), got {tuple(u.shape)}"
+        )
+    if u.numel() and (torch.isnan(u).any() or (u < 0).any() or (u >= 1).any()):
+        raise ValueError("u must hold uniforms in [0, 1) (no NaN)")
 
 
 def verify_chain_greedy(

@@ -1,0 +1,551 @@
+"""The graders: exact enumeration is right, correct answers pass, typical wrong answers fail with a useful hint."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from specref import grading
+from specref.exact import step_distribution_formula
+from specref.grading import TorchRNG, exact_distribution
+from specref.rejection import residual
+from specref.theory import expected_tokens_per_step, optimal_k, speedup
+
+# --------------------------------------------------------------------------------------
+# Reference answers, written with the learner's interface
+# --------------------------------------------------------------------------------------
+
+
+def step(draft_tokens, q, p, rng):
+    """The speculative step as a learner writes it (the solution notebook's version)."""
+    k = len(draft_tokens)
+    out = []
+    for i in range(k):
+        x = int(draft_tokens[i])
+        if rng.uniform() < min(1.0, float(p[i, x] / q[i, x])):
+            out.append(x)
+        else:
+            out.append(rng.categorical(residual(p[i], q[i])))
+            return out
+    out.append(rng.categorical(p[k]))
+    return out
+
+
+def step_multiplied(draft_tokens, q, p, rng):
+    """Same rule, accept test written as u * q(x) < p(x) and the bonus sampled by a hand-made inverse CDF."""
+    out = []
+    for i, x in enumerate(draft_tokens.tolist()):
+        if rng.uniform() * q[i, x] < p[i, x]:
+            out.append(x)
+            continue
+        out.append(rng.categorical(residual(p[i], q[i])))
+        return out
+    u, cdf = rng.uniform(), torch.cumsum(p[-1], 0)
+    for y in range(len(cdf)):
+        if u < cdf[y]:
+            return out + [y]
+    return out + [len(cdf) - 1]
+
+
+def pmf(alpha, k):
+    return [alpha**j * (1 - alpha) for j in range(k)] + [alpha**k]
+
+
+# --------------------------------------------------------------------------------------
+# The exact enumerator
+# --------------------------------------------------------------------------------------
+
+
+def test_repeated_comparisons_of_one_uniform_are_conditioned_on_earlier_branches():
+    def three_way(rng):
+        u = rng.uniform()
+        if u < 0.2:
+            return "a"
+        if u < 0.5:  # given u >= 0.2, this has probability 0.3 / 0.8
+            return "b"
+        return "c" if u >= 0.9 else "d"
+
+    d = exact_distribution(three_way)
+    assert d == pytest.approx({"a": 0.2, "b": 0.3, "c": 0.1, "d": 0.4}, abs=1e-15)
+
+
+def test_affine_comparisons_branch_on_the_implied_threshold():
+    assert exact_distribution(lambda r: r.uniform() * 0.5 < 0.2)[True] == pytest.approx(0.4)
+    assert exact_distribution(lambda r: 1 - r.uniform() > 0.7)[True] == pytest.approx(0.3)
+    assert exact_distribution(lambda r: -2 * r.uniform() + 1 >= 0)[True] == pytest.approx(0.5)
+    assert exact_distribution(lambda r: (r.uniform() + 1) / 4 <= 0.3)[True] == pytest.approx(0.2)
+    assert exact_distribution(lambda r: r.uniform() * 0 < 0.5) == {True: 1.0}
+
+
+def test_reflected_comparisons_with_tensors_and_numpy_scalars():
+    t = torch.tensor(0.25, dtype=torch.float64)
+    assert exact_distribution(lambda r: bool(t > r.uniform()))[True] == pytest.approx(0.25)
+    assert exact_distribution(lambda r: bool(np.float64(0.7) > r.uniform()))[True] == pytest.approx(0.7)
+    assert exact_distribution(lambda r: t * r.uniform() < 0.125)[True] == pytest.approx(0.5)
+
+
+def test_thresholds_outside_the_unit_interval_are_clipped():
+    assert exact_distribution(lambda r: r.uniform() < 1.7) == {True: 1.0}
+    assert exact_distribution(lambda r: r.uniform() < -0.2) == {False: 1.0}
+    assert exact_distribution(lambda r: r.uniform() < float("inf")) == {True: 1.0}
+
+
+def test_categorical_branches_over_every_index_with_positive_probability():
+    d = exact_distribution(lambda r: (r.categorical([0.5, 0.0, 0.5]), r.categorical(torch.tensor([0.25, 0.75]))))
+    assert d == pytest.approx({(0, 0): 0.125, (0, 1): 0.375, (2, 0): 0.125, (2, 1): 0.375})
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (lambda r: float(r.uniform()) < 0.5, "symbolic value"),
+        (lambda r: bool(r.uniform()), "symbolic value"),
+        (lambda r: r.uniform() == 0.5, "probability 0"),
+        (lambda r: r.uniform() * r.uniform() < 0.5, "two values derived"),
+        (lambda r: r.uniform() < torch.tensor([0.1, 0.2]), "shape"),
+        (lambda r: r.uniform() < "0.5", "str"),
+    ],
+)
+def test_unsupported_uses_of_a_symbolic_uniform_raise_type_error(bad, message):
+    with pytest.raises(TypeError, match=message):
+        exact_distribution(bad)
+
+
+def test_comparing_a_uniform_with_nan_names_the_likely_division():
+    with pytest.raises(ValueError, match="NaN"):
+        exact_distribution(lambda r: r.uniform() < float("nan"))
+
+
+@pytest.mark.parametrize(
+    "probs, message",
+    [([0.3, 0.0, 0.0], "sum to 0.3"), ([1.5, -0.5], "negative"), ([float("nan"), 1.0], "non-finite"), ([[1.0]], "1-D")],
+)
+def test_categorical_rejects_what_is_not_a_distribution(probs, message):
+    with pytest.raises(ValueError, match=message):
+        exact_distribution(lambda r: r.categorical(probs))
+    with pytest.raises(ValueError, match=message):
+        TorchRNG(torch.Generator().manual_seed(0)).categorical(probs)
+
+
+def test_a_function_that_never_stops_drawing_hits_the_draw_limit():
+    def forever(r):
+        while r.uniform() < 0.5:
+            pass
+        return 0
+
+    with pytest.raises(RuntimeError, match="loop"):
+        exact_distribution(forever)
+
+
+def test_too_many_paths_hit_the_path_limit():
+    with pytest.raises(RuntimeError, match="random paths"):
+        exact_distribution(lambda r: tuple(r.categorical([0.5, 0.5]) for _ in range(12)), max_paths=1000)
+
+
+def test_a_function_that_is_random_outside_the_rng_is_reported_as_nondeterministic():
+    gen = torch.Generator().manual_seed(0)
+
+    def sneaky(r):
+        return r.uniform() < float(torch.rand((), generator=gen))
+
+    with pytest.raises(RuntimeError, match="not deterministic"):
+        exact_distribution(sneaky)
+
+
+def test_torch_rng_draws_reproducibly_from_its_generator():
+    a = TorchRNG(torch.Generator().manual_seed(3))
+    b = TorchRNG(torch.Generator().manual_seed(3))
+    draws_a = [a.uniform() for _ in range(5)] + [a.categorical([0.2, 0.3, 0.5]) for _ in range(5)]
+    draws_b = [b.uniform() for _ in range(5)] + [b.categorical([0.2, 0.3, 0.5]) for _ in range(5)]
+    assert draws_a == draws_b
+    assert all(0 <= u < 1 for u in draws_a[:5])
+    with pytest.raises(TypeError, match="torch.Generator"):
+        TorchRNG(0)
+
+
+def _chain():
+    q = torch.tensor([[0.3, 0.6, 0.1], [0.5, 0.25, 0.25]], dtype=torch.float64)
+    p = torch.tensor([[0.6, 0.3, 0.1], [0.2, 0.2, 0.6], [0.1, 0.6, 0.3]], dtype=torch.float64)
+    return q, p
+
+
+def _drafted(step_fn, q, p):
+    """Draft x ~ q through the rng, then run the step: a whole speculative step as one function of rng."""
+
+    def run(rng):
+        draft = torch.tensor([rng.categorical(q[i]) for i in range(q.shape[0])])
+        return tuple(step_fn(draft, q, p, rng))
+
+    return run
+
+
+def test_enumerating_a_learner_style_step_agrees_with_the_closed_form_of_specref_exact():
+    # Two independent routes to the same numbers: this module's branch enumeration of a step written
+    # against the rng interface, and the proof's closed form in specref.exact.
+    q, p = _chain()
+    ours = exact_distribution(_drafted(step, q, p))
+    formula = step_distribution_formula(p, q)
+    assert set(ours) == set(formula)
+    assert max(abs(ours[s] - formula[s]) for s in ours) < 1e-12
+
+
+def _skip_residual(draft_tokens, q, p, rng):
+    out = []
+    for i, x in enumerate(draft_tokens.tolist()):
+        if rng.uniform() < min(1.0, float(p[i, x] / q[i, x])):
+            out.append(x)
+        else:
+            return out + [rng.categorical(p[i])]
+    return out + [rng.categorical(p[-1])]
+
+
+def test_sampling_with_torch_rng_follows_the_enumerated_distribution_and_a_broken_rule_is_flagged():
+    # Chi-square goodness of fit of 4000 real draws (smallest expected cell count: 8) against each exact
+    # distribution; the same test must accept the rule the draws came from and reject one that skips the residual.
+    q, p = _chain()
+    run = _drafted(step, q, p)
+    exact = exact_distribution(run)
+    broken = exact_distribution(_drafted(_skip_residual, q, p))
+    rng = TorchRNG(torch.Generator().manual_seed(0))
+    n = 4_000
+    counts: dict = {}
+    for _ in range(n):
+        s = run(rng)
+        counts[s] = counts.get(s, 0) + 1
+    keys = sorted(set(exact) | set(broken) | set(counts), key=lambda s: (len(s), s))
+    assert set(counts) <= set(exact)
+    observed = np.array([counts.get(s, 0) for s in keys])
+
+    def p_value(dist):
+        expected = np.array([dist.get(s, 0.0) for s in keys]) * n
+        live = expected > 0
+        if (observed[~live] > 0).any():
+            return 0.0
+        return stats.chisquare(observed[live], expected[live] * observed[live].sum() / expected[live].sum()).pvalue
+
+    assert p_value(exact) > 1e-3
+    assert p_value(broken) < 1e-3
+
+
+# --------------------------------------------------------------------------------------
+# Correct answers pass
+# --------------------------------------------------------------------------------------
+
+
+def test_correct_answers_pass_every_grader(capsys):
+    grading.check_worked_example(0.7, torch.tensor([1.0, 0.0, 0.0]), [0.6, 0.3, 0.1])
+    grading.check_residual(residual)
+    grading.check_accept_reject_step(step)
+    grading.check_accept_reject_step(step_multiplied, n_cases=20, seed=5)
+    grading.check_expected_tokens_value(2.18)
+    grading.check_expected_tokens(expected_tokens_per_step)
+    grading.check_accepted_count_pmf(pmf)
+    grading.check_speedup(speedup)
+    grading.check_optimal_k(optimal_k)
+    assert capsys.readouterr().out.count("passed") == 9
+
+
+def test_graders_leave_the_global_random_state_alone():
+    before = (torch.random.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+    grading.check_residual(residual, n_cases=10)
+    grading.check_accept_reject_step(step, n_cases=10)
+    after = (torch.random.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+    assert torch.equal(before[0], after[0]) and np.array_equal(before[1], after[1]) and before[2] == after[2]
+
+
+def test_an_unsolved_stub_reaches_the_learner_as_not_implemented():
+    def stub(*args):
+        raise NotImplementedError()
+
+    for check in (grading.check_residual, grading.check_accept_reject_step, grading.check_expected_tokens):
+        with pytest.raises(NotImplementedError):
+            check(stub)
+
+
+# --------------------------------------------------------------------------------------
+# Typical wrong answers fail, with the hint that names the mistake
+# --------------------------------------------------------------------------------------
+
+
+P_WORKED = [0.6, 0.3, 0.1]
+
+
+@pytest.mark.parametrize(
+    "beta, res, emit, message",
+    [
+        (0.3, [1, 0, 0], P_WORKED, "TV"),
+        (1.3, [1, 0, 0], P_WORKED, "min, not max"),
+        (0.7, [0.3, 0, 0], P_WORKED, "divide it by its sum"),
+        (0.7, [0.5, -0.5, 0], P_WORKED, "clamp"),
+        (0.7, [0, 1, 0], P_WORKED, "swapped"),
+        (None, [1, 0, 0], P_WORKED, "single number"),
+        (0.7, [1, 0, 0], [0.3, 0.3, 0.1], "only the accepted mass"),
+        (0.7, [1, 0, 0], [1.3, 0.3, 0.1], "weight the residual"),
+        (0.7, [1, 0, 0], [0.6, 0.3], "3 probabilities"),
+    ],
+)
+def test_worked_example_rejects_wrong_beta_residual_or_emit(beta, res, emit, message):
+    with pytest.raises(AssertionError, match=message):
+        grading.check_worked_example(beta, res, emit)
+
+
+def _unnormalized(p, q):
+    return (p - q).clamp(min=0)
+
+
+def _unclamped(p, q):
+    d = p - q
+    return d / d.sum()
+
+
+def _divides_by_zero(p, q):
+    d = (p - q).clamp(min=0)
+    return d / d.sum()
+
+
+def _swapped(p, q):
+    d = (q - p).clamp(min=0)
+    return d / d.sum() if d.sum() > 0 else p
+
+
+def _in_place(p, q):
+    p.sub_(q).clamp_(min=0)
+    return p / p.sum() if p.sum() > 0 else q
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (_unnormalized, "divide it by its sum"),
+        (_unclamped, "NaN/inf|clamp"),
+        (_divides_by_zero, "p == q here"),
+        (_swapped, "swapped"),
+        (lambda p, q: p, "you returned p"),
+        (lambda p, q: residual(p, q).float(), "float64"),
+        (lambda p, q: residual(p, q)[:-1], "shape"),
+        (_in_place, "in place"),
+    ],
+)
+def test_residual_grader_rejects_typical_mistakes(wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        grading.check_residual(wrong)
+
+
+def _inverted_comparison(draft_tokens, q, p, rng):
+    out = []
+    for i, x in enumerate(draft_tokens.tolist()):
+        if rng.uniform() > float(p[i, x] / q[i, x]):  # accepts with 1 - min(1, p/q)
+            out.append(x)
+        else:
+            return out + [rng.categorical(residual(p[i], q[i]))]
+    return out + [rng.categorical(p[-1])]
+
+
+def _ratio_upside_down(draft_tokens, q, p, rng):
+    out = []
+    for i, x in enumerate(draft_tokens.tolist()):
+        if p[i, x] > 0 and rng.uniform() < float(q[i, x] / p[i, x]):
+            out.append(x)
+        else:
+            return out + [rng.categorical(residual(p[i], q[i]))]
+    return out + [rng.categorical(p[-1])]
+
+
+def _no_stop(draft_tokens, q, p, rng):
+    out = []
+    for i, x in enumerate(draft_tokens.tolist()):
+        if rng.uniform() < min(1.0, float(p[i, x] / q[i, x])):
+            out.append(x)
+        else:
+            out.append(rng.categorical(residual(p[i], q[i])))  # and carries on
+    return out + [rng.categorical(p[-1])]
+
+
+def _no_bonus(draft_tokens, q, p, rng):
+    out = []
+    for i, x in enumerate(draft_tokens.tolist()):
+        if rng.uniform() < min(1.0, float(p[i, x] / q[i, x])):
+            out.append(x)
+        else:
+            return out + [rng.categorical(residual(p[i], q[i]))]
+    return out if out else [rng.categorical(p[0])]
+
+
+def _bonus_from_p_k(draft_tokens, q, p, rng):
+    out = []
+    for i, x in enumerate(draft_tokens.tolist()):
+        if rng.uniform() < min(1.0, float(p[i, x] / q[i, x])):
+            out.append(x)
+        else:
+            return out + [rng.categorical(residual(p[i], q[i]))]
+    return out + [rng.categorical(p[max(len(draft_tokens) - 1, 0)])]
+
+
+def _replacement_from_q(draft_tokens, q, p, rng):
+    out = []
+    for i, x in enumerate(draft_tokens.tolist()):
+        if rng.uniform() < min(1.0, float(p[i, x] / q[i, x])):
+            out.append(x)
+        else:
+            return out + [rng.categorical(q[i])]
+    return out + [rng.categorical(p[-1])]
+
+
+def _unnormalized_residual(draft_tokens, q, p, rng):
+    out = []
+    for i, x in enumerate(draft_tokens.tolist()):
+        if rng.uniform() < min(1.0, float(p[i, x] / q[i, x])):
+            out.append(x)
+        else:
+            return out + [rng.categorical((p[i] - q[i]).clamp(min=0))]
+    return out + [rng.categorical(p[-1])]
+
+
+def _plain_decoding(draft_tokens, q, p, rng):
+    return [rng.categorical(p[0])]
+
+
+def _global_rng(draft_tokens, q, p, rng):
+    out = []
+    for i, x in enumerate(draft_tokens.tolist()):
+        if torch.rand(()) < min(1.0, float(p[i, x] / q[i, x])):
+            out.append(x)
+        else:
+            return out + [rng.categorical(residual(p[i], q[i]))]
+    return out + [rng.categorical(p[-1])]
+
+
+def _float_uniform(draft_tokens, q, p, rng):
+    out = []
+    for i, x in enumerate(draft_tokens.tolist()):
+        if float(rng.uniform()) < min(1.0, float(p[i, x] / q[i, x])):
+            out.append(x)
+        else:
+            return out + [rng.categorical(residual(p[i], q[i]))]
+    return out + [rng.categorical(p[-1])]
+
+
+def _modifies_p(draft_tokens, q, p, rng):
+    out = step(draft_tokens, q, p, rng)
+    p.zero_()
+    return out
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (_inverted_comparison, "comparison is inverted"),
+        (_ratio_upside_down, "ratio is upside down"),
+        (_no_stop, "after the first rejection the step emits its replacement and stops"),
+        (_no_bonus, "bonus token sampled from p_"),
+        (_bonus_from_p_k, "the bonus comes from the row after the last draft"),
+        (_skip_residual, "not exact(.|\n)*You sampled p_1 itself"),
+        (_replacement_from_q, "not exact(.|\n)*sampled the draft distribution q"),
+        (_unnormalized_residual, "normalize them first"),
+        (_plain_decoding, "follows p, but it does not apply the speculative rule(.|\n)*accepts draft"),
+        (_global_rng, "global random number generator"),
+        (_float_uniform, "symbolic value"),
+        (_modifies_p, "in place"),
+        (lambda d, q, p, rng: [float(t) for t in step(d, q, p, rng)], "int ids"),
+        (lambda d, q, p, rng: [], "at least one"),
+        (lambda d, q, p, rng: step(d, q, p, rng) if torch.tensor([rng.uniform()]) else [], "symbolic value"),
+    ],
+)
+def test_step_grader_rejects_typical_mistakes(wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        grading.check_accept_reject_step(wrong)
+
+
+def test_step_grader_failure_shows_the_input_and_both_distributions():
+    with pytest.raises(AssertionError) as e:
+        grading.check_accept_reject_step(_plain_decoding)
+    text = str(e.value)
+    for part in ("case 1 of", "draft_tokens = [", "q = [[0.3, 0.6, 0.1]]", "expected   yours", "Hint:"):
+        assert part in text
+
+
+def _e_alpha_k(alpha, k):
+    return (1 - alpha**k) / (1 - alpha) if alpha < 1 else k
+
+
+def _e_k_plus_one(alpha, k):
+    return expected_tokens_per_step(alpha, k + 1)
+
+
+def _e_no_alpha_one(alpha, k):
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def _e_accepted_only(alpha, k):
+    return expected_tokens_per_step(alpha, k) - 1
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (_e_alpha_k, "one term short"),
+        (_e_k_plus_one, "one term too many"),
+        (_e_no_alpha_one, "alpha == 1 separately"),
+        (_e_accepted_only, "counts only accepted drafts"),
+        (lambda a, k: [expected_tokens_per_step(a, k)], "single number"),
+    ],
+)
+def test_expected_tokens_grader_rejects_typical_mistakes(wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        grading.check_expected_tokens(wrong)
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (1.96, "one term short"),
+        (1.18, "counts only accepted"),
+        (2.8, "a rejection ends the step"),
+        (3.1, "sum_\\{i=0..k\\} alpha\\^i"),
+    ],
+)
+def test_expected_tokens_value_rejects_typical_mistakes(value, message):
+    with pytest.raises(AssertionError, match=message):
+        grading.check_expected_tokens_value(value)
+
+
+def test_accepted_count_pmf_grader_rejects_a_missing_last_term():
+    with pytest.raises(AssertionError, match="P\\(A = k\\) is alpha\\^k"):
+        grading.check_accepted_count_pmf(lambda a, k: [a**j * (1 - a) for j in range(k + 1)])
+    with pytest.raises(AssertionError, match="k \\+ 1 = "):
+        grading.check_accepted_count_pmf(lambda a, k: pmf(a, k)[:-1])
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (lambda a, k, c: expected_tokens_per_step(a, k) / (1 + c * (k + 1)), "not k \\+ 1"),
+        (lambda a, k, c: (_e_alpha_k(a, k) if a < 1 else k) / (1 + c * k), "k \\+ 1 terms"),
+        (lambda a, k, c: expected_tokens_per_step(a, k) / (c * k) if c * k else 1.0, "on top of the k draft steps"),
+    ],
+)
+def test_speedup_grader_rejects_typical_mistakes(wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        grading.check_speedup(wrong)
+
+
+def _argmax_from_one(alpha, c, k_max):
+    return 1 + int(np.argmax([speedup(alpha, k, c) for k in range(1, k_max + 1)]))
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (lambda a, c, k_max: k_max, "maximize the speedup, not E"),
+        (_argmax_from_one, "k = 0 \\(no speculation"),
+        (lambda a, c, k_max: optimal_k(a, c, k_max) + 1, "off by one"),
+        (lambda a, c, k_max: str(optimal_k(a, c, k_max)), "as an int"),
+    ],
+)
+def test_optimal_k_grader_rejects_typical_mistakes(wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        grading.check_optimal_k(wrong)
