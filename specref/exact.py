@@ -72,7 +72,6 @@ def enumerate_step(
     the same token sequence can appear many times; sum them with `merge`.
     """
     R, k = draft_tokens.shape
-    V = p.shape[-1]
     dt = torch.float64
     p, q, weight = p.to(dt), q.to(dt), weight.to(dt)
     px = p[:, :k].gather(-1, draft_tokens[..., None]).squeeze(-1)  # [R, k]

@@ -1,0 +1,249 @@
+"""The numbers behind the course's pictures, and the pictures.
+
+Each picture is drawn from a pure function that returns plain arrays (tests call
+those directly): `accept_reject_view` splits the emitted distribution of one
+accept/reject position into its accepted and residual parts, `speedup_curves`
+tabulates tokens per step and speedup over k. The plot functions only draw what
+those return, onto a matplotlib Axes they are given (or a new one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from .exact import one_step_distribution
+from .rejection import acceptance_probability, residual
+from .theory import expected_tokens_per_step, optimal_k, speedup
+
+ArrayLike = Sequence[float] | np.ndarray | torch.Tensor
+
+
+def normalize_weights(weights: ArrayLike, name: str = "weights") -> np.ndarray:  # [V] -> [V]
+    """Scale non-negative weights (e.g. slider positions) to a distribution that sums to 1."""
+    w = np.array(weights.detach().cpu() if isinstance(weights, torch.Tensor) else weights, dtype=np.float64)
+    if w.ndim != 1 or w.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D list of numbers, got shape {w.shape}")
+    if not np.isfinite(w).all() or (w < 0).any():
+        raise ValueError(f"{name} must be finite and >= 0, got {w.tolist()}")
+    total = w.sum()
+    if total <= 0:
+        raise ValueError(f"{name} must put weight on at least one token (all are 0)")
+    return w / total
+
+
+def _as_dist(name: str, x: ArrayLike) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(torch.float64)
+    try:
+        return torch.as_tensor(np.asarray(x, dtype=np.float64))
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} must be a sequence of probabilities or a tensor, got {x!r}") from e
+
+
+def accept_reject_view(p: ArrayLike, q: ArrayLike) -> dict[str, np.ndarray | float]:  # p, q: [V]
+    """Split P(emit x) for one position into min(q(x), p(x)) + (1 - beta) * residual(x).
+
+    Returns float64 numpy arrays keyed `p`, `q`, `accepted` (= min(p, q): x drafted
+    and accepted), `residual` (specref.residual), `residual_mass` (= (1 - beta) *
+    residual: x emitted after a rejection), `output` (their sum, which equals p),
+    `rule_output` (what specref.verify_chain emits, by exact enumeration: the code,
+    not the algebra), and the float `beta` (specref.acceptance_probability).
+    """
+    pt, qt = _as_dist("p", p), _as_dist("q", q)
+    if pt.dim() != 1:
+        raise ValueError(f"p must be one distribution of shape [V], got shape {tuple(pt.shape)}")
+    beta = acceptance_probability(pt, qt)  # also checks that p and q are distributions of one shape
+    res = residual(pt, qt)
+    # Drafted (prob. q) then accepted (prob. min(1, p/q)): q * min(1, p/q) = min(p, q).
+    accepted = torch.minimum(pt, qt)
+    # Rounding can push the float sum beta an ulp above 1; a probability cannot go below 0.
+    residual_mass = (1 - beta).clamp(min=0) * res
+    return {
+        "p": pt.numpy().copy(),
+        "q": qt.numpy().copy(),
+        "accepted": accepted.numpy(),
+        "residual": res.numpy(),
+        "residual_mass": residual_mass.numpy(),
+        "output": (accepted + residual_mass).numpy(),
+        "rule_output": one_step_distribution(pt, qt).numpy(),
+        "beta": float(beta),
+    }
+
+
+def speedup_curves(alpha: float, c: float, k_max: int = 16) -> dict[str, np.ndarray | int | float]:
+    """Tokens per step E(alpha, k) and speedup S(alpha, k, c) for k = 0..k_max, and the best k.
+
+    Keys: `alpha`, `c`, `k` [k_max+1], `tokens_per_step` [k_max+1], `speedup` [k_max+1],
+    `optimal_k` (specref.optimal_k; 0 means drafting does not pay), `best_speedup`.
+    """
+    if isinstance(k_max, bool) or not isinstance(k_max, (int, np.integer)) or k_max < 1:
+        raise ValueError(f"k_max must be an int >= 1, got {k_max!r}")
+    ks = np.arange(k_max + 1)
+    s = np.asarray(speedup(alpha, ks, c), dtype=np.float64)
+    best = int(optimal_k(alpha, c, k_max=int(k_max)))
+    return {
+        "alpha": float(alpha),
+        "c": float(c),
+        "k": ks,
+        "tokens_per_step": np.asarray(expected_tokens_per_step(alpha, ks), dtype=np.float64),
+        "speedup": s,
+        "optimal_k": best,
+        "best_speedup": float(s[best]),
+    }
+
+
+def _axes(ax):  # -> matplotlib Axes
+    if ax is None:
+        import matplotlib.pyplot as plt
+
+        _, ax = plt.subplots(figsize=(6.5, 3.2))
+    return ax
+
+
+def plot_accept_reject(view: dict, labels: Sequence[str] | None = None, ax=None):
+    """Bars per token: the draft q, then accepted + residual mass stacked, with p and the rule's output marked.
+
+    `view` is what `accept_reject_view` returns. Returns the Axes.
+    """
+    ax = _axes(ax)
+    V = len(view["p"])
+    labels = list(labels) if labels is not None else [chr(ord("a") + i) for i in range(V)]
+    if len(labels) != V:
+        raise ValueError(f"labels must name the {V} tokens, got {len(labels)} labels")
+    x = np.arange(V)
+    w = 0.36
+    ax.bar(x - w / 2, view["q"], w, color="#bbbbbb", label="draft q")
+    ax.bar(x + w / 2, view["accepted"], w, color="#3b75af", label="accepted: min(p, q)")
+    ax.bar(
+        x + w / 2, view["residual_mass"], w, bottom=view["accepted"], color="#ef8636",
+        label="after a rejection: (1 - beta) residual",
+    )
+    # The target drawn as a line over the stacked bar: the stack always reaches it.
+    ax.hlines(view["p"], x, x + w, colors="black", linewidth=2.5, label="target p")
+    if "rule_output" in view:
+        ax.plot(x + w / 2, view["rule_output"], "D", color="white", markeredgecolor="black", markersize=6,
+                linestyle="none", label="verify_chain emits (exact)")
+    ax.set_xticks(x, labels)
+    # Headroom above 1 keeps the legend clear of the bars, whatever the sliders say.
+    ax.set_ylim(0, 1.32)
+    ax.set_yticks(np.linspace(0, 1, 6))
+    ax.set_ylabel("probability")
+    ax.set_title(f"beta = {view['beta']:.3f}: accepted mass; 1 - beta = {1 - view['beta']:.3f}: residual mass")
+    ax.legend(fontsize=7, loc="upper center", ncol=3, framealpha=0.9)
+    return ax
+
+
+def plot_speedup_curves(curves: dict, k: int | None = None, axes=None):
+    """Tokens per step and speedup against k, with the best k (and optionally the chosen k) marked.
+
+    `curves` is what `speedup_curves` returns; `axes` a pair of Axes (new ones if None).
+    Returns the pair.
+    """
+    if axes is None:
+        import matplotlib.pyplot as plt
+
+        _, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    ax_e, ax_s = axes
+    ks, best = curves["k"], curves["optimal_k"]
+    ax_e.plot(ks, curves["tokens_per_step"], "o-", color="#3b75af", markersize=4)
+    ax_e.plot(ks, ks + 1, ":", color="grey", label="k + 1 (every draft accepted)")
+    alpha = curves.get("alpha")
+    if alpha is not None and alpha < 1 and 1 / (1 - alpha) <= ks[-1] + 1:
+        # sum_i alpha^i never exceeds the infinite geometric series.
+        ax_e.axhline(1 / (1 - alpha), color="#3b75af", linestyle="--", linewidth=1, label="limit 1 / (1 - alpha)")
+    ax_e.set_xlabel("k (drafts per step)")
+    ax_e.set_ylabel("E[tokens per step]")
+    ax_e.legend(fontsize=8, loc="upper left")
+    c_label = f"c = {curves['c']:.2f}" if "c" in curves else None
+    ax_s.plot(ks, curves["speedup"], "o-", color="#3b75af", markersize=4, label=c_label)
+    ax_s.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+    ax_s.axvline(best, color="#2a9d3f", linestyle="--", linewidth=1.2)
+    ax_s.plot([best], [curves["best_speedup"]], "*", color="#2a9d3f", markersize=14, label=f"best k = {best}")
+    if k is not None:
+        for ax, key in ((ax_e, "tokens_per_step"), (ax_s, "speedup")):
+            ax.plot([k], [curves[key][k]], "o", color="#ef8636", markersize=9, label=f"chosen k = {k}")
+    ax_s.set_xlabel("k (drafts per step)")
+    ax_s.set_ylabel("speedup S(alpha, k, c)")
+    ax_s.legend(fontsize=8, loc="lower right")
+    if alpha is not None:
+        ax_s.set_title(f"alpha = {alpha:.2f}, c = {curves['c']:.2f}", fontsize=10)
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return axes
+
+
+def plot_acceptance_spread(
+    alphas: ArrayLike,  # [S] acceptance probability in each context
+    weights: ArrayLike | None = None,  # [S] how often each context occurs
+    ax=None,
+):
+    """Histogram of per-context acceptance probabilities, weighted by how often each context occurs."""
+    ax = _axes(ax)
+    a = np.asarray(alphas.detach().cpu() if isinstance(alphas, torch.Tensor) else alphas, dtype=np.float64)
+    w = None if weights is None else normalize_weights(weights, "weights")
+    if w is not None and w.shape != a.shape:
+        raise ValueError(f"weights must have one entry per context, shape {a.shape}, got {w.shape}")
+    mean = float(np.average(a, weights=w))
+    ax.hist(a, bins=np.linspace(0, 1, 21), weights=w, color="#3b75af", edgecolor="white")
+    ax.axvline(mean, color="black", linestyle="--", label=f"mean = {mean:.2f}")
+    ax.set_xlabel("acceptance probability beta(context)")
+    ax.set_ylabel("share of contexts" if w is not None else "number of contexts")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def jensen_view(
+    alphas: ArrayLike,  # [S] acceptance probability in each context
+    weights: ArrayLike | None,  # [S] how often each context occurs (None: equally often)
+    k: int,
+) -> dict[str, float]:
+    """Tokens per step from the average alpha vs the average of each context's tokens per step.
+
+    E(alpha, k) is convex in alpha (a sum of powers), so by Jensen's inequality
+    `mean_of_f` = sum_s w_s E(alpha_s, k) >= `f_of_mean` = E(sum_s w_s alpha_s, k).
+    Keys: `mean_alpha`, `f_of_mean`, `mean_of_f`.
+    """
+    a = np.asarray(alphas.detach().cpu() if isinstance(alphas, torch.Tensor) else alphas, dtype=np.float64)
+    if a.ndim != 1 or a.size == 0:
+        raise ValueError(f"alphas must be a non-empty 1-D list, got shape {a.shape}")
+    w = np.full(a.shape, 1 / a.size) if weights is None else normalize_weights(weights, "weights")
+    if w.shape != a.shape:
+        raise ValueError(f"weights must have one entry per context, shape {a.shape}, got {w.shape}")
+    mean_alpha = float(w @ a)
+    return {
+        "mean_alpha": mean_alpha,
+        "f_of_mean": float(expected_tokens_per_step(mean_alpha, k)),
+        "mean_of_f": float(w @ np.asarray(expected_tokens_per_step(a, k))),
+    }
+
+
+def plot_jensen(alphas: ArrayLike, weights: ArrayLike | None, k: int, ax=None):
+    """E[tokens per step] against alpha, each context on the curve, and the two ways of averaging.
+
+    The average of the contexts' points lies above the curve (it is a chord of a convex
+    function); the formula applied to the average alpha lies on it. Returns the Axes.
+    """
+    ax = _axes(ax)
+    view = jensen_view(alphas, weights, k)
+    a = np.asarray(alphas.detach().cpu() if isinstance(alphas, torch.Tensor) else alphas, dtype=np.float64)
+    w = np.full(a.shape, 1 / a.size) if weights is None else normalize_weights(weights, "weights")
+    grid = np.linspace(0, 1, 201)
+    ax.plot(grid, expected_tokens_per_step(grid, k), color="#3b75af", label=f"E(alpha, k={k})")
+    ax.scatter(a, expected_tokens_per_step(a, k), s=30 + 400 * w, color="#bbbbbb", edgecolor="black",
+               zorder=3, label="contexts (size: share of steps)")
+    m = view["mean_alpha"]
+    ax.plot([m], [view["mean_of_f"]], "o", color="#2a9d3f", markersize=10, zorder=4,
+            label=f"mean of E(alpha_c) = {view['mean_of_f']:.2f}")
+    ax.plot([m], [view["f_of_mean"]], "s", color="#ef8636", markersize=9, zorder=4,
+            label=f"E(mean alpha) = {view['f_of_mean']:.2f}")
+    ax.set_xlabel("alpha")
+    ax.set_ylabel("E[tokens per step]")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3)
+    return ax

@@ -1,0 +1,214 @@
+"""Interactive views for notebooks 02 and 03: sliders wired to the pure functions of specref.plots.
+
+Each widget is an ipywidgets box that keeps its parts as attributes, so a test can
+move a slider and read the result without a browser: the sliders, `summary` (an
+HTML widget holding the numbers as text) and `figure` (an Image widget holding
+the plot as PNG). The latest numbers are also kept as plain data (`view` or
+`curves`). Figures are drawn with matplotlib's object API, not pyplot, so the
+widgets work under any backend and leave no open pyplot figures behind.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import ipywidgets as widgets
+import numpy as np
+from matplotlib.figure import Figure
+
+from .plots import accept_reject_view, normalize_weights, plot_accept_reject, plot_speedup_curves, speedup_curves
+
+_SLIDER_STYLE = {"description_width": "initial"}
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    # Fixed margins (set by the caller) instead of bbox_inches="tight": one draw, not two.
+    fig.savefig(buf, format="png", dpi=80)
+    return buf.getvalue()
+
+
+def format_accept_reject(view: dict, labels: Sequence[str]) -> str:
+    """The numbers of `accept_reject_view` as an HTML table (3 decimals); the verdict compares the rule's output with p."""
+    beta = view["beta"]
+    gap = float(np.abs(view["rule_output"] - view["p"]).max())
+    rows = "".join(
+        f"<tr><td>{html.escape(str(lab))}</td>"
+        + "".join(f"<td>{view[key][i]:.3f}</td>" for key in ("p", "q", "accepted", "residual_mass", "output", "rule_output"))
+        + "</tr>"
+        for i, lab in enumerate(labels)
+    )
+    return (
+        f"<p>acceptance probability <b>beta = {beta:.3f}</b>, rejection probability 1 - beta = {1 - beta:.3f}; "
+        f"verify_chain emits p: <b>{'yes' if gap < 1e-12 else 'NO'}</b> (largest difference {gap:.1e})</p>"
+        "<table><tr><th>token</th><th>p</th><th>q</th><th>accepted min(p,q)</th>"
+        "<th>residual mass</th><th>accepted + residual</th><th>verify_chain emits (exact)</th></tr>"
+        f"{rows}</table>"
+    )
+
+
+def format_speedup(curves: dict, k: int) -> str:
+    """The chosen k's tokens per step and speedup, and the best k, as one line of HTML."""
+    best, alpha, c = curves["optimal_k"], curves["alpha"], curves["c"]
+    advice = "drafting does not pay here (k = 0)" if best == 0 else f"<b>best k = {best}</b>: speedup {curves['best_speedup']:.2f}x"
+    return (
+        f"<p>alpha = {alpha:.2f}, c = {c:.2f}. "
+        f"<b>k = {k}</b>: E[tokens per step] = {curves['tokens_per_step'][k]:.2f}, "
+        f"speedup = {curves['speedup'][k]:.2f}x. {advice}.</p>"
+    )
+
+
+class _Refreshing:
+    """Redraw on every slider change, except inside `held()`, which redraws once at the end."""
+
+    _held = False
+
+    def _on_change(self, _change: dict) -> None:
+        if not self._held:
+            self.refresh()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Set several sliders at once: one redraw when the block ends, not one per slider."""
+        self._held = True
+        try:
+            yield
+        finally:
+            self._held = False
+            self.refresh()
+
+    def refresh(self) -> None:  # pragma: no cover - each widget defines it
+        raise NotImplementedError
+
+
+class AcceptRejectWidget(_Refreshing, widgets.VBox):
+    """Sliders for p and q over a few tokens; bars for the accepted mass, the residual mass and the output.
+
+    Slider positions are weights, normalized to sum to 1. Attributes: `p_sliders`,
+    `q_sliders` (lists of FloatSlider), `summary` (HTML), `figure` (Image),
+    `view` (the latest `accept_reject_view`, None while a side has no weight).
+    """
+
+    def __init__(
+        self,
+        p: Sequence[float] = (0.6, 0.3, 0.1),
+        q: Sequence[float] = (0.3, 0.6, 0.1),
+        labels: Sequence[str] | None = None,
+    ):
+        p0, q0 = normalize_weights(p, "p"), normalize_weights(q, "q")
+        if p0.shape != q0.shape:
+            raise ValueError(f"p and q must cover the same tokens, got {len(p0)} and {len(q0)}")
+        V = len(p0)
+        if not 2 <= V <= 6:
+            raise ValueError(f"p and q must have 2 to 6 tokens to fit on sliders, got {V}")
+        self.labels = list(labels) if labels is not None else [chr(ord("a") + i) for i in range(V)]
+        if len(self.labels) != V:
+            raise ValueError(f"labels must name the {V} tokens, got {len(self.labels)}")
+
+        def slider(side: str, i: int, value: float) -> widgets.FloatSlider:
+            return widgets.FloatSlider(
+                value=round(float(value), 2), min=0.0, max=1.0, step=0.01,
+                description=f"{side}({self.labels[i]})", continuous_update=False,
+                readout_format=".2f", style=_SLIDER_STYLE,
+            )
+
+        self.p_sliders = [slider("p", i, v) for i, v in enumerate(p0)]
+        self.q_sliders = [slider("q", i, v) for i, v in enumerate(q0)]
+        self.summary = widgets.HTML()
+        self.summary.add_class("specref-accept-reject-summary")
+        self.figure = widgets.Image(format="png")
+        self.figure.add_class("specref-accept-reject-plot")
+        self.view: dict | None = None
+        columns = widgets.HBox([
+            widgets.VBox([widgets.HTML("<b>target p</b> (weights, normalized)"), *self.p_sliders]),
+            widgets.VBox([widgets.HTML("<b>draft q</b> (weights, normalized)"), *self.q_sliders]),
+        ])
+        super().__init__([columns, self.summary, self.figure])
+        for s in self.p_sliders + self.q_sliders:
+            s.observe(self._on_change, names="value")
+        self.refresh()
+
+    @property
+    def p(self) -> np.ndarray:  # [V] normalized slider weights
+        return normalize_weights([s.value for s in self.p_sliders], "p")
+
+    @property
+    def q(self) -> np.ndarray:  # [V]
+        return normalize_weights([s.value for s in self.q_sliders], "q")
+
+    def refresh(self) -> None:
+        """Recompute the view from the sliders and redraw the summary and the bars."""
+        try:
+            p, q = self.p, self.q
+        except ValueError:
+            self.view = None
+            self.summary.value = "<p><b>Put some weight on at least one token for both p and q.</b></p>"
+            return
+        self.view = accept_reject_view(p, q)
+        self.summary.value = format_accept_reject(self.view, self.labels)
+        fig = Figure(figsize=(6.5, 3.4))
+        fig.subplots_adjust(left=0.1, right=0.98, bottom=0.09, top=0.9)
+        plot_accept_reject(self.view, self.labels, ax=fig.add_subplot())
+        self.figure.value = _png(fig)
+
+
+class SpeedupWidget(_Refreshing, widgets.VBox):
+    """alpha, k and c sliders driving the tokens-per-step and speedup curves, with the best k marked.
+
+    Attributes: `alpha_slider`, `k_slider`, `c_slider`, `summary` (HTML), `figure`
+    (Image), `curves` (the latest `speedup_curves`), `k_max`.
+    """
+
+    def __init__(self, alpha: float = 0.8, k: int = 4, c: float = 0.05, k_max: int = 16):
+        self.k_max = k_max
+        speedup_curves(alpha, c, k_max)  # raises on bad alpha, c or k_max before any widget exists
+        if not 0 <= k <= k_max:
+            raise ValueError(f"k must be in 0..k_max = 0..{k_max}, got {k}")
+        self.alpha_slider = widgets.FloatSlider(
+            value=alpha, min=0.0, max=1.0, step=0.01, description="alpha (acceptance rate)",
+            continuous_update=False, readout_format=".2f", style=_SLIDER_STYLE,
+        )
+        self.k_slider = widgets.IntSlider(
+            value=k, min=0, max=k_max, step=1, description="k (drafts per step)",
+            continuous_update=False, style=_SLIDER_STYLE,
+        )
+        self.c_slider = widgets.FloatSlider(
+            value=c, min=0.0, max=0.5, step=0.01, description="c (draft step cost / target step cost)",
+            continuous_update=False, readout_format=".2f", style=_SLIDER_STYLE,
+        )
+        self.summary = widgets.HTML()
+        self.summary.add_class("specref-speedup-summary")
+        self.figure = widgets.Image(format="png")
+        self.figure.add_class("specref-speedup-plot")
+        self.curves: dict = {}
+        super().__init__([self.alpha_slider, self.k_slider, self.c_slider, self.summary, self.figure])
+        for s in (self.alpha_slider, self.k_slider, self.c_slider):
+            s.observe(self._on_change, names="value")
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Recompute the curves from the sliders and redraw the summary and the plot."""
+        k = self.k_slider.value
+        self.curves = speedup_curves(self.alpha_slider.value, self.c_slider.value, self.k_max)
+        self.summary.value = format_speedup(self.curves, k)
+        fig = Figure(figsize=(10, 3.6))
+        fig.subplots_adjust(left=0.06, right=0.99, bottom=0.14, top=0.92, wspace=0.2)
+        plot_speedup_curves(self.curves, k=k, axes=fig.subplots(1, 2))
+        self.figure.value = _png(fig)
+
+
+def accept_reject_widget(
+    p: Sequence[float] = (0.6, 0.3, 0.1),
+    q: Sequence[float] = (0.3, 0.6, 0.1),
+    labels: Sequence[str] | None = None,
+) -> AcceptRejectWidget:
+    """Notebook 02's widget: move p and q, watch accepted + residual mass always add up to p."""
+    return AcceptRejectWidget(p, q, labels)
+
+
+def speedup_widget(alpha: float = 0.8, k: int = 4, c: float = 0.05, k_max: int = 16) -> SpeedupWidget:
+    """Notebook 03's widget: move alpha, k and c, watch tokens per step, speedup and the best k."""
+    return SpeedupWidget(alpha, k, c, k_max)

@@ -1,0 +1,231 @@
+"""specref.plots: the numbers behind the pictures, and that the pictures draw those numbers."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+import torch
+
+from specref.plots import (
+    accept_reject_view,
+    jensen_view,
+    normalize_weights,
+    plot_acceptance_spread,
+    plot_accept_reject,
+    plot_jensen,
+    plot_speedup_curves,
+    speedup_curves,
+)
+from specref.theory import expected_tokens_per_step, speedup
+
+P = (0.6, 0.3, 0.1)
+Q = (0.3, 0.6, 0.1)
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def _random_pairs(n: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(n):
+        V = int(torch.randint(2, 7, (1,), generator=g))
+        # Cubing makes some tokens nearly 0 and zeroing makes some exactly 0: the sparse cases.
+        p = torch.rand(V, generator=g, dtype=torch.float64) ** 3
+        q = torch.rand(V, generator=g, dtype=torch.float64) ** 3
+        q[torch.rand(V, generator=g) < 0.2] = 0
+        q[0] += 1e-3
+        yield p / p.sum(), q / q.sum()
+
+
+def test_worked_case_gives_beta_07_and_residual_on_the_first_token():
+    view = accept_reject_view(P, Q)
+    assert view["beta"] == pytest.approx(0.7, abs=1e-12)
+    np.testing.assert_allclose(view["residual"], [1, 0, 0], atol=1e-12)
+    np.testing.assert_allclose(view["accepted"], [0.3, 0.3, 0.1], atol=1e-12)
+    np.testing.assert_allclose(view["residual_mass"], [0.3, 0, 0], atol=1e-12)
+
+
+def test_accepted_plus_residual_mass_equals_p_for_random_pairs():
+    for p, q in _random_pairs(200):
+        view = accept_reject_view(p, q)
+        np.testing.assert_allclose(view["output"], p.numpy(), atol=1e-12)
+        np.testing.assert_allclose(view["accepted"] + view["residual_mass"], view["output"], atol=0)
+
+
+def test_verify_chain_emits_p_exactly_for_random_pairs():
+    for p, q in _random_pairs(40, seed=2):
+        view = accept_reject_view(p, q)
+        np.testing.assert_allclose(view["rule_output"], p.numpy(), atol=1e-12)
+
+
+def test_beta_is_the_total_accepted_mass():
+    for p, q in _random_pairs(50, seed=1):
+        view = accept_reject_view(p, q)
+        assert view["accepted"].sum() == pytest.approx(view["beta"], abs=1e-12)
+
+
+def test_equal_p_and_q_accept_everything_without_nan():
+    view = accept_reject_view(P, P)
+    assert view["beta"] == pytest.approx(1.0, abs=1e-12)
+    assert np.isfinite(view["residual"]).all()
+    np.testing.assert_allclose(view["residual_mass"], np.zeros(3), atol=1e-15)
+    np.testing.assert_allclose(view["output"], P, atol=1e-12)
+
+
+def test_one_hot_p_and_q_reduce_to_the_greedy_rule():
+    argmax, other = torch.eye(3, dtype=torch.float64)[0], torch.eye(3, dtype=torch.float64)[2]
+    match = accept_reject_view(argmax, argmax)
+    assert match["beta"] == 1.0
+    mismatch = accept_reject_view(argmax, other)
+    assert mismatch["beta"] == 0.0
+    np.testing.assert_array_equal(mismatch["residual"], argmax.numpy())  # the correction is the target's argmax
+
+
+def test_view_does_not_modify_its_inputs():
+    p = torch.tensor(P, dtype=torch.float64)
+    q = torch.tensor(Q, dtype=torch.float64)
+    view = accept_reject_view(p, q)
+    view["p"][0] = 123.0
+    assert p.tolist() == list(P) and q.tolist() == list(Q)
+
+
+@pytest.mark.parametrize(
+    "p, q, match",
+    [
+        ((0.6, 0.3, 0.1), (0.5, 0.5), "same shape"),
+        ((0.6, 0.3, 0.2), Q, "p rows must sum to 1"),
+        (P, (0.5, 0.6, -0.1), "q has negative"),
+        (((0.5, 0.5), (0.5, 0.5)), ((0.5, 0.5), (0.5, 0.5)), "p must be one distribution"),
+    ],
+)
+def test_view_rejects_bad_distributions_naming_the_argument(p, q, match):
+    with pytest.raises(ValueError, match=match):
+        accept_reject_view(p, q)
+
+
+def test_view_rejects_non_numbers_with_type_error():
+    with pytest.raises(TypeError, match="p must be"):
+        accept_reject_view(["x", "y"], Q[:2])
+
+
+def test_normalize_weights_scales_to_a_distribution_keeping_ratios():
+    w = normalize_weights([2.0, 1.0, 1.0])
+    np.testing.assert_allclose(w, [0.5, 0.25, 0.25])
+
+
+@pytest.mark.parametrize("weights, match", [([0, 0, 0], "at least one"), ([1, -1], ">= 0"), ([], "non-empty")])
+def test_normalize_weights_rejects_unusable_weights(weights, match):
+    with pytest.raises(ValueError, match=match):
+        normalize_weights(weights, "q")
+
+
+def test_speedup_curves_reproduce_the_chapter_table():
+    curves = speedup_curves(0.8, 0.05, k_max=10)
+    assert round(float(curves["tokens_per_step"][4]), 2) == 3.36
+    assert round(float(curves["speedup"][4]), 1) == 2.8
+    assert curves["optimal_k"] == 8
+    assert curves["best_speedup"] == pytest.approx(float(curves["speedup"].max()))
+
+
+def test_speedup_curves_agree_with_theory_at_every_k():
+    curves = speedup_curves(0.6, 0.1, k_max=12)
+    ks = np.arange(13)
+    np.testing.assert_array_equal(curves["k"], ks)
+    np.testing.assert_allclose(curves["tokens_per_step"], expected_tokens_per_step(0.6, ks))
+    np.testing.assert_allclose(curves["speedup"], speedup(0.6, ks, 0.1))
+    assert round(float(curves["tokens_per_step"][3]), 2) == 2.18
+
+
+def test_costlier_drafts_never_move_the_best_k_up():
+    best = [speedup_curves(0.8, c, k_max=16)["optimal_k"] for c in np.linspace(0.0, 0.5, 26)]
+    assert all(a >= b for a, b in zip(best, best[1:]))
+    assert best[0] > best[-1]
+
+
+def test_no_acceptance_means_no_speculation_pays():
+    curves = speedup_curves(0.0, 0.05, k_max=8)
+    assert curves["optimal_k"] == 0
+    np.testing.assert_allclose(curves["tokens_per_step"], np.ones(9))
+
+
+@pytest.mark.parametrize("k_max", [0, -1, 2.5, True])
+def test_speedup_curves_reject_bad_k_max(k_max):
+    with pytest.raises(ValueError, match="k_max"):
+        speedup_curves(0.8, 0.05, k_max=k_max)
+
+
+def test_speedup_curves_reject_alpha_outside_zero_one():
+    with pytest.raises(ValueError, match="alpha"):
+        speedup_curves(1.2, 0.05)
+
+
+def test_accept_reject_bars_stack_to_p():
+    view = accept_reject_view(P, Q)
+    ax = plot_accept_reject(view)
+    # Bars are drawn in order: q, accepted, residual mass (3 each).
+    heights = np.array([patch.get_height() for patch in ax.patches]).reshape(3, 3)
+    bottoms = np.array([patch.get_y() for patch in ax.patches]).reshape(3, 3)
+    np.testing.assert_allclose(heights[0], Q)
+    np.testing.assert_allclose(bottoms[2], heights[1])
+    np.testing.assert_allclose(heights[1] + heights[2], P, atol=1e-12)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b", "c"]
+
+
+def test_accept_reject_plot_rejects_wrong_number_of_labels():
+    with pytest.raises(ValueError, match="labels"):
+        plot_accept_reject(accept_reject_view(P, Q), labels=["a", "b"])
+
+
+def test_speedup_plot_marks_the_best_and_the_chosen_k():
+    curves = speedup_curves(0.8, 0.15, k_max=12)
+    ax_e, ax_s = plot_speedup_curves(curves, k=2)
+    labels = [line.get_label() for line in ax_s.get_lines()]
+    assert f"best k = {curves['optimal_k']}" in labels and "chosen k = 2" in labels
+    star = ax_s.get_lines()[labels.index(f"best k = {curves['optimal_k']}")]
+    assert list(star.get_xdata()) == [curves["optimal_k"]]
+    assert list(star.get_ydata()) == pytest.approx([curves["best_speedup"]])
+
+
+def test_acceptance_spread_marks_the_weighted_mean():
+    ax = plot_acceptance_spread([0.2, 0.9], weights=[3, 1])
+    mean_line = ax.get_lines()[0]
+    assert mean_line.get_xdata()[0] == pytest.approx(0.375)
+
+
+def test_acceptance_spread_needs_one_weight_per_context():
+    with pytest.raises(ValueError, match="one entry per context"):
+        plot_acceptance_spread([0.2, 0.9], weights=[1, 1, 1])
+
+
+def test_jensen_view_averages_alpha_and_tokens_with_the_same_weights():
+    view = jensen_view([0.95, 0.45], [1, 1], k=4)
+    assert view["mean_alpha"] == pytest.approx(0.7)
+    assert view["f_of_mean"] == pytest.approx(float(expected_tokens_per_step(0.7, 4)))
+    mean_of_f = (expected_tokens_per_step(0.95, 4) + expected_tokens_per_step(0.45, 4)) / 2
+    assert view["mean_of_f"] == pytest.approx(mean_of_f)
+
+
+def test_varying_alpha_yields_more_tokens_than_its_average_jensen():
+    g = np.random.default_rng(0)
+    for _ in range(100):
+        alphas, weights = g.uniform(0, 1, 5), g.uniform(0.1, 1, 5)
+        view = jensen_view(alphas, weights, k=int(g.integers(1, 9)))
+        assert view["mean_of_f"] >= view["f_of_mean"] - 1e-12
+
+
+def test_constant_alpha_has_no_jensen_gap():
+    view = jensen_view([0.6, 0.6, 0.6], None, k=3)
+    assert view["mean_of_f"] == pytest.approx(view["f_of_mean"])
+    assert round(view["f_of_mean"], 2) == 2.18
+
+
+def test_jensen_plot_puts_the_mean_of_f_above_the_curve():
+    ax = plot_jensen([0.95, 0.45], None, k=4)
+    points = {line.get_label().split(" =")[0]: line.get_ydata()[0] for line in ax.get_lines()[1:]}
+    assert points["mean of E(alpha_c)"] > points["E(mean alpha)"]
