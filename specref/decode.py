@@ -30,7 +30,8 @@ class SpecStats:
     draft_passes: int = 0
     steps: int = 0  # row-steps: one per active sequence per target pass
     accepted_hist: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # [k+1]
-    proposed: int = 0
+    proposed: int = 0  # drafts proposed
+    examined: int = 0  # drafts the rule looked at: min(accepted + 1, k) per step
     accepted: int = 0
     emitted: int = 0
     time_target: float = 0.0
@@ -39,8 +40,8 @@ class SpecStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted drafts / proposed drafts (an empirical alpha)."""
-        return self.accepted / max(self.proposed, 1)
+        """alpha: accepted drafts / examined drafts (see `theory.estimate_alpha`)."""
+        return self.accepted / max(self.examined, 1)
 
     @property
     def mean_accepted(self) -> float:
@@ -63,6 +64,9 @@ class SpecStats:
             "draft_passes": self.draft_passes,
             "steps": self.steps,
             "accepted_hist": self.accepted_hist.tolist(),
+            "proposed": self.proposed,
+            "examined": self.examined,
+            "accepted": self.accepted,
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted": self.mean_accepted,
             "tokens_per_step": self.tokens_per_step,
@@ -167,6 +171,7 @@ def speculative_generate(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
     eos_token_id: int | None = None,
+    tree: object | None = None,
 ) -> tuple[torch.Tensor, SpecStats]:  # [B, T + max_new_tokens], stats
     """Speculative decoding: the output distribution is exactly the target's (greedy: the same tokens).
 
@@ -174,7 +179,16 @@ def speculative_generate(
     tokens are generated per row unless it emits `eos_token_id` (nothing after EOS;
     the rest is filled with EOS). Near the end of the budget or the context
     window, k shrinks so no token is drafted that could never be emitted.
+
+    `tree` switches to tree drafting (`specref.tree_decode.tree_generate`, k unused):
+    a static shape (tuple of branching factors or `TreeShape`) or a dynamic tree
+    (int node budget or `DynamicTree`).
     """
+    if tree is not None:
+        from .tree_decode import tree_generate
+
+        return tree_generate(target, draft, input_ids, tree, max_new_tokens, temperature, top_k, top_p,
+                             generator, eos_token_id)
     if isinstance(k, bool) or not isinstance(k, int):
         raise TypeError(f"k must be an int >= 1, got {k!r}")
     if k < 1:
@@ -254,6 +268,7 @@ def speculative_generate(
         stats.steps += int(active.sum())
         stats.proposed += k_eff * int(active.sum())
         stats.accepted += int(n_acc[active].sum())
+        stats.examined += int(torch.clamp(n_acc[active] + 1, max=k_eff).sum())
         stats.emitted += int(n_out.sum())
         if k_eff == k:
             stats.accepted_hist += np.bincount(n_acc[active].cpu().numpy(), minlength=k + 1)

@@ -44,7 +44,10 @@ def measure_costs(
 
 @dataclass(frozen=True)
 class SpeculativeRun:
-    """One k: what speculative decoding did, how fast, and what the formulas predicted."""
+    """One k: what speculative decoding did, how fast, and what the formulas predicted.
+
+    alpha is accepted / examined drafts (`theory.estimate_alpha`), the alpha of the formulas.
+    """
 
     k: int
     alpha: float
@@ -121,6 +124,7 @@ def speculative_run(
         total += t
         pooled.steps += s.steps
         pooled.proposed += s.proposed
+        pooled.examined += s.examined
         pooled.accepted += s.accepted
         pooled.emitted += s.emitted
         pooled.time_target += s.time_target

@@ -67,3 +67,19 @@ def optimal_k(alpha: ArrayLike, c: ArrayLike, k_max: int = 16) -> int | np.ndarr
     s = np.asarray(speedup(a[None], ks, cc[None]))
     best = np.argmax(s, axis=0)  # argmax returns the first maximum: the smallest k
     return int(best) if best.ndim == 0 else best
+
+
+def estimate_alpha(n_accepted: ArrayLike, k: ArrayLike) -> float:
+    """alpha from observed steps: accepted drafts / examined drafts, examined = min(A + 1, k) per step.
+
+    Drafts after the first rejection are never examined, so dividing by all k drafts
+    would bias alpha low. Under the model (each examined draft accepted independently
+    with probability alpha) this ratio is the maximum-likelihood estimate.
+    """
+    a, kk = np.broadcast_arrays(_as_k(n_accepted, "n_accepted"), _as_k(k))
+    if (a > kk).any():
+        raise ValueError("n_accepted must be <= k for every step")
+    examined = np.minimum(a + 1, kk).sum()
+    if examined == 0:
+        raise ValueError("no draft was examined (every step had k = 0): alpha is undefined")
+    return float(a.sum() / examined)

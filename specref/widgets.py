@@ -24,6 +24,16 @@ from .plots import accept_reject_view, normalize_weights, plot_accept_reject, pl
 _SLIDER_STYLE = {"description_width": "initial"}
 
 
+def _slider_layout() -> widgets.Layout:
+    # A fixed width keeps the track long enough to drag even with a long description.
+    return widgets.Layout(width="560px")
+
+
+def _image() -> widgets.Image:
+    # flex-start stops the output box from stretching the PNG beyond its pixel size (blurry plots).
+    return widgets.Image(format="png", layout=widgets.Layout(align_self="flex-start"))
+
+
 def _png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     # Fixed margins (set by the caller) instead of bbox_inches="tight": one draw, not two.
@@ -112,14 +122,14 @@ class AcceptRejectWidget(_Refreshing, widgets.VBox):
             return widgets.FloatSlider(
                 value=round(float(value), 2), min=0.0, max=1.0, step=0.01,
                 description=f"{side}({self.labels[i]})", continuous_update=False,
-                readout_format=".2f", style=_SLIDER_STYLE,
+                readout_format=".2f", style=_SLIDER_STYLE, layout=_slider_layout(),
             )
 
         self.p_sliders = [slider("p", i, v) for i, v in enumerate(p0)]
         self.q_sliders = [slider("q", i, v) for i, v in enumerate(q0)]
         self.summary = widgets.HTML()
         self.summary.add_class("specref-accept-reject-summary")
-        self.figure = widgets.Image(format="png")
+        self.figure = _image()
         self.figure.add_class("specref-accept-reject-plot")
         self.view: dict | None = None
         columns = widgets.HBox([
@@ -169,19 +179,19 @@ class SpeedupWidget(_Refreshing, widgets.VBox):
             raise ValueError(f"k must be in 0..k_max = 0..{k_max}, got {k}")
         self.alpha_slider = widgets.FloatSlider(
             value=alpha, min=0.0, max=1.0, step=0.01, description="alpha (acceptance rate)",
-            continuous_update=False, readout_format=".2f", style=_SLIDER_STYLE,
+            continuous_update=False, readout_format=".2f", style=_SLIDER_STYLE, layout=_slider_layout(),
         )
         self.k_slider = widgets.IntSlider(
             value=k, min=0, max=k_max, step=1, description="k (drafts per step)",
-            continuous_update=False, style=_SLIDER_STYLE,
+            continuous_update=False, style=_SLIDER_STYLE, layout=_slider_layout(),
         )
         self.c_slider = widgets.FloatSlider(
             value=c, min=0.0, max=0.5, step=0.01, description="c (draft step cost / target step cost)",
-            continuous_update=False, readout_format=".2f", style=_SLIDER_STYLE,
+            continuous_update=False, readout_format=".2f", style=_SLIDER_STYLE, layout=_slider_layout(),
         )
         self.summary = widgets.HTML()
         self.summary.add_class("specref-speedup-summary")
-        self.figure = widgets.Image(format="png")
+        self.figure = _image()
         self.figure.add_class("specref-speedup-plot")
         self.curves: dict = {}
         super().__init__([self.alpha_slider, self.k_slider, self.c_slider, self.summary, self.figure])

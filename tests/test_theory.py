@@ -122,3 +122,24 @@ def test_formula_check_flags_position_dependent_acceptance():
     mean = (counts * torch.arange(1, 4, dtype=F64)).sum().item()
     assert mean == pytest.approx(1 + 0.9 + 0.9 * 0.5, abs=1e-12)
     assert abs(mean - expected_tokens_per_step(0.7, 2)) > 0.05
+
+
+def test_estimate_alpha_recovers_alpha_from_truncated_geometric_steps():
+    from specref.theory import estimate_alpha
+
+    rng = np.random.default_rng(0)
+    alpha, k, n = 0.7, 4, 20_000
+    # Accepted count per step: the first failure among k Bernoulli(alpha) draws.
+    accepted = (rng.random((n, k)) < alpha).cumprod(1).sum(1)
+    assert abs(estimate_alpha(accepted, k) - alpha) < 0.01
+    # Negative control: dividing by all k drafts counts drafts never examined, and is biased low.
+    assert accepted.sum() / (n * k) < alpha - 0.1
+
+
+def test_estimate_alpha_rejects_impossible_counts():
+    from specref.theory import estimate_alpha
+
+    with pytest.raises(ValueError, match="n_accepted"):
+        estimate_alpha([5], 4)
+    with pytest.raises(ValueError, match="undefined"):
+        estimate_alpha([0, 0], 0)
