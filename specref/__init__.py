@@ -4,22 +4,54 @@ Conventions: `p` is the target's next-token distribution, `q` the draft's, both
 after the same `process_logits`; `k` drafts per step; `alpha` the acceptance
 rate; `c` the cost of a draft step relative to a target step. Every random
 function takes an explicit `torch.Generator`.
+
+Modules, one concept each: sampling (process_logits, sample), rejection (the
+accept/reject rule), theory (tokens per step, speedup), toy (Markov-chain
+models), exact (exact enumeration), montecarlo (vectorized sampler and
+distribution test), models (GPT-2 with KV cache, the bundled pair), drafts and
+decode (speculative generation), trees (tree verification), costs and measure
+(timing), plots and widgets (notebook views), grading* (exercise graders).
 """
 
+from .decode import SpecStats, generate, speculative_generate
+from .drafts import Draft, ModelDraft, SamplingParams
+from .exact import generation_distribution, one_step_distribution, step_distribution
+from .models.pretrained import load_pair
+from .montecarlo import DistributionTest, distribution_test, simulate
 from .rejection import acceptance_probability, residual, verify_chain, verify_chain_greedy
 from .sampling import process_logits, sample
-from .theory import expected_tokens_per_step, optimal_k, speedup
+from .theory import estimate_alpha, expected_tokens_per_step, optimal_k, speedup
+from .toy import MarkovChain, mixture, random_chain, toy_pair
 
 __version__ = "0.1.0"
 
+
 __all__ = [
+    "Draft",
+    "DistributionTest",
+    "MarkovChain",
+    "ModelDraft",
+    "SamplingParams",
+    "SpecStats",
     "acceptance_probability",
+    "distribution_test",
+    "estimate_alpha",
     "expected_tokens_per_step",
+    "generate",
+    "generation_distribution",
+    "load_pair",
+    "mixture",
+    "one_step_distribution",
     "optimal_k",
     "process_logits",
+    "random_chain",
     "residual",
     "sample",
+    "simulate",
+    "speculative_generate",
     "speedup",
+    "step_distribution",
+    "toy_pair",
     "verify_chain",
     "verify_chain_greedy",
 ]
