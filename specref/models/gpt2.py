@@ -323,6 +323,9 @@ class GPT2(nn.Module):
                 raise ValueError(f"attention_mask must have shape [{B} or 1, {T}, {T}], "
                                  f"got {tuple(attention_mask.shape)}")
             new_mask = attention_mask.to(dev)
+            # A row with no visible key makes softmax 0/0 = NaN; a node always sees itself.
+            if not bool(new_mask.diagonal(dim1=1, dim2=2).all()):
+                raise ValueError("attention_mask must let every new token attend to itself (diagonal all True)")
         if cache is None:
             mask = new_mask[:, None]  # [B or 1, 1, T, T]
         else:

@@ -1,0 +1,266 @@
+"""GPT-2 reference model and KV cache: equal to Hugging Face's, and exact under rollback, masks, compaction."""
+
+import os
+
+import pytest
+import torch
+
+from specref.models import GPT2, GPT2Config, GPT2Output, KVCache
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TOL = dict(atol=1e-5, rtol=1e-5)
+CFG = GPT2Config(vocab_size=101, n_positions=48, n_embd=32, n_layer=3, n_head=4, bos_token_id=0, eos_token_id=0)
+
+
+def make_model(cfg: GPT2Config = CFG, seed: int = 0) -> GPT2:
+    # nn.Module init draws from the global RNG; fork it so tests leave no trace.
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return GPT2(cfg).eval()
+
+
+def ids(*shape: int, seed: int = 1, vocab: int = CFG.vocab_size) -> torch.Tensor:
+    return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def model() -> GPT2:
+    return make_model()
+
+
+def hf_model(cfg: GPT2Config, seed: int = 0):
+    transformers = pytest.importorskip("transformers")
+    hf_cfg = transformers.GPT2Config(**cfg.to_dict())
+    hf_cfg._attn_implementation = "eager"
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return transformers.GPT2LMHeadModel(hf_cfg).eval()
+
+
+# -- equality with Hugging Face -----------------------------------------------------------
+def test_state_dict_keys_and_shapes_equal_hf_gpt2lmheadmodel(model):
+    hf = hf_model(CFG)
+    ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    theirs = {k: tuple(v.shape) for k, v in hf.state_dict().items()
+              if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+    assert ours == theirs
+
+
+@torch.no_grad()
+def test_logits_equal_hf_when_hf_loads_our_weights(model):
+    hf = hf_model(CFG, seed=5)
+    hf.load_state_dict(model.state_dict())
+    x = ids(2, 17)
+    torch.testing.assert_close(model(x), hf(x).logits, **TOL)
+
+
+@torch.no_grad()
+def test_logits_equal_hf_when_we_load_hf_weights():
+    hf = hf_model(CFG, seed=3)
+    ours = make_model(seed=9)
+    ours.load_state_dict(hf.state_dict())
+    x = ids(2, 17, seed=4)
+    torch.testing.assert_close(ours(x), hf(x).logits, **TOL)
+
+
+@torch.no_grad()
+def test_hidden_states_follow_hf_convention(model):
+    hf = hf_model(CFG)
+    hf.load_state_dict(model.state_dict())
+    x = ids(1, 9)
+    out = model(x, return_hidden=True)
+    assert isinstance(out, GPT2Output) and len(out.hidden_states) == CFG.n_layer + 1
+    for ours, theirs in zip(out.hidden_states, hf(x, output_hidden_states=True).hidden_states, strict=True):
+        torch.testing.assert_close(ours, theirs, **TOL)
+
+
+@torch.no_grad()
+def test_hf_style_checkpoint_keys_load_without_prefix_lm_head_or_buffers(model):
+    # The hub's gpt2 files store "h.0.attn..." (no "transformer."), no lm_head, plus attn.bias buffers.
+    sd = {k.removeprefix("transformer."): v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    sd["h.0.attn.bias"] = torch.ones(1, 1, CFG.n_positions, CFG.n_positions)
+    sd["h.0.attn.masked_bias"] = torch.tensor(-1e4)
+    other = make_model(seed=7)
+    other.load_state_dict(sd)
+    assert other.lm_head.weight is other.transformer.wte.weight
+    x = ids(1, 8)
+    torch.testing.assert_close(other(x), model(x), **TOL)
+
+
+def test_config_round_trips_through_hf_config_dict():
+    transformers = pytest.importorskip("transformers")
+    hf_dict = transformers.GPT2Config(**CFG.to_dict()).to_dict()
+    assert GPT2Config.from_dict(hf_dict) == CFG
+
+
+# -- the KV cache -------------------------------------------------------------------------
+@torch.no_grad()
+def test_token_by_token_decoding_equals_full_forward(model):
+    x = ids(2, 20)
+    cache = model.new_cache(2)
+    steps = [model(x[:, :1], cache=cache)] + [model(x[:, i:i + 1], cache=cache) for i in range(1, 20)]
+    torch.testing.assert_close(torch.cat(steps, 1), model(x), **TOL)
+    assert cache.lengths.tolist() == [20, 20]
+
+
+@torch.no_grad()
+def test_chunked_decoding_equals_full_forward(model):
+    x = ids(2, 23)
+    cache = model.new_cache(2, max_len=30)
+    chunks = [model(x[:, a:b], cache=cache) for a, b in ((0, 7), (7, 8), (8, 13), (13, 23))]
+    torch.testing.assert_close(torch.cat(chunks, 1), model(x), **TOL)
+
+
+@torch.no_grad()
+def test_rollback_for_every_accept_pattern_equals_recompute(model):
+    prompt, drafts = ids(1, 6, seed=2), ids(1, 5, seed=3)
+    correction = torch.tensor([[42]])
+    for accepted in range(6):  # reject at depth 0..5 (5 = all accepted, then a bonus token)
+        cache = model.new_cache(1)
+        model(prompt, cache=cache)
+        verify = model(drafts, cache=cache)
+        torch.testing.assert_close(verify, model(torch.cat([prompt, drafts], 1))[:, 6:], **TOL)
+        cache.truncate(6 + accepted)
+        got = model(correction, cache=cache)[:, -1]
+        want = model(torch.cat([prompt, drafts[:, :accepted], correction], 1))[:, -1]
+        torch.testing.assert_close(got, want, **TOL)
+        assert cache.lengths.tolist() == [6 + accepted + 1]
+
+
+@torch.no_grad()
+def test_batch_with_different_lengths_equals_each_sequence_alone(model):
+    lengths = [3, 5, 7]
+    prompts = ids(3, 7, seed=8)
+    cache = model.new_cache(3)
+    model(prompts, cache=cache)
+    cache.truncate(torch.tensor(lengths))  # as if the sequences had accepted different numbers of drafts
+    new = ids(3, 4, seed=9)
+    got = model(new, cache=cache)
+    for b, n in enumerate(lengths):
+        alone = model(torch.cat([prompts[b:b + 1, :n], new[b:b + 1]], 1))[:, n:]
+        torch.testing.assert_close(got[b:b + 1], alone, **TOL)
+    assert cache.lengths.tolist() == [7, 9, 11]
+
+
+@torch.no_grad()
+def test_cache_in_bfloat16_and_float16_runs_and_tracks_lengths():
+    m = make_model().to(torch.bfloat16)
+    cache = m.new_cache(1)
+    assert cache.dtype == torch.bfloat16
+    out = m(ids(1, 4), cache=cache)
+    assert out.dtype == torch.bfloat16 and cache.lengths.tolist() == [4]
+    cache16 = KVCache(CFG.n_layer, 1, CFG.n_head, CFG.head_dim, 8, dtype=torch.float16)
+    assert cache16.k.shape == (CFG.n_layer, 1, CFG.n_head, 8, CFG.head_dim)
+
+
+def test_truncate_refuses_to_grow_and_does_not_alias_its_argument(model):
+    cache = model.new_cache(2)
+    with torch.no_grad():
+        model(ids(2, 5), cache=cache)
+    new = torch.tensor([2, 4])
+    cache.truncate(new)
+    new[0] = 0
+    assert cache.lengths.tolist() == [2, 4]
+    with pytest.raises(ValueError, match="new_lengths"):
+        cache.truncate(5)
+
+
+# -- masks and position ids among the new tokens (tree verification) ---------------------
+@torch.no_grad()
+def test_custom_causal_mask_equals_default(model):
+    x = ids(2, 9)
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()[None]
+    torch.testing.assert_close(model(x, attention_mask=causal), model(x), **TOL)
+    cache = model.new_cache(2)
+    model(ids(2, 4, seed=5), cache=cache)
+    ref = model.new_cache(2)
+    model(ids(2, 4, seed=5), cache=ref)
+    torch.testing.assert_close(model(x, cache=cache, attention_mask=causal.expand(2, 9, 9)),
+                               model(x, cache=ref), **TOL)
+
+
+def two_branches(prefix_len: int, a: torch.Tensor, b: torch.Tensor):
+    """Flatten branches a [1, Ta] and b [1, Tb] after a common prefix: ids, positions, block-causal mask."""
+    ta, tb = a.shape[1], b.shape[1]
+    mask = torch.zeros(ta + tb, ta + tb, dtype=torch.bool)
+    mask[:ta, :ta] = torch.ones(ta, ta, dtype=torch.bool).tril()
+    mask[ta:, ta:] = torch.ones(tb, tb, dtype=torch.bool).tril()
+    pos = torch.cat([prefix_len + torch.arange(ta), prefix_len + torch.arange(tb)])[None]
+    return torch.cat([a, b], 1), pos, mask[None]
+
+
+@torch.no_grad()
+def test_two_branch_mask_gives_each_branch_its_chain_logits(model):
+    prefix, a, b = ids(1, 5, seed=10), ids(1, 3, seed=11), ids(1, 2, seed=12)
+    tree, pos, mask = two_branches(5, a, b)
+    cache = model.new_cache(1)
+    model(prefix, cache=cache)
+    got = model(tree, cache=cache, position_ids=pos, attention_mask=mask)
+    torch.testing.assert_close(got[:, :3], model(torch.cat([prefix, a], 1))[:, 5:], **TOL)
+    torch.testing.assert_close(got[:, 3:], model(torch.cat([prefix, b], 1))[:, 5:], **TOL)
+    assert cache.lengths.tolist() == [10]
+
+
+@torch.no_grad()
+def test_compact_keeps_accepted_branch_and_next_logits_equal_recompute(model):
+    prefix, a, b = ids(1, 5, seed=10), ids(1, 3, seed=11), ids(1, 2, seed=12)
+    tree, pos, mask = two_branches(5, a, b)
+    cache = model.new_cache(1)
+    model(prefix, cache=cache)
+    model(tree, cache=cache, position_ids=pos, attention_mask=mask)
+    cache.compact([list(range(5)) + [8, 9]])  # keep the prefix and branch b (slots 8, 9)
+    assert cache.lengths.tolist() == [7]
+    nxt = torch.tensor([[7]])
+    torch.testing.assert_close(model(nxt, cache=cache)[:, -1],
+                               model(torch.cat([prefix, b, nxt], 1))[:, -1], **TOL)
+
+
+@torch.no_grad()
+def test_inputs_are_not_modified(model):
+    x, pos = ids(1, 4), torch.arange(4)[None]
+    mask = torch.ones(4, 4, dtype=torch.bool).tril()[None]
+    x0, pos0, mask0 = x.clone(), pos.clone(), mask.clone()
+    model(x, position_ids=pos, attention_mask=mask)
+    assert torch.equal(x, x0) and torch.equal(pos, pos0) and torch.equal(mask, mask0)
+
+
+# -- bad input -----------------------------------------------------------------------------
+def test_ids_outside_vocab_raise_value_error_naming_input_ids(model):
+    with pytest.raises(ValueError, match="input_ids"):
+        model(torch.tensor([[0, CFG.vocab_size]]))
+    with pytest.raises(ValueError, match="input_ids"):
+        model(torch.tensor([[-1, 3]]))
+
+
+def test_empty_prompt_raises(model):
+    with pytest.raises(ValueError, match="input_ids"):
+        model(torch.zeros(1, 0, dtype=torch.long))
+
+
+def test_prompt_longer_than_context_raises(model):
+    with pytest.raises(ValueError, match="n_positions"):
+        model(torch.zeros(1, CFG.n_positions + 1, dtype=torch.long))
+    cache = model.new_cache(1, max_len=8)
+    with pytest.raises(ValueError, match="max_len"):
+        model(torch.zeros(1, 9, dtype=torch.long), cache=cache)
+
+
+def test_wrong_dtypes_raise_type_error(model):
+    with pytest.raises(TypeError, match="input_ids"):
+        model(torch.zeros(1, 3))
+    with pytest.raises(TypeError, match="attention_mask"):
+        model(torch.zeros(1, 3, dtype=torch.long), attention_mask=torch.ones(1, 3, 3))
+    with pytest.raises(TypeError, match="position_ids"):
+        model(torch.zeros(1, 3, dtype=torch.long), position_ids=torch.zeros(1, 3))
+
+
+def test_wrong_shapes_raise_value_error(model):
+    with pytest.raises(ValueError, match="input_ids"):
+        model(torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(torch.zeros(1, 3, dtype=torch.long), attention_mask=torch.ones(1, 2, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="cache"):
+        model(torch.zeros(2, 3, dtype=torch.long), cache=model.new_cache(1))
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(torch.zeros(1, 3, dtype=torch.long), attention_mask=torch.zeros(1, 3, 3, dtype=torch.bool))
