@@ -22,18 +22,33 @@ from .rejection import acceptance_probability, residual, verify_chain, verify_ch
 from .sampling import process_logits, sample
 from .theory import estimate_alpha, expected_tokens_per_step, optimal_k, speedup
 from .toy import MarkovChain, mixture, random_chain, toy_pair
+from .trees import (
+    DynamicTree,
+    Tree,
+    TreeShape,
+    build_tree,
+    tree_attention_mask,
+    tree_position_ids,
+    verify_tree,
+    verify_tree_greedy,
+)
+from .tree_decode import tree_generate
 
 __version__ = "0.1.0"
 
 
 __all__ = [
-    "Draft",
     "DistributionTest",
+    "Draft",
+    "DynamicTree",
     "MarkovChain",
     "ModelDraft",
     "SamplingParams",
     "SpecStats",
+    "Tree",
+    "TreeShape",
     "acceptance_probability",
+    "build_tree",
     "distribution_test",
     "estimate_alpha",
     "expected_tokens_per_step",
@@ -52,6 +67,11 @@ __all__ = [
     "speedup",
     "step_distribution",
     "toy_pair",
+    "tree_attention_mask",
+    "tree_generate",
+    "tree_position_ids",
     "verify_chain",
     "verify_chain_greedy",
+    "verify_tree",
+    "verify_tree_greedy",
 ]
