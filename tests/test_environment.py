@@ -1,0 +1,313 @@
+"""One tested set of versions, declared consistently everywhere, and a readiness report that tells the truth.
+
+The pins (requirements/base.txt, test.txt) are the source; lock.txt, environment.yml
+and pyproject.toml's ranges must agree with them, and this environment must be
+running them. `python -m specref` (specref.doctor) must pass here and must fail when
+a rule, the widget extension or the bundled models are broken.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from specref import doctor, montecarlo, rejection
+from specref.doctor import FAIL, OK, WARN, pinned_versions
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the lock installs tomli there
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parents[1]
+REQ = REPO / "requirements"
+PYTHONS = ("3.10", "3.11")  # the lock resolves for both; 3.11 is the one CI runs
+HERE = "%d.%d" % sys.version_info[:2]
+
+
+def own_names(path: Path) -> set[str]:
+    """Names a requirements file pins itself (not through -r)."""
+    names = set()
+    for line in path.read_text().splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if line and not line.startswith(("#", "-")):
+            names.add(canonicalize_name(Requirement(line).name))
+    return names
+
+
+def pyproject() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def environment_yml_pins() -> tuple[str, dict[str, str], list[str]]:
+    """(python version, {name: version} of the pip section, pip options) of environment.yml."""
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    python, pip_section = None, None
+    for dep in env["dependencies"]:
+        if isinstance(dep, dict):
+            pip_section = dep["pip"]
+        elif str(dep).startswith("python="):
+            python = str(dep).split("=", 1)[1]
+    pins, options = {}, []
+    for line in pip_section:
+        if line.startswith("-"):
+            options.append(line)
+            continue
+        req = Requirement(line)
+        (spec,) = req.specifier
+        assert spec.operator == "==", f"environment.yml: {line} is not an exact pin"
+        pins[canonicalize_name(req.name)] = spec.version
+    return python, pins, options
+
+
+# -- the pinned set --------------------------------------------------------------------------
+@pytest.mark.parametrize("python", PYTHONS)
+def test_lock_holds_every_direct_pin_at_the_same_version(python):
+    direct = pinned_versions(REQ / "test.txt", python)
+    lock = pinned_versions(REQ / "lock.txt", python)
+    assert {n: lock.get(n) for n in direct} == direct
+
+
+def test_lock_pins_torch_without_a_local_build_suffix():
+    """`torch==2.13.0` matches the CPU wheel (2.13.0+cpu) and CUDA builds alike; `+cpu` would fail on PyPI."""
+    assert all("+" not in v for v in pinned_versions(REQ / "lock.txt", HERE).values())
+
+
+def test_this_environment_runs_the_pinned_versions():
+    lock = pinned_versions(REQ / "lock.txt", HERE)
+    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in metadata.distributions()}
+    wrong = {n: (v, installed.get(n)) for n, v in lock.items()
+             if installed.get(n) is None or Version(installed[n]).public != Version(v).public}
+    assert wrong == {}, "pinned vs installed; run `make venv`"
+
+
+def test_environment_yml_lists_the_pinned_set():
+    python, pins, options = environment_yml_pins()
+    assert python == "3.11"
+    assert pins == pinned_versions(REQ / "test.txt", python)
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in options
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_pyproject_ranges_admit_every_pin(python):
+    project = pyproject()["project"]
+    declared = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
+    pins = pinned_versions(REQ / "test.txt", python)
+    rejected = [f"{r} rejects {pins[canonicalize_name(Requirement(r).name)]}" for r in declared
+                if not Requirement(r).specifier.contains(pins[canonicalize_name(Requirement(r).name)], prereleases=True)]
+    assert rejected == []
+
+
+def test_pyproject_declares_exactly_the_pinned_packages():
+    project = pyproject()["project"]
+    names = lambda reqs: {canonicalize_name(Requirement(r).name) for r in reqs}  # noqa: E731
+    extras = project["optional-dependencies"]
+    assert names(project["dependencies"]) == own_names(REQ / "base.txt")
+    assert names(extras["test"]) | names(extras["browser"]) == own_names(REQ / "test.txt")
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_requires_python_admits_the_locked_pythons(python):
+    from packaging.specifiers import SpecifierSet
+
+    assert SpecifierSet(pyproject()["project"]["requires-python"]).contains(python + ".0")
+
+
+@pytest.mark.parametrize("folder", ["specref", "tools", "tests"])
+def test_sources_parse_as_python_3_10(folder):
+    """The lock supports Python 3.10, so no 3.11+ syntax (except*, PEP 695 generics) may creep in."""
+    bad = []
+    for path in sorted((REPO / folder).rglob("*.py")):
+        try:
+            ast.parse(path.read_text(), filename=str(path), feature_version=(3, 10))
+        except SyntaxError as e:
+            bad.append(f"{path.relative_to(REPO)}:{e.lineno}: {e.msg}")
+    assert bad == []
+
+
+# -- the test command ------------------------------------------------------------------------
+def test_make_test_runs_the_whole_suite_with_strict_nbval_and_timeouts():
+    out = subprocess.run(["make", "-n", "test"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    (cmd,) = [ln for ln in out.splitlines() if " -m pytest " in ln]
+    args = cmd.split()
+    assert args[args.index("pytest") + 1:][:1] == ["tests"]
+    for wanted in ("--nbval", "--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg"):
+        assert wanted in args
+    assert "--nbval-lax" not in args
+    assert any(a.startswith("--nbval-cell-timeout=") for a in args)
+    assert pyproject()["tool"]["pytest"]["ini_options"]["timeout"] > 0
+
+
+def test_torch_index_override_reaches_pip():
+    """`make venv TORCH_INDEX=...` is how a learner without a GPU gets the CPU build of torch."""
+    url = "https://download.pytorch.org/whl/cpu"
+    out = subprocess.run(["make", "-n", "-B", "venv", f"TORCH_INDEX={url}"], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    installs = [ln for ln in out.splitlines() if " -m pip install " in ln and "requirements/test.txt" in ln]
+    assert len(installs) == 1 and f"--extra-index-url {url}" in installs[0]
+
+
+def _sanitized(text: str) -> str:
+    from nbval.plugin import get_sanitize_patterns
+
+    for regex, replace in get_sanitize_patterns((REPO / "tests" / "nbval_sanitize.cfg").read_text()):
+        text = re.sub(regex, replace, text)
+    return text
+
+
+@pytest.mark.parametrize("a, b", [
+    ("<Figure size 640x480 with 1 Axes>", "<Figure size 1200x400 with 1 Axes>"),
+    ("<specref.toy.MarkovChain object at 0x7f3a2b1c0d90>", "<specref.toy.MarkovChain object at 0x55d1e2f3a4b0>"),
+    ("decode step: 12.3 ms, total 1.5 s", "decode step: 9.87 ms, total 2 s"),
+    ("Wall time: 1.23 s", "Wall time: 980 ms"),
+    ("100%|##########| 64/64 [00:02<00:00, 28.1it/s]", "100%|##########| 64/64 [00:05<00:00, 11.9it/s]"),
+    ("model_id 0123456789abcdef0123456789abcdef", "model_id fedcba9876543210fedcba9876543210"),
+])
+def test_sanitizer_equalizes_output_that_varies_between_runs(a, b):
+    assert _sanitized(a) == _sanitized(b)
+
+
+@pytest.mark.parametrize("a, b", [
+    ("tokens per step 3.36", "tokens per step 3.37"),
+    ("k = 4 gives 2.8x", "k = 5 gives 2.8x"),
+    ("beta = 0.7, residual = [1.0, 0.0, 0.0]", "beta = 0.6, residual = [1.0, 0.0, 0.0]"),
+    ("<Figure size 640x480 with 1 Axes>", "<Figure size 640x480 with 2 Axes>"),
+    ("accepted 17 of 20 drafts", "accepted 16 of 20 drafts"),
+])
+def test_sanitizer_keeps_the_results_notebooks_check(a, b):
+    assert _sanitized(a) != _sanitized(b)
+
+
+# -- python -m specref -----------------------------------------------------------------------
+def test_readiness_report_passes_on_this_machine(tmp_path):
+    """Run from an unrelated folder, so it proves the package is installed, not just on the path."""
+    proc = subprocess.run([sys.executable, "-m", "specref"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for line in ("torch", "numpy", "scipy", "ipywidgets", "jupyterlab", "device", "widgets", "assets", "self-check"):
+        assert re.search(rf"^  ok\s+{re.escape(line)}\s", proc.stdout, re.MULTILINE), proc.stdout
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("READY")
+
+
+def test_self_check_passes_with_the_real_rule():
+    check = doctor.self_check()
+    assert check.status == OK, check.detail
+
+
+def test_self_check_fails_when_the_rule_skips_the_residual(monkeypatch):
+    monkeypatch.setattr(rejection, "verify_chain", montecarlo.verify_skip_residual)
+    check = doctor.self_check()
+    assert check.status == FAIL and "not exact" in check.detail
+
+
+def test_self_check_fails_when_the_residual_is_wrong(monkeypatch):
+    monkeypatch.setattr(rejection, "residual", lambda p, q: q)
+    check = doctor.self_check()
+    assert check.status == FAIL and "worked case" in check.detail
+
+
+def test_exit_code_is_nonzero_iff_a_check_fails(monkeypatch, capsys):
+    monkeypatch.setattr(doctor, "CHECKS", (doctor.check_python, doctor.self_check))
+    assert doctor.main([]) == 0
+    monkeypatch.setattr(rejection, "verify_chain", montecarlo.verify_always_accept)
+    assert doctor.main([]) == 1
+    assert "NOT READY: self-check failed" in capsys.readouterr().out
+
+
+def test_a_crashing_check_is_a_failure_not_a_crash():
+    def boom():
+        raise RuntimeError("no")
+
+    (check,) = doctor.run_checks([boom])
+    assert check.status == FAIL and "RuntimeError" in check.detail
+
+
+def test_device_line_names_a_cuda_gpu_when_there_is_one(monkeypatch):
+    class Props:
+        name, total_memory = "NVIDIA H200", 141 * 2**30
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props())
+    check = doctor.check_device()
+    assert check.status == OK and "CUDA: NVIDIA H200, 141 GiB" in check.detail
+
+
+def test_missing_widget_extension_fails(monkeypatch, tmp_path):
+    import jupyter_core.paths
+
+    monkeypatch.setattr(jupyter_core.paths, "jupyter_path", lambda *parts: [str(tmp_path)])
+    check = doctor.check_widgets()
+    assert check.status == FAIL and doctor.WIDGET_EXTENSION in check.detail
+
+
+def tiny_pair(folder: Path, draft_vocab_delta: int = 0) -> None:
+    """A loadable target/draft pair and tokenizer in the bundled layout, small enough to make in a second."""
+    from specref.models.gpt2 import GPT2, GPT2Config
+    from specref.models.pretrained import save_pretrained
+    from specref.models.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(["def add(a, b):\n    return a + b\n" * 20], vocab_size=280)
+    tok.tok.save(str(folder / "tokenizer.json"))
+    for name, layers, delta in (("target", 2, 0), ("draft", 1, draft_vocab_delta)):
+        cfg = GPT2Config(vocab_size=tok.vocab_size + delta, n_positions=32, n_embd=16, n_layer=layers, n_head=2,
+                         bos_token_id=0, eos_token_id=0)
+        save_pretrained(GPT2(cfg), folder / name)
+
+
+def test_assets_check_passes_on_a_loadable_pair(monkeypatch, tmp_path):
+    from specref.models import pretrained
+
+    tiny_pair(tmp_path)
+    monkeypatch.setattr(pretrained, "assets_dir", lambda: tmp_path)
+    check = doctor.check_assets()
+    assert check.status == OK, check.detail
+    assert "target 2 layers x 16" in check.detail and "draft 1 layers x 16" in check.detail
+
+
+def test_assets_check_fails_when_draft_and_target_vocabularies_differ(monkeypatch, tmp_path):
+    from specref.models import pretrained
+
+    tiny_pair(tmp_path, draft_vocab_delta=1)
+    monkeypatch.setattr(pretrained, "assets_dir", lambda: tmp_path)
+    assert doctor.check_assets().status == FAIL
+
+
+def test_missing_assets_fail(monkeypatch, tmp_path):
+    from specref.models import pretrained
+
+    monkeypatch.setattr(pretrained, "assets_dir", lambda: tmp_path)
+    check = doctor.check_assets()
+    assert check.status == FAIL and "missing" in check.detail
+
+
+def test_a_version_other_than_the_pin_warns_but_does_not_fail(tmp_path):
+    pins = tmp_path / "pins.txt"
+    pins.write_text(f"numpy==0.0.1\ntorch=={Version(torch.__version__).public}\n")
+    by_name = {c.name: c for c in doctor.check_packages(pins)}
+    assert by_name["numpy"].status == WARN and "tested with 0.0.1" in by_name["numpy"].detail
+    assert by_name["torch"].status == OK
+
+
+def test_an_unreadable_pin_file_warns_and_still_checks_every_package(tmp_path):
+    pins = tmp_path / "pins.txt"
+    pins.write_text("numpy>=1\n")
+    checks = doctor.check_packages(pins)
+    assert checks[0].name == "pins" and checks[0].status == WARN
+    assert [c.name for c in checks[1:]] == list(doctor.PACKAGES)
+
+
+def test_a_missing_package_fails(monkeypatch):
+    monkeypatch.setattr(doctor, "PACKAGES", ("torch", "no_such_package_specref"))
+    by_name = {c.name: c for c in doctor.check_packages(None)}
+    assert by_name["torch"].status == OK and by_name["no_such_package_specref"].status == FAIL

@@ -1,0 +1,251 @@
+"""exercises/ is generated from solutions/, and the graders cannot pass on an unsolved stub.
+
+The first half specifies tools/make_exercises.py on throwaway notebooks; the second
+runs the real pipeline (nbval through tools/grade.py) on a toy exercise, including a
+leaky one that the self-check must flag; the last tests hold the committed
+exercises/ to the solutions/ they come from.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+
+import grade  # noqa: E402
+import grading_selfcheck  # noqa: E402
+import make_exercises  # noqa: E402
+from make_exercises import MarkerError, make_exercise, notebooks_in, to_bytes  # noqa: E402
+
+SOLUTIONS = notebooks_in(REPO / "solutions")
+
+
+def nbgrader(grade_id: str, points: float, solution: bool, graded: bool = True) -> dict:
+    return {"nbgrader": {"grade": graded, "grade_id": grade_id, "points": points, "solution": solution,
+                         "locked": not solution, "schema_version": 3}}
+
+
+def toy_solution(hidden_only: bool = False) -> nbformat.NotebookNode:
+    """A small exercise in nbgrader's style; pure Python so a kernel runs it in a moment.
+
+    hidden_only=True makes the graded test cell consist of hidden tests only: the
+    learner's copy would then pass without any work (the leak the self-check must flag).
+    """
+    visible = "" if hidden_only else "assert double(2) == 4\n"
+    nb = new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [
+        new_markdown_cell("# Toy exercise"),
+        new_code_cell("import math"),
+        new_code_cell("def double(x):\n    \"\"\"Twice x.\"\"\"\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION",
+                      metadata=nbgrader("double", 0, True, graded=False)),
+        new_code_cell(visible + "### BEGIN HIDDEN TESTS\nassert double(-3) == -6\n### END HIDDEN TESTS",
+                      metadata=nbgrader("test_double", 2, False)),
+        new_markdown_cell("Why?\n\n### BEGIN SOLUTION\nBecause.\n### END SOLUTION", metadata=nbgrader("why", 1, True)),
+        new_code_cell("answer = None\n### BEGIN SOLUTION\nanswer = math.floor(2.5)\n### END SOLUTION\nassert answer == 2",
+                      metadata=nbgrader("answer", 1, True)),
+    ]
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="hi\n")]
+    nb.cells[1].execution_count = 3
+    nb.cells[1].metadata["execution"] = {"iopub.execute_input": "2026-01-01T00:00:00Z"}
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    return nb
+
+
+def cell(nb: nbformat.NotebookNode, grade_id: str) -> nbformat.NotebookNode:
+    return next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+# -- make_exercises: the transformation --------------------------------------------------------
+def test_solution_region_becomes_a_stub_at_the_region_indentation():
+    src = cell(make_exercise(toy_solution()), "double").source
+    assert src == 'def double(x):\n    """Twice x."""\n    # YOUR CODE HERE\n    raise NotImplementedError()'
+
+
+def test_top_level_solution_region_keeps_the_code_around_it():
+    src = cell(make_exercise(toy_solution()), "answer").source
+    assert src == "answer = None\n# YOUR CODE HERE\nraise NotImplementedError()\nassert answer == 2"
+
+
+def test_markdown_solution_region_becomes_your_answer_here():
+    assert cell(make_exercise(toy_solution()), "why").source == "Why?\n\nYOUR ANSWER HERE"
+
+
+def test_hidden_tests_are_removed_with_their_markers():
+    assert cell(make_exercise(toy_solution()), "test_double").source == "assert double(2) == 4"
+
+
+def test_outputs_counts_timings_and_widget_state_are_cleared():
+    ex = make_exercise(toy_solution())
+    code = [c for c in ex.cells if c.cell_type == "code"]
+    assert all(c.outputs == [] and c.execution_count is None for c in code)
+    assert all("execution" not in c.metadata for c in ex.cells)
+    assert "widgets" not in ex.metadata
+
+
+def test_cell_ids_and_grading_metadata_are_kept():
+    sol = toy_solution()
+    ex = make_exercise(sol)
+    assert [c.id for c in ex.cells] == [c.id for c in sol.cells]
+    assert [c.metadata.get("nbgrader") for c in ex.cells] == [c.metadata.get("nbgrader") for c in sol.cells]
+
+
+def test_the_solution_notebook_is_not_modified():
+    sol = toy_solution()
+    before = nbformat.writes(sol)
+    make_exercise(sol)
+    assert nbformat.writes(sol) == before
+
+
+def test_output_is_the_same_bytes_on_every_run(tmp_path):
+    (tmp_path / "solutions").mkdir()
+    nbformat.write(toy_solution(), tmp_path / "solutions" / "ex_toy.ipynb")
+    args = ["--solutions", str(tmp_path / "solutions"), "--exercises", str(tmp_path / "exercises")]
+    assert make_exercises.main(args) == 0
+    first = (tmp_path / "exercises" / "ex_toy.ipynb").read_bytes()
+    assert make_exercises.main(args) == 0
+    assert (tmp_path / "exercises" / "ex_toy.ipynb").read_bytes() == first
+    reread = nbformat.read(tmp_path / "solutions" / "ex_toy.ipynb", as_version=4)
+    assert to_bytes(make_exercise(reread)) == first
+    assert first.endswith(b"}\n")
+
+
+@pytest.mark.parametrize("source, problem", [
+    ("### BEGIN SOLUTION\nx = 1", "never closed"),
+    ("x = 1\n### END SOLUTION", "without a matching BEGIN"),
+    ("### BEGIN SOLUTION\n### BEGIN HIDDEN TESTS\n### END HIDDEN TESTS\n### END SOLUTION", "inside an open"),
+    ("### BEGIN HIDDEN TESTS\nassert 1\n### END SOLUTION", "without a matching BEGIN"),
+])
+def test_malformed_markers_are_errors_that_name_the_cell(source, problem):
+    nb = new_notebook(cells=[new_code_cell(source)])
+    with pytest.raises(MarkerError, match=problem) as err:
+        make_exercise(nb, "solutions/bad.ipynb")
+    assert "solutions/bad.ipynb: cell 0" in str(err.value)
+
+
+def test_graded_cells_need_unique_grade_ids_and_points():
+    nb = toy_solution()
+    cell(nb, "answer").metadata["nbgrader"]["grade_id"] = "test_double"
+    with pytest.raises(MarkerError, match="also used"):
+        make_exercise(nb)
+    nb = toy_solution()
+    cell(nb, "answer").metadata["nbgrader"]["points"] = "one"
+    with pytest.raises(MarkerError, match="points"):
+        make_exercise(nb)
+
+
+def test_check_mode_lists_missing_differing_and_stale_files(tmp_path, capsys):
+    sol, ex = tmp_path / "solutions", tmp_path / "exercises"
+    sol.mkdir()
+    nbformat.write(toy_solution(), sol / "ex_toy.ipynb")
+    args = ["--solutions", str(sol), "--exercises", str(ex)]
+    assert make_exercises.main(args + ["--check"]) == 1
+    assert "missing" in capsys.readouterr().out
+    assert make_exercises.main(args) == 0
+    assert make_exercises.main(args + ["--check"]) == 0
+    (ex / "ex_toy.ipynb").write_bytes((ex / "ex_toy.ipynb").read_bytes().replace(b"YOUR CODE HERE", b"solved"))
+    (ex / "ex_old.ipynb").write_bytes((ex / "ex_toy.ipynb").read_bytes())
+    capsys.readouterr()
+    assert make_exercises.main(args + ["--check"]) == 1
+    out = capsys.readouterr().out
+    assert f"differs: {ex / 'ex_toy.ipynb'}" in out and f"stale (no solution): {ex / 'ex_old.ipynb'}" in out
+
+
+def test_a_graders_temporary_copies_are_neither_sources_nor_stale(tmp_path):
+    """grade.py runs notebooks as hidden `.grading-*.ipynb` files beside the real ones."""
+    sol, ex = tmp_path / "solutions", tmp_path / "exercises"
+    sol.mkdir()
+    nbformat.write(toy_solution(), sol / "ex_toy.ipynb")
+    args = ["--solutions", str(sol), "--exercises", str(ex)]
+    assert make_exercises.main(args) == 0
+    nbformat.write(toy_solution(), sol / ".grading-abc.ipynb")
+    nbformat.write(toy_solution(), ex / ".grading-def.ipynb")
+    assert make_exercises.main(args + ["--check"]) == 0
+    assert [p.name for p in notebooks_in(sol)] == ["ex_toy.ipynb"]
+
+
+# -- grading: restoring tests, and real nbval runs ---------------------------------------------
+def test_grading_restores_test_cells_from_the_solution():
+    sol = toy_solution()
+    submission = make_exercise(sol)
+    cell(submission, "test_double").source = "pass  # the learner emptied the test"
+    restored = grade.restore_tests(submission, sol)
+    assert cell(restored, "test_double").source == cell(sol, "test_double").source
+    assert cell(restored, "double").source == cell(submission, "double").source  # answers stay the learner's
+
+
+def test_grading_puts_back_a_deleted_test_cell_in_its_place():
+    sol = toy_solution()
+    submission = make_exercise(sol)
+    submission.cells = [c for c in submission.cells if c.metadata.get("nbgrader", {}).get("grade_id") != "test_double"]
+    restored = grade.restore_tests(submission, sol)
+    assert [c.id for c in restored.cells] == [c.id for c in sol.cells]
+
+
+@pytest.mark.slow
+def test_grader_scores_each_graded_cell_by_its_own_nbval_result(tmp_path):
+    """nbval names items "Cell N", counting code cells only; markdown and skipped cells must not shift them."""
+    nb = new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [
+        new_markdown_cell("# Mapping"),
+        new_code_cell("# NBVAL_SKIP\nraise RuntimeError('skipped, never run')"),
+        new_code_cell("x = 1"),
+        new_markdown_cell("between"),
+        new_code_cell("assert x == 1", metadata=nbgrader("passes", 1, False)),
+        new_code_cell("assert x == 2, 'x is not 2'", metadata=nbgrader("fails", 2, False)),
+        new_code_cell("y = x + 1", metadata=nbgrader("answer", 3, True)),
+    ]
+    results = {r.grade_id: r for r in grade.grade_notebook(nb, tmp_path)}
+    assert {k: (r.code_index, r.outcome) for k, r in results.items()} == {
+        "passes": (2, "passed"), "fails": (3, "failed"), "answer": (4, "passed")}
+    assert "x is not 2" in results["fails"].message
+    assert list(tmp_path.iterdir()) == []  # the temporary copy is removed
+
+
+@pytest.mark.slow
+def test_self_check_accepts_a_sound_exercise(tmp_path):
+    (tmp_path / "solutions").mkdir()
+    path = tmp_path / "solutions" / "ex_toy.ipynb"
+    nbformat.write(toy_solution(), path)
+    assert grading_selfcheck.self_check(path) == []
+
+
+@pytest.mark.slow
+def test_self_check_flags_a_graded_cell_that_passes_on_the_stub(tmp_path):
+    """Negative control: a test cell made of hidden tests only is empty in the learner's copy."""
+    (tmp_path / "solutions").mkdir()
+    path = tmp_path / "solutions" / "ex_leaky.ipynb"
+    nbformat.write(toy_solution(hidden_only=True), path)
+    problems = grading_selfcheck.self_check(path)
+    assert len(problems) == 1 and "'test_double'" in problems[0] and "passes on the unsolved stub" in problems[0]
+
+
+@pytest.mark.slow
+def test_self_check_flags_a_graded_cell_that_fails_on_the_solution(tmp_path):
+    nb = toy_solution()
+    cell(nb, "test_double").source += "\nassert double(1) == 3"
+    (tmp_path / "solutions").mkdir()
+    path = tmp_path / "solutions" / "ex_wrong.ipynb"
+    nbformat.write(nb, path)
+    problems = grading_selfcheck.self_check(path)
+    assert len(problems) == 1 and "'test_double'" in problems[0] and "does not pass on the solution" in problems[0]
+
+
+# -- the committed notebooks -------------------------------------------------------------------
+def test_committed_exercises_are_generated_from_the_solutions():
+    problems = make_exercises.differences(REPO / "solutions", REPO / "exercises")
+    assert problems == [], "exercises/ is out of date; run `make exercises`:\n" + "\n".join(problems)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=[p.stem for p in SOLUTIONS])
+def test_every_graded_cell_passes_on_the_solution_and_fails_on_the_stub(solution):
+    problems = grading_selfcheck.self_check(solution)
+    assert problems == [], "\n".join(problems)

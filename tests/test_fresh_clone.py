@@ -1,0 +1,96 @@
+"""The README's set-up works on a fresh clone: `make venv` alone makes a ready environment.
+
+A green suite in a long-lived checkout can hide a missing install step (a package
+installed by hand, a module importable only from the repo root). This test clones
+the committed HEAD (uncommitted changes are not part of it, as in CI) into a
+temporary folder, runs the README's set-up there with a plain `python3` on PATH,
+and then checks the result from outside the clone: the readiness report passes,
+`specref` is imported from the clone, the installed versions are the pins, and a
+second `make venv` has nothing to do. pip's cache and the torch wheel on disk
+keep it to a few minutes.
+
+The clone runs no tests of its own, and SPECREF_FRESH_CLONE guards against this
+test being started again from inside one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+GUARD = "SPECREF_FRESH_CLONE"
+SETUP_TIMEOUT_S = 900
+
+pytestmark = [pytest.mark.fresh_clone, pytest.mark.slow, pytest.mark.timeout(SETUP_TIMEOUT_S + 300)]
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without its virtual environment: `python3` is the machine's."""
+    drop = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    venv_bin = str(Path(sys.prefix) / "bin")
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p and p != venv_bin)
+    env[GUARD] = "1"
+    return env
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory):
+    if os.environ.get(GUARD):
+        pytest.skip("already inside a fresh-clone check")
+    if shutil.which("git") is None or shutil.which("make") is None:
+        pytest.fail("git and make are needed for the fresh-clone check")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    root = tmp_path_factory.mktemp("fresh")
+    dest = root / "specref"
+    env = clean_env()
+    try:
+        run(["git", "clone", "--quiet", str(REPO), str(dest)], root, env)
+        run(["make", "venv"], dest, env, timeout=SETUP_TIMEOUT_S)
+        yield dest, env
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # a venv with torch is ~1 GB
+
+
+def test_readiness_report_passes_outside_the_clone(clone, tmp_path):
+    dest, env = clone
+    proc = run([str(dest / ".venv" / "bin" / "python"), "-m", "specref"], tmp_path, env, timeout=120)
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("READY"), proc.stdout
+
+
+def test_specref_is_imported_from_the_clone(clone, tmp_path):
+    dest, env = clone
+    proc = run([str(dest / ".venv" / "bin" / "python"), "-c", "import specref; print(specref.__file__)"], tmp_path, env)
+    assert Path(proc.stdout.strip()).resolve().is_relative_to(dest.resolve())
+
+
+def test_the_clone_runs_the_pinned_versions(clone):
+    dest, env = clone
+    run([str(dest / ".venv" / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "tests/test_environment.py::test_this_environment_runs_the_pinned_versions"], dest, env)
+
+
+def test_jupyterlab_and_its_widget_extension_are_installed(clone):
+    dest, env = clone
+    proc = run([str(dest / ".venv" / "bin" / "jupyter"), "labextension", "list"], dest, env)
+    assert "@jupyter-widgets/jupyterlab-manager" in proc.stdout + proc.stderr
+
+
+def test_second_setup_has_nothing_to_do(clone):
+    dest, env = clone
+    proc = subprocess.run(["make", "-q", "venv"], cwd=dest, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, "make venv would run again: the stamp does not make set-up idempotent"

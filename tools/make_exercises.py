@@ -1,0 +1,194 @@
+"""Generate the learners' exercise notebooks (exercises/) from the solutions (solutions/).
+
+    python tools/make_exercises.py           # write exercises/ (make exercises)
+    python tools/make_exercises.py --check   # exit 1 and list the files that differ
+
+solutions/ is the single source. Markers are nbgrader's:
+
+* ``### BEGIN SOLUTION`` ... ``### END SOLUTION``: in a code cell the region becomes
+  ``# YOUR CODE HERE`` + ``raise NotImplementedError()`` at the indentation of the
+  BEGIN line; in a markdown cell it becomes ``YOUR ANSWER HERE``.
+* ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS``: removed, markers included
+  (the grader puts them back from the solution, see tools/grade.py).
+
+Outputs, execution counts, per-cell timing metadata and saved widget state are
+cleared; cell ids and all other metadata (nbgrader's ``grade``, ``grade_id``,
+``points``) are kept. The output is a function of the solution alone: the same
+bytes on every run, so CI can regenerate and compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
+BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+CODE_STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
+MARKDOWN_STUB = ("YOUR ANSWER HERE",)
+# Metadata that records a particular run, not the exercise.
+RUN_CELL_METADATA = ("execution", "collapsed", "scrolled")
+RUN_NOTEBOOK_METADATA = ("widgets",)
+
+
+class MarkerError(ValueError):
+    """A solution notebook whose markers or grading metadata are malformed."""
+
+
+def _where(name: str, index: int, cell) -> str:
+    return f"{name}: cell {index} (id {cell.get('id', '?')})"
+
+
+def strip_regions(source: str, cell_type: str, where: str) -> str:
+    """The cell's source with solution regions replaced by the stub and hidden tests removed."""
+    lines = source.split("\n")
+    out: list[str] = []
+    state = None  # None, "solution" or "hidden"
+    removed_hidden = False
+    for n, line in enumerate(lines, 1):
+        marker = line.strip()
+        if marker in (BEGIN_SOLUTION, BEGIN_HIDDEN):
+            if state is not None:
+                raise MarkerError(f"{where}, line {n}: {marker!r} inside an open {state} region")
+            state = "solution" if marker == BEGIN_SOLUTION else "hidden"
+            if state == "solution":
+                indent = line[: len(line) - len(line.lstrip())]
+                stub = CODE_STUB if cell_type == "code" else MARKDOWN_STUB
+                out += [indent + s for s in stub]
+            else:
+                removed_hidden = True
+        elif marker in (END_SOLUTION, END_HIDDEN):
+            want = "solution" if marker == END_SOLUTION else "hidden"
+            if state != want:
+                raise MarkerError(f"{where}, line {n}: {marker!r} without a matching BEGIN")
+            state = None
+        elif state is None:
+            out.append(line)
+    if state is not None:
+        raise MarkerError(f"{where}: {state} region is never closed")
+    text = "\n".join(out)
+    # A hidden block at the end of a cell would leave blank lines behind.
+    return text.rstrip() if removed_hidden else text
+
+
+def check_grading_metadata(nb, name: str) -> None:
+    """Graded cells need a unique grade_id and non-negative points (the grader keys on them)."""
+    seen: dict[str, int] = {}
+    for i, cell in enumerate(nb.cells):
+        meta = cell.get("metadata", {}).get("nbgrader")
+        if not meta or not meta.get("grade"):
+            continue
+        gid = meta.get("grade_id")
+        if not isinstance(gid, str) or not gid:
+            raise MarkerError(f"{_where(name, i, cell)}: graded cell without a grade_id")
+        if gid in seen:
+            raise MarkerError(f"{_where(name, i, cell)}: grade_id {gid!r} also used by cell {seen[gid]}")
+        seen[gid] = i
+        points = meta.get("points")
+        if isinstance(points, bool) or not isinstance(points, (int, float)) or points < 0:
+            raise MarkerError(f"{_where(name, i, cell)}: graded cell {gid!r} needs points >= 0, got {points!r}")
+
+
+def make_exercise(solution, name: str = "notebook"):
+    """The exercise notebook for one solution notebook (a new NotebookNode; the input is untouched)."""
+    nb = copy.deepcopy(solution)
+    check_grading_metadata(nb, name)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type in ("code", "markdown"):
+            cell.source = strip_regions(cell.source, cell.cell_type, _where(name, i, cell))
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+        for key in RUN_CELL_METADATA:
+            cell.metadata.pop(key, None)
+    for key in RUN_NOTEBOOK_METADATA:
+        nb.metadata.pop(key, None)
+    nbformat.validate(nb)
+    return nb
+
+
+def to_bytes(nb) -> bytes:
+    """Stable serialization: nbformat's sorted-key JSON plus a final newline."""
+    text = nbformat.writes(nb)
+    return (text if text.endswith("\n") else text + "\n").encode("utf-8")
+
+
+def notebooks_in(folder: Path) -> list[Path]:
+    """The notebooks in a folder, sorted; hidden files (a grader's temporary copies) are not ours."""
+    return sorted(p for p in folder.glob("*.ipynb") if not p.name.startswith(".")) if folder.is_dir() else []
+
+
+def expected_files(solutions: Path) -> dict[str, bytes]:
+    """{exercise file name: bytes} for every solution notebook."""
+    out: dict[str, bytes] = {}
+    for path in notebooks_in(solutions):
+        nb = nbformat.read(path, as_version=nbformat.NO_CONVERT)
+        out[path.name] = to_bytes(make_exercise(nb, str(path.relative_to(solutions.parent))))
+    return out
+
+
+def differences(solutions: Path, exercises: Path) -> list[str]:
+    """What `--check` reports: missing, differing and stale exercise notebooks."""
+    want = expected_files(solutions)
+    have = {p.name for p in notebooks_in(exercises)}
+    problems = []
+    for name, data in want.items():
+        path = exercises / name
+        if name not in have:
+            problems.append(f"missing: {path}")
+        elif path.read_bytes() != data:
+            problems.append(f"differs: {path}")
+    problems += [f"stale (no solution): {exercises / n}" for n in sorted(have - set(want))]
+    return problems
+
+
+def write(solutions: Path, exercises: Path) -> list[str]:
+    """Write exercises/ to match solutions/; returns the files changed or removed."""
+    want = expected_files(solutions)
+    exercises.mkdir(parents=True, exist_ok=True)
+    changed = []
+    for name, data in want.items():
+        path = exercises / name
+        if not path.is_file() or path.read_bytes() != data:
+            path.write_bytes(data)
+            changed.append(f"wrote {path}")
+    for path in notebooks_in(exercises):
+        if path.name not in want:
+            path.unlink()
+            changed.append(f"removed {path} (no solution)")
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Generate exercises/ from solutions/.")
+    ap.add_argument("--solutions", type=Path, default=ROOT / "solutions")
+    ap.add_argument("--exercises", type=Path, default=ROOT / "exercises")
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if exercises/ is out of date")
+    args = ap.parse_args(argv)
+    try:
+        if args.check:
+            problems = differences(args.solutions, args.exercises)
+            for line in problems:
+                print(line)
+            if problems:
+                print("exercises/ is out of date: run `make exercises` and commit the result", file=sys.stderr)
+                return 1
+            print(f"exercises/ matches solutions/ ({len(notebooks_in(args.solutions))} notebooks)")
+            return 0
+        changed = write(args.solutions, args.exercises)
+    except MarkerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for line in changed:
+        print(line)
+    print(f"exercises/ up to date ({len(changed)} changed)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
