@@ -102,6 +102,15 @@ def _check_common(model: torch.nn.Module, input_ids: object, max_new_tokens: obj
     return input_ids.to(model.device, torch.long)
 
 
+def _new_buffer(input_ids: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token buffer [B, T + max_new] holding the prompt, per-row lengths [B], and done flags [B]."""
+    B, T = input_ids.shape
+    tokens = torch.zeros((B, T + max_new_tokens), dtype=torch.long, device=input_ids.device)
+    tokens[:, :T] = input_ids
+    lengths = torch.full((B,), T, dtype=torch.long, device=input_ids.device)
+    return tokens, lengths, torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -138,10 +147,7 @@ def generate(
     params.probs(torch.zeros(1))  # validates the sampling arguments up front
     input_ids = _check_common(model, input_ids, max_new_tokens)
     B, T = input_ids.shape
-    tokens = torch.zeros((B, T + max_new_tokens), dtype=torch.long, device=input_ids.device)
-    tokens[:, :T] = input_ids
-    lengths = torch.full((B,), T, dtype=torch.long, device=input_ids.device)
-    done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+    tokens, lengths, done = _new_buffer(input_ids, max_new_tokens)
     if max_new_tokens == 0:
         return tokens
     cache = model.new_cache(B)
@@ -209,10 +215,7 @@ def speculative_generate(
     B, T = input_ids.shape
     n_ctx = target.config.n_positions
     stats = SpecStats(k=k, accepted_hist=np.zeros(k + 1, dtype=np.int64))
-    tokens = torch.zeros((B, T + max_new_tokens), dtype=torch.long, device=dev)
-    tokens[:, :T] = input_ids
-    lengths = torch.full((B,), T, dtype=torch.long, device=dev)
-    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    tokens, lengths, done = _new_buffer(input_ids, max_new_tokens)
     if max_new_tokens == 0:
         return tokens, stats
 

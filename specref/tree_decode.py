@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .decode import SpecStats, _check_common, _finish, _sync
+from .decode import SpecStats, _check_common, _finish, _new_buffer, _sync
 from .drafts import ModelDraft, SamplingParams
 from .models.kvcache import KVCache
 from .trees import (
@@ -129,27 +129,22 @@ def keep_path(
     cache.compact(kept)
 
 
-class TreeModelDraft:
+class TreeModelDraft(ModelDraft):
     """A smaller language model that grows one draft tree per row, with its own KV cache.
 
     At each step the cache is brought up to the context (tokens not yet fed are fed
     in one pass, which gives q after the context), then each depth is one pass that
     feeds the tree's nodes needed so far (the ancestors of the nodes being expanded)
     with the tree mask, after the context. `rollback` forgets all tree entries.
+    It shares `ModelDraft`'s cache bookkeeping (`begin`, `rollback`); only `propose`
+    differs: it grows a tree instead of a chain.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
         if not (isinstance(model, torch.nn.Module) and hasattr(model, "new_cache")):
             raise TypeError(f"the tree draft must be a GPT2-like model with new_cache(), got {type(model).__name__}")
-        self.model = model
-        self.vocab_size = int(model.config.vocab_size)
-        self.cache: KVCache | None = None
-        self.fed: torch.Tensor | None = None  # [B] context tokens in the cache
+        super().__init__(model)
         self.passes = 0
-
-    def begin(self, batch_size: int) -> None:
-        self.cache = self.model.new_cache(batch_size)
-        self.fed = torch.zeros(batch_size, dtype=torch.long, device=self.model.device)
 
     @torch.no_grad()
     def propose(
@@ -202,13 +197,6 @@ class TreeModelDraft:
                            max_depth=max_depth, max_nodes=max_nodes)
         self.cache.truncate(context)
         return trees
-
-    def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
-        """Only the first n_valid[b] tokens of row b are still what the draft has cached."""
-        if self.fed is None or self.cache is None:
-            raise RuntimeError("call begin(batch_size) before rollback")
-        self.fed = torch.minimum(self.fed, n_valid)
-        self.cache.truncate(self.fed)
 
 
 @dataclass
@@ -278,10 +266,7 @@ def tree_generate(
     B, T = input_ids.shape
     n_ctx = target.config.n_positions
     stats = TreeSpecStats(k=spec.depth, accepted_hist=np.zeros(spec.depth + 1, dtype=np.int64), tree=repr(spec))
-    tokens = torch.zeros((B, T + max_new_tokens), dtype=torch.long, device=dev)
-    tokens[:, :T] = input_ids
-    lengths = torch.full((B,), T, dtype=torch.long, device=dev)
-    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    tokens, lengths, done = _new_buffer(input_ids, max_new_tokens)
     if max_new_tokens == 0:
         return tokens, stats
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,33 +11,15 @@ import torch
 
 from specref.decode import generate, speculative_generate
 from specref.drafts import ModelDraft, SamplingParams
-from specref.models.gpt2 import GPT2, GPT2Config
+from specref.models.gpt2 import GPT2
 from specref.sampling import sample
-
-
-def _model(vocab: int, n_embd: int, n_layer: int, seed: int, n_positions: int = 256, scale: float = 1.0) -> GPT2:
-    torch.manual_seed(seed)  # tests may seed the global RNG; library code never does
-    m = GPT2(GPT2Config(vocab_size=vocab, n_positions=n_positions, n_embd=n_embd, n_layer=n_layer, n_head=2))
-    with torch.no_grad():
-        for p in m.parameters():  # larger weights: sharper, more varied logits than GPT-2's init
-            p.mul_(scale)
-    return m.double().eval()
-
-
-def _noisy_copy(model: GPT2, noise: float, seed: int) -> GPT2:
-    """A draft that agrees with the target often but not always."""
-    g = torch.Generator().manual_seed(seed)
-    d = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in d.parameters():
-            p.add_(noise * p.std() * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return d
+from model_factory import noisy_copy, small_gpt2
 
 
 @pytest.fixture(scope="module")
 def pair() -> tuple[GPT2, GPT2]:
-    target = _model(vocab=64, n_embd=32, n_layer=2, seed=0, scale=20.0)
-    return target, _noisy_copy(target, noise=0.05, seed=1)
+    target = small_gpt2(vocab=64, n_embd=32, n_layer=2, seed=0, scale=20.0)
+    return target, noisy_copy(target, noise=0.05, seed=1)
 
 
 PROMPTS = [[1, 2, 3], [7], [10, 20, 30, 40, 50, 60, 5, 5]]
@@ -127,8 +108,8 @@ N_RUNS = 30_000
 
 @pytest.fixture(scope="module")
 def tiny_pair() -> tuple[GPT2, GPT2]:
-    target = _model(vocab=V_SMALL, n_embd=16, n_layer=1, seed=3, n_positions=8, scale=3.0)
-    return target, _model(vocab=V_SMALL, n_embd=16, n_layer=1, seed=4, n_positions=8, scale=3.0)
+    target = small_gpt2(vocab=V_SMALL, n_embd=16, n_layer=1, seed=3, n_positions=8, scale=3.0)
+    return target, small_gpt2(vocab=V_SMALL, n_embd=16, n_layer=1, seed=4, n_positions=8, scale=3.0)
 
 
 def _exact_first_two(target: GPT2, prompt: list[int], params: SamplingParams) -> np.ndarray:
@@ -222,7 +203,7 @@ def test_bad_input_is_rejected(pair, kwargs, match):
 
 def test_vocabulary_mismatch_is_rejected(pair):
     target, _ = pair
-    other = _model(vocab=65, n_embd=16, n_layer=1, seed=9)
+    other = small_gpt2(vocab=65, n_embd=16, n_layer=1, seed=9)
     with pytest.raises(ValueError, match="vocabularies differ"):
         speculative_generate(target, other, torch.tensor([[1, 2]]), k=2, max_new_tokens=3)
 

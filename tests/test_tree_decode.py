@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 
 import numpy as np
 import pytest
@@ -12,41 +11,21 @@ from specref import tree_decode
 from specref.decode import generate, speculative_generate
 from specref.drafts import SamplingParams
 from specref.grading_trees import random_parents
-from specref.models.gpt2 import GPT2, GPT2Config
+from specref.models.gpt2 import GPT2
 from specref.montecarlo import distribution_test
 from specref.tree_decode import TreeModelDraft, keep_path, score_tree, tree_generate
 from specref.trees import DynamicTree, Tree, TreeShape, verify_tree
 
 
-def _model(vocab: int, n_embd: int, n_layer: int, seed: int, n_positions: int = 256, scale: float = 1.0,
-           dtype: torch.dtype = torch.float64) -> GPT2:
-    torch.manual_seed(seed)  # tests may seed the global RNG; library code never does
-    m = GPT2(GPT2Config(vocab_size=vocab, n_positions=n_positions, n_embd=n_embd, n_layer=n_layer, n_head=2))
-    with torch.no_grad():
-        for p in m.parameters():  # larger weights: sharper, more varied logits than GPT-2's init
-            p.mul_(scale)
-    return m.to(dtype).eval()
-
-
-def _noisy_copy(model: GPT2, noise: float, seed: int) -> GPT2:
-    """A draft that agrees with the target often but not always."""
-    g = torch.Generator().manual_seed(seed)
-    d = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in d.parameters():
-            p.add_(noise * p.std() * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return d
-
-
 @pytest.fixture(scope="module")
 def pair() -> tuple[GPT2, GPT2]:
-    target = _model(vocab=64, n_embd=32, n_layer=2, seed=0, scale=20.0)
-    return target, _noisy_copy(target, noise=0.05, seed=1)
+    target = small_gpt2(vocab=64, n_embd=32, n_layer=2, seed=0, scale=20.0)
+    return target, noisy_copy(target, noise=0.05, seed=1)
 
 
 @pytest.fixture(scope="module")
 def fp32_model() -> GPT2:
-    return _model(vocab=50, n_embd=32, n_layer=2, seed=5, scale=3.0, dtype=torch.float32)
+    return small_gpt2(vocab=50, n_embd=32, n_layer=2, seed=5, scale=3.0, dtype=torch.float32)
 
 
 def _random_tree(rng: np.random.Generator, n: int, V: int) -> Tree:
@@ -154,8 +133,8 @@ def test_greedy_tree_speculation_batch_4(pair):
 
 
 def test_tree_shrinks_at_the_end_of_the_context_window():
-    target = _model(vocab=64, n_embd=32, n_layer=2, seed=0, scale=20.0, n_positions=40)
-    draft = _noisy_copy(target, 0.05, 1)
+    target = small_gpt2(vocab=64, n_embd=32, n_layer=2, seed=0, scale=20.0, n_positions=40)
+    draft = noisy_copy(target, 0.05, 1)
     ids = torch.arange(1, 29)[None]  # 28 tokens + 12 new = the whole window
     expected = generate(target, ids, 12, temperature=0)
     got, _ = tree_generate(target, draft, ids, (3, 3, 2), max_new_tokens=12, temperature=0)
@@ -211,8 +190,8 @@ N_RUNS = 1000
 
 @pytest.fixture(scope="module")
 def tiny_pair() -> tuple[GPT2, GPT2]:
-    target = _model(vocab=V_SMALL, n_embd=16, n_layer=1, seed=3, n_positions=8, scale=3.0)
-    return target, _model(vocab=V_SMALL, n_embd=16, n_layer=1, seed=4, n_positions=8, scale=3.0)
+    target = small_gpt2(vocab=V_SMALL, n_embd=16, n_layer=1, seed=3, n_positions=8, scale=3.0)
+    return target, small_gpt2(vocab=V_SMALL, n_embd=16, n_layer=1, seed=4, n_positions=8, scale=3.0)
 
 
 def _exact_first_two(target: GPT2, prompt: list[int], params: SamplingParams) -> torch.Tensor:  # [V, V]
@@ -261,7 +240,7 @@ def test_tree_that_does_not_fit_the_cache_is_refused(fp32_model):
 
 
 def test_tree_deeper_than_the_context_window_is_refused():
-    model = _model(vocab=20, n_embd=16, n_layer=1, seed=0, n_positions=8)
+    model = small_gpt2(vocab=20, n_embd=16, n_layer=1, seed=0, n_positions=8)
     cache = model.new_cache(1)
     model(torch.tensor([[1, 2, 3, 4, 5]]), cache=cache)
     with pytest.raises(ValueError, match="n_positions=8"):
@@ -291,7 +270,7 @@ def test_tree_drafting_needs_a_model_draft(pair):
         tree_generate(target, object(), torch.tensor([[1]]), (2,), max_new_tokens=3)
     with pytest.raises(TypeError, match="tree must be"):
         tree_generate(target, target, torch.tensor([[1]]), "wide", max_new_tokens=3)
-    other = _model(vocab=32, n_embd=16, n_layer=1, seed=0)
+    other = small_gpt2(vocab=32, n_embd=16, n_layer=1, seed=0)
     with pytest.raises(ValueError, match="vocabularies differ"):
         tree_generate(target, other, torch.tensor([[1]]), (2,), max_new_tokens=3)
 
@@ -305,6 +284,7 @@ def test_tree_draft_refuses_use_before_begin(pair):
 # -- the bundled pair ----------------------------------------------------------------------
 
 from specref.models.pretrained import assets_dir, load_pair
+from model_factory import noisy_copy, small_gpt2
 
 ASSETS_READY = all(assets_dir().joinpath(*f.split("/")).is_file()
                    for f in ("target/model.safetensors", "draft/model.safetensors", "tokenizer.json"))
