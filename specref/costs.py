@@ -112,3 +112,48 @@ def ridge_point(device: torch.device | str = "cpu", dtype: torch.dtype = torch.f
 
 def _gen(device: torch.device | str) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(0)
+
+
+@torch.no_grad()
+def speculative_pass_times(
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    k: int,
+    context_len: int = 64,
+    repeats: int = 20,
+) -> tuple[float, float]:
+    """Median seconds of one draft step and of one target pass over k+1 tokens, timed in turn.
+
+    The passes run in the order a speculative step runs them (k draft steps, then the
+    target), because on a CPU each model pushes the other's weights out of cache: a
+    draft step timed right after target passes is slower than one timed back to back.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an int >= 1, got {k!r}")
+    n_ctx = min(target.config.n_positions, draft.config.n_positions)
+    if context_len + k + 1 > n_ctx:
+        raise ValueError(f"context_len + k + 1 = {context_len + k + 1} exceeds the context window {n_ctx}")
+    dev = target.device
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, target.config.vocab_size, (1, context_len + k + 1), generator=g).to(dev)
+    t_cache, d_cache = target.new_cache(1), draft.new_cache(1)
+    target(ids[:, :context_len], cache=t_cache)
+    draft(ids[:, :context_len], cache=d_cache)
+    draft_times, target_times = [], []
+    for r in range(repeats + 2):  # the first two rounds warm up
+        d_cache.truncate(context_len)
+        for i in range(k):
+            sync(dev)
+            t0 = time.perf_counter()
+            draft(ids[:, context_len + i : context_len + i + 1], cache=d_cache)
+            sync(dev)
+            if r >= 2:
+                draft_times.append(time.perf_counter() - t0)
+        t_cache.truncate(context_len)
+        sync(dev)
+        t0 = time.perf_counter()
+        target(ids[:, context_len:], cache=t_cache)
+        sync(dev)
+        if r >= 2:
+            target_times.append(time.perf_counter() - t0)
+    return statistics.median(draft_times), statistics.median(target_times)

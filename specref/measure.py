@@ -1,8 +1,9 @@
 """Measuring a target/draft pair against the chapter's speedup formula.
 
-Measured: alpha (accepted / proposed drafts), tokens per step, wall time of plain
+Measured: alpha (accepted / examined drafts), tokens per step, wall time of plain
 and speculative decoding on the same prompts, c (draft step time / target step
-time) and v(k) (target time to score k+1 tokens / time to score 1). Predicted:
+time) and v(k) (target time to score k+1 tokens / time to score 1), both timed
+in the order decoding runs the passes. Predicted:
 the chapter's S(alpha, k, c) = E / (1 + c k), which assumes v(k) = 1, and the
 refined E / (v(k) + c k) that uses the measured v(k).
 """
@@ -14,32 +15,37 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .costs import forward_time, sync
+from .costs import forward_time, speculative_pass_times, sync
 from .decode import SpecStats, generate, speculative_generate
 from .theory import expected_tokens_per_step, speedup
 
 
 @dataclass(frozen=True)
 class PairCosts:
-    """c and v(k) for one pair at one context length."""
+    """c(k) and v(k) for one pair at one context length, relative to one plain decoding step."""
 
-    t_target: float  # seconds, target pass scoring 1 token
-    t_draft: float  # seconds, draft pass scoring 1 token
-    v: dict[int, float]  # k -> time(target scores k+1 tokens) / t_target
+    t_target: float  # seconds, a target pass scoring 1 token (plain decoding: target passes back to back)
+    t_draft: dict[int, float]  # k -> seconds of one draft step, timed in the speculative pattern
+    t_verify: dict[int, float]  # k -> seconds of a target pass scoring k+1 tokens, same pattern
 
-    @property
-    def c(self) -> float:
-        return self.t_draft / self.t_target
+    def c(self, k: int) -> float:
+        """Draft step cost / plain target step cost."""
+        return self.t_draft[k] / self.t_target
+
+    def v(self, k: int) -> float:
+        """Cost of verifying k+1 tokens / plain target step cost (the chapter assumes 1)."""
+        return self.t_verify[k] / self.t_target
 
 
 def measure_costs(
     target: torch.nn.Module, draft: torch.nn.Module, ks: list[int], context_len: int = 64, repeats: int = 30
 ) -> PairCosts:
-    """Time one target and one draft step, and target passes over k+1 tokens, at the same context."""
+    """Time a plain target step, and for each k a draft step and a (k+1)-token target pass, as decoding runs them."""
     t1 = forward_time(target, 1, context_len, repeats=repeats)
-    td = forward_time(draft, 1, context_len, repeats=repeats)
-    v = {k: forward_time(target, k + 1, context_len, repeats=repeats) / t1 for k in ks}
-    return PairCosts(t1, td, v)
+    t_draft, t_verify = {}, {}
+    for k in ks:
+        t_draft[k], t_verify[k] = speculative_pass_times(target, draft, k, context_len, repeats=repeats)
+    return PairCosts(t1, t_draft, t_verify)
 
 
 @dataclass(frozen=True)
@@ -135,8 +141,8 @@ def speculative_run(
         alpha=pooled.acceptance_rate,
         tokens_per_step=pooled.tokens_per_step,
         mean_accepted=pooled.mean_accepted,
-        c=costs.c,
-        v=costs.v[k],
+        c=costs.c(k),
+        v=costs.v(k),
         time_plain=time_plain,
         time_speculative=total,
         time_target=pooled.time_target,
