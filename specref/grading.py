@@ -1,4 +1,4 @@
-"""Graders for the course exercises, and the exact enumerator they stand on.
+"""Graders for the chapter 2 and 3 exercises, standing on the exact enumerator of `specref.symbolic_rng`.
 
 A learner's sampler draws its randomness through a small interface, `rng`:
 
@@ -14,14 +14,7 @@ with the exact distribution of specref's own `verify_chain` (enumerated over its
 uniforms by `specref.exact`): no Monte-Carlo noise, no lucky seeds, and no second
 copy of the rule in this module.
 
-What a symbolic u supports: comparisons with a real number (`u < t`, `u <= t`,
-`u > t`, `u >= t`, `t > u`, ...), and affine arithmetic with real numbers
-before comparing (`u * q_x < p_x`, `1 - u > t`). A real number is a Python
-int/float, a NumPy scalar or a one-element tensor. Repeated comparisons of one u
-are consistent (u is conditioned on every branch taken), so a hand-written
-inverse-CDF loop `if u < cdf[i]` is enumerated exactly too. Anything else
-(float(u), u == t, u * u) raises a TypeError that says so; torch functions
-reject u with their own error, which the graders explain.
+What a symbolic u supports is documented in `specref.symbolic_rng`.
 
 Every `check_*` function raises AssertionError with the input, the expected and
 the received answer and a hint, or returns None and prints one line on success.
