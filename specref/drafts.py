@@ -98,14 +98,20 @@ class ModelDraft(Draft):
         logits = self.model(chunk, cache=self.cache)[:, -1]  # [B, V]
         drafts, qs = [], []
         for i in range(k):
-            q = params.probs(logits)
-            x = q.argmax(-1) if params.greedy else sample(q, generator)
+            if params.greedy:  # q is one-hot on the argmax; build it once, after the loop
+                x = logits.argmax(-1)
+            else:
+                q = params.probs(logits)
+                x = sample(q, generator)
+                qs.append(q)
             drafts.append(x)
-            qs.append(q)
             if i < k - 1:  # the last draft is never fed: the target scores it
                 logits = self.model(x[:, None], cache=self.cache)[:, -1]
         self.fed = lengths + (k - 1)
-        return torch.stack(drafts, 1), torch.stack(qs, 1)
+        x = torch.stack(drafts, 1)  # [B, k]
+        if params.greedy:
+            return x, torch.nn.functional.one_hot(x, V).to(logits.dtype)
+        return x, torch.stack(qs, 1)
 
     def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
         if self.fed is None:
