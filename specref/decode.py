@@ -111,6 +111,17 @@ def _new_buffer(input_ids: torch.Tensor, max_new_tokens: int) -> tuple[torch.Ten
     return tokens, lengths, torch.zeros(B, dtype=torch.bool, device=input_ids.device)
 
 
+def _prefill(target: torch.nn.Module, input_ids: torch.Tensor, cache, stats: "SpecStats") -> None:  # [B, T]
+    """Cache every prompt token but the last: each step feeds the last one first, then the drafts."""
+    _sync(target.device)
+    t0 = time.perf_counter()
+    if input_ids.shape[1] > 1:
+        target(input_ids[:, :-1], cache=cache)
+        stats.target_passes += 1
+    _sync(target.device)
+    stats.time_target += time.perf_counter() - t0
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -222,14 +233,7 @@ def speculative_generate(
     t_start = time.perf_counter()
     cache = target.new_cache(B)
     drafter.begin(B)
-    # The target's cache holds every token but the last one, which each step feeds first.
-    _sync(dev)
-    t0 = time.perf_counter()
-    if T > 1:
-        target(input_ids[:, :-1], cache=cache)
-        stats.target_passes += 1
-    _sync(dev)
-    stats.time_target += time.perf_counter() - t0
+    _prefill(target, input_ids, cache, stats)
 
     while not bool(done.all()):
         remaining = T + max_new_tokens - lengths  # [B]

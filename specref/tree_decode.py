@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .decode import SpecStats, _check_common, _finish, _new_buffer, _sync
+from .decode import SpecStats, _check_common, _finish, _new_buffer, _prefill, _sync
 from .drafts import ModelDraft, SamplingParams
 from .models.kvcache import KVCache
 from .trees import (
@@ -274,13 +274,7 @@ def tree_generate(
     cache = target.new_cache(B)
     drafter.begin(B)
     passes_before = drafter.passes
-    _sync(dev)
-    t0 = time.perf_counter()
-    if T > 1:  # the cache holds every token but the last, which each step feeds as the root
-        target(input_ids[:, :-1], cache=cache)
-        stats.target_passes += 1
-    _sync(dev)
-    stats.time_target += time.perf_counter() - t0
+    _prefill(target, input_ids, cache, stats)  # the last prompt token is fed as the first root
 
     while not bool(done.all()):
         remaining = T + max_new_tokens - lengths  # [B]

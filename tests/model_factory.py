@@ -27,3 +27,21 @@ def noisy_copy(model: GPT2, noise: float, seed: int) -> GPT2:
         for p in d.parameters():
             p.add_(noise * p.std() * torch.randn(p.shape, generator=g, dtype=p.dtype))
     return d
+
+
+TINY_VOCAB = 6
+
+
+def tiny_pair() -> tuple[GPT2, GPT2]:
+    """A target and an unrelated draft over 6 tokens: every first-two-token outcome is enumerable."""
+    target = small_gpt2(vocab=TINY_VOCAB, n_embd=16, n_layer=1, seed=3, n_positions=8, scale=3.0)
+    return target, small_gpt2(vocab=TINY_VOCAB, n_embd=16, n_layer=1, seed=4, n_positions=8, scale=3.0)
+
+
+@torch.no_grad()
+def exact_first_two(target: GPT2, prompt: list[int], params) -> torch.Tensor:  # [V, V]
+    """P(x1, x2) = p(x1 | prompt) p(x2 | prompt, x1), from the target alone (params: SamplingParams)."""
+    V = target.config.vocab_size
+    ids = torch.tensor([prompt + [x1] for x1 in range(V)])
+    probs = params.probs(target(ids))  # [V, T+1, V]: row x1 holds p(. | prompt) and p(. | prompt, x1)
+    return probs[0, -2, :, None] * probs[:, -1, :]

@@ -6,14 +6,15 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import scipy.stats
 import torch
 
 from specref.decode import generate, speculative_generate
 from specref.drafts import ModelDraft, SamplingParams
+from specref.montecarlo import distribution_test
 from specref.models.gpt2 import GPT2
 from specref.sampling import sample
-from model_factory import noisy_copy, small_gpt2
+from model_factory import TINY_VOCAB, exact_first_two, noisy_copy, small_gpt2
+from model_factory import tiny_pair as tiny_pair_models
 
 
 @pytest.fixture(scope="module")
@@ -102,22 +103,12 @@ def test_inputs_are_not_modified(pair):
 
 # -- sampling: the first two tokens follow the target's exact distribution --------------
 
-V_SMALL = 6
 N_RUNS = 30_000
 
 
 @pytest.fixture(scope="module")
 def tiny_pair() -> tuple[GPT2, GPT2]:
-    target = small_gpt2(vocab=V_SMALL, n_embd=16, n_layer=1, seed=3, n_positions=8, scale=3.0)
-    return target, small_gpt2(vocab=V_SMALL, n_embd=16, n_layer=1, seed=4, n_positions=8, scale=3.0)
-
-
-def _exact_first_two(target: GPT2, prompt: list[int], params: SamplingParams) -> np.ndarray:
-    """P(x1, x2) = p(x1 | prompt) p(x2 | prompt, x1), from the target alone."""
-    ids = torch.tensor([prompt + [x1] for x1 in range(V_SMALL)])
-    with torch.no_grad():
-        probs = params.probs(target(ids))  # [V, T+1, V]: row x1 holds p(. | prompt, x1) last
-    return (probs[0, -2, :, None] * probs[:, -1, :]).numpy()  # [x1, x2]
+    return tiny_pair_models()
 
 
 def _sample_first_two(target, draft, prompt, k, params, seed) -> np.ndarray:
@@ -125,22 +116,15 @@ def _sample_first_two(target, draft, prompt, k, params, seed) -> np.ndarray:
     out, _ = speculative_generate(target, draft, ids, k=k, max_new_tokens=2, temperature=params.temperature,
                                   top_k=params.top_k, generator=torch.Generator().manual_seed(seed))
     pairs = out[:, len(prompt):].numpy()
-    return np.bincount(pairs[:, 0] * V_SMALL + pairs[:, 1], minlength=V_SMALL**2)
-
-
-def _chi2_pvalue(counts: np.ndarray, expected_probs: np.ndarray) -> float:
-    expected = expected_probs.ravel() * counts.sum()
-    keep = expected > 0
-    assert counts[~keep].sum() == 0, "a zero-probability pair was emitted"
-    return float(scipy.stats.chisquare(counts[keep], expected[keep] * counts[keep].sum() / expected[keep].sum()).pvalue)
+    return np.bincount(pairs[:, 0] * TINY_VOCAB + pairs[:, 1], minlength=TINY_VOCAB**2).reshape(TINY_VOCAB, TINY_VOCAB)
 
 
 @pytest.mark.parametrize("k,params", [(1, SamplingParams(1.0)), (2, SamplingParams(1.0)), (3, SamplingParams(0.7, top_k=4))])
 def test_sampled_first_two_tokens_follow_the_target(tiny_pair, k, params):
     target, draft = tiny_pair
-    exact = _exact_first_two(target, [1, 2], params)
+    exact = exact_first_two(target, [1, 2], params)
     counts = _sample_first_two(target, draft, [1, 2], k, params, seed=10 + k)
-    assert _chi2_pvalue(counts, exact) > 1e-3
+    assert distribution_test(exact, counts=counts).passed
 
 
 class _MisprocessedDraft(ModelDraft):
@@ -156,9 +140,9 @@ class _MisprocessedDraft(ModelDraft):
 def test_negative_control_misprocessed_q_is_flagged(tiny_pair):
     target, draft = tiny_pair
     params = SamplingParams(1.0)
-    exact = _exact_first_two(target, [1, 2], params)
+    exact = exact_first_two(target, [1, 2], params)
     counts = _sample_first_two(target, _MisprocessedDraft(draft), [1, 2], 2, params, seed=21)
-    assert _chi2_pvalue(counts, exact) < 1e-6
+    assert distribution_test(exact, counts=counts).p_value < 1e-6
 
 
 def test_negative_control_always_accept_is_flagged(tiny_pair, monkeypatch):
@@ -172,9 +156,9 @@ def test_negative_control_always_accept_is_flagged(tiny_pair, monkeypatch):
     monkeypatch.setattr(decode, "verify_chain", always_accept)
     target, draft = tiny_pair
     params = SamplingParams(1.0)
-    exact = _exact_first_two(target, [1, 2], params)
+    exact = exact_first_two(target, [1, 2], params)
     counts = _sample_first_two(target, draft, [1, 2], 2, params, seed=22)
-    assert _chi2_pvalue(counts, exact) < 1e-6
+    assert distribution_test(exact, counts=counts).p_value < 1e-6
 
 
 # -- bad input ---------------------------------------------------------------------------

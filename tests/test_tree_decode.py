@@ -184,21 +184,12 @@ def test_seeded_sampling_reproduces_and_inputs_are_not_modified(pair):
 
 # -- sampling: the first two tokens follow the target --------------------------------------
 
-V_SMALL = 6
 N_RUNS = 1000
 
 
 @pytest.fixture(scope="module")
 def tiny_pair() -> tuple[GPT2, GPT2]:
-    target = small_gpt2(vocab=V_SMALL, n_embd=16, n_layer=1, seed=3, n_positions=8, scale=3.0)
-    return target, small_gpt2(vocab=V_SMALL, n_embd=16, n_layer=1, seed=4, n_positions=8, scale=3.0)
-
-
-def _exact_first_two(target: GPT2, prompt: list[int], params: SamplingParams) -> torch.Tensor:  # [V, V]
-    ids = torch.tensor([prompt + [x1] for x1 in range(V_SMALL)])
-    probs = params.probs(target(ids))  # [V, T+1, V]: row x1 holds p(. | prompt) and p(. | prompt, x1)
-    first = probs[0, -2]  # p(x1 | prompt), the same in every row
-    return first[:, None] * probs[:, -1, :]  # P(x1, x2) = p(x1 | prompt) p(x2 | prompt, x1)
+    return tiny_pair_models()
 
 
 def _first_two(target, draft, spec, params, seed) -> torch.Tensor:  # [N, 2]
@@ -212,7 +203,7 @@ def _first_two(target, draft, spec, params, seed) -> torch.Tensor:  # [N, 2]
                                          (TreeShape((3,)), SamplingParams(0.8, top_k=4))], ids=repr)
 def test_sampled_first_two_tokens_follow_the_target(tiny_pair, spec, params):
     target, draft = tiny_pair
-    exact = _exact_first_two(target, [1, 2], params)
+    exact = exact_first_two(target, [1, 2], params)
     assert distribution_test(exact, samples=_first_two(target, draft, spec, params, seed=11)).passed
 
 
@@ -225,7 +216,7 @@ def test_negative_control_top_k_children_verified_as_sampled_is_flagged(tiny_pai
     monkeypatch.setattr(tree_decode, "verify_tree", broken)
     target, draft = tiny_pair
     params = SamplingParams(1.0)
-    exact = _exact_first_two(target, [1, 2], params)
+    exact = exact_first_two(target, [1, 2], params)
     assert not distribution_test(exact, samples=_first_two(target, draft, TreeShape((3,)), params, seed=12)).passed
 
 
@@ -284,7 +275,8 @@ def test_tree_draft_refuses_use_before_begin(pair):
 # -- the bundled pair ----------------------------------------------------------------------
 
 from specref.models.pretrained import assets_dir, load_pair
-from model_factory import noisy_copy, small_gpt2
+from model_factory import exact_first_two, noisy_copy, small_gpt2
+from model_factory import tiny_pair as tiny_pair_models
 
 ASSETS_READY = all(assets_dir().joinpath(*f.split("/")).is_file()
                    for f in ("target/model.safetensors", "draft/model.safetensors", "tokenizer.json"))
