@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from .drafts import Draft, SamplingParams, as_draft
-from .rejection import verify_chain, verify_chain_greedy
+from ._validate import check_probs, check_tokens
+from .rejection import _verify_chain, _verify_chain_greedy
 from .sampling import sample
 
 
@@ -122,6 +123,32 @@ def _prefill(target: torch.nn.Module, input_ids: torch.Tensor, cache, stats: "Sp
     stats.time_target += time.perf_counter() - t0
 
 
+def _check_proposal(
+    drafts: object, q: object, B: int, k: int, V: int, greedy: bool
+) -> None:  # drafts [B, k], q [B, k, V]
+    """A draft's proposal must be k token ids per row and, when sampling, k distributions q per row."""
+    if not isinstance(drafts, torch.Tensor) or tuple(drafts.shape) != (B, k):
+        raise ValueError(f"the draft must propose a [B, k] = [{B}, {k}] tensor of token ids, "
+                         f"got {tuple(getattr(drafts, 'shape', ())) or type(drafts).__name__}")
+    check_tokens("draft tokens", drafts, V)
+    if not greedy:
+        if not isinstance(q, torch.Tensor) or tuple(q.shape) != (B, k, V):
+            raise ValueError(f"the draft must return q of shape [B, k, V] = [{B}, {k}, {V}], "
+                             f"got {tuple(getattr(q, 'shape', ())) or type(q).__name__}")
+        check_probs("the draft's q", q)
+
+
+def _count(stats: SpecStats, n_acc: list[int], n_emitted: int, k_eff: int) -> None:
+    """Add one step to the stats: n_acc holds the accepted counts of the rows still active."""
+    stats.steps += len(n_acc)
+    stats.proposed += k_eff * len(n_acc)
+    stats.accepted += sum(n_acc)
+    stats.examined += sum(min(n + 1, k_eff) for n in n_acc)
+    stats.emitted += n_emitted
+    if k_eff == stats.k:
+        stats.accepted_hist += np.bincount(n_acc, minlength=stats.k + 1)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -154,8 +181,7 @@ def generate(
 
     A row stops after emitting `eos_token_id`; its remaining positions are filled with EOS.
     """
-    params = SamplingParams(temperature, top_k, top_p)
-    params.probs(torch.zeros(1))  # validates the sampling arguments up front
+    params = SamplingParams(temperature, top_k, top_p)  # raises on bad sampling arguments
     input_ids = _check_common(model, input_ids, max_new_tokens)
     B, T = input_ids.shape
     tokens, lengths, done = _new_buffer(input_ids, max_new_tokens)
@@ -210,8 +236,7 @@ def speculative_generate(
         raise TypeError(f"k must be an int >= 1, got {k!r}")
     if k < 1:
         raise ValueError(f"k must be >= 1 (k drafted tokens per step), got {k}")
-    params = SamplingParams(temperature, top_k, top_p)
-    params.probs(torch.zeros(1))
+    params = SamplingParams(temperature, top_k, top_p)  # raises on bad sampling arguments
     drafter = as_draft(draft)
     if drafter.vocab_size != target.config.vocab_size:
         raise ValueError(
@@ -247,6 +272,7 @@ def speculative_generate(
         _sync(dev)
         stats.time_draft += time.perf_counter() - t0
         stats.draft_passes += k_eff
+        _check_proposal(drafts, q, B, k_eff, target.config.vocab_size, params.greedy)
 
         t0 = time.perf_counter()
         last = tokens.gather(1, (lengths - 1)[:, None])  # [B, 1]
@@ -256,9 +282,11 @@ def speculative_generate(
         stats.target_passes += 1
 
         if params.greedy:
-            out, n_acc = verify_chain_greedy(drafts, logits)
-        else:
-            out, n_acc = verify_chain(drafts, q, params.probs(logits), generator)  # [B, k_eff+1], [B]
+            if torch.isnan(logits).any():
+                raise ValueError("the target's logits contain NaN")
+            out, n_acc = _verify_chain_greedy(drafts, logits)
+        else:  # params.probs checks the target's logits; _check_proposal checked q
+            out, n_acc = _verify_chain(drafts, q, params.probs(logits), generator, None)  # [B, k_eff+1], [B]
 
         # How many of this step's tokens each row keeps: budget, then everything up to EOS.
         n_out = torch.minimum(n_acc + 1, remaining)
@@ -271,18 +299,10 @@ def speculative_generate(
             hit_eos = torch.zeros_like(done)
         n_out = torch.where(done, torch.zeros_like(n_out), n_out)
 
-        active = ~done
-        stats.steps += int(active.sum())
-        stats.proposed += k_eff * int(active.sum())
-        stats.accepted += int(n_acc[active].sum())
-        stats.examined += int(torch.clamp(n_acc[active] + 1, max=k_eff).sum())
-        stats.emitted += int(n_out.sum())
-        if k_eff == k:
-            stats.accepted_hist += np.bincount(n_acc[active].cpu().numpy(), minlength=k + 1)
-
-        for b in torch.nonzero(n_out).flatten().tolist():  # write the kept tokens into the buffer
-            start, n = int(lengths[b]), int(n_out[b])
-            tokens[b, start : start + n] = out[b, :n]
+        _count(stats, n_acc[~done].tolist(), int(n_out.sum()), k_eff)
+        # Write the kept tokens into the buffer: row b gets out[b, :n_out[b]] at lengths[b]..
+        rows, cols = torch.nonzero(torch.arange(k_eff + 1, device=dev) < n_out[:, None], as_tuple=True)
+        tokens[rows, lengths[rows] + cols] = out[rows, cols]
         # The draft saw [context, x_1..x_{k-1}]; the buffer now agrees with it up to here.
         n_valid = lengths + torch.minimum(n_acc, n_out)
         lengths = lengths + n_out

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import process_logits, sample
+from .sampling import _process_logits, process_logits, sample
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,19 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    def __post_init__(self) -> None:
+        process_logits(torch.zeros(1), self.temperature, self.top_k, self.top_p)  # raises on bad arguments
+
     def probs(self, logits: torch.Tensor) -> torch.Tensor:  # [..., V] -> [..., V]
+        """process_logits with these settings (logits checked: NaN or +inf raise)."""
         return process_logits(logits, self.temperature, self.top_k, self.top_p)
+
+    def probs_unchecked(self, logits: torch.Tensor) -> torch.Tensor:  # [..., V] -> [..., V]
+        """The same distribution without the per-call checks, for a draft's inner loop.
+
+        The decoding loop checks the stacked q of every step once (`decode._check_proposal`).
+        """
+        return _process_logits(logits, self.temperature, self.top_k, self.top_p)
 
 
 class Draft(ABC):
@@ -101,7 +112,7 @@ class ModelDraft(Draft):
             if params.greedy:  # q is one-hot on the argmax; build it once, after the loop
                 x = logits.argmax(-1)
             else:
-                q = params.probs(logits)
+                q = params.probs_unchecked(logits)
                 x = sample(q, generator)
                 qs.append(q)
             drafts.append(x)

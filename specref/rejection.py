@@ -104,8 +104,32 @@ def verify_chain(
     if not batched:
         draft_tokens, q, p = draft_tokens[None], q[None], p[None]
         u = None if u is None else u[None]
-    draft_tokens = draft_tokens.long()
-    B = draft_tokens.shape[0]
+    tokens, n_accepted = _verify_chain(draft_tokens.long(), q, p, generator, u)
+    return _unbatch(tokens, n_accepted, batched)
+
+
+def _unbatch(tokens: torch.Tensor, n_accepted: torch.Tensor, batched: bool) -> tuple[torch.Tensor, torch.Tensor | int]:
+    """Batched results as they are; for one unbatched row, its tokens without padding and an int."""
+    if batched:
+        return tokens, n_accepted
+    n = int(n_accepted[0])
+    return tokens[0, : n + 1], n
+
+
+def _verify_chain(
+    draft_tokens: torch.Tensor,  # [B, k] long
+    q: torch.Tensor,  # [B, k, V]
+    p: torch.Tensor,  # [B, k+1, V]
+    generator: torch.Generator | None,
+    u: torch.Tensor | None,  # [B, k+1] or None
+) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, k+1] padded with -1, n_accepted [B]
+    """`verify_chain`'s rule on batched inputs whose shapes and values were already checked.
+
+    The decoding loop calls this directly: its p comes from a checked `process_logits`
+    and its q from a draft it has checked, so the per-step input checks would only
+    repeat work. Everyone else calls `verify_chain`.
+    """
+    B, k = draft_tokens.shape
     dtype = torch.promote_types(p.dtype, q.dtype)
     p, q = p.to(dtype), q.to(dtype)
 
@@ -135,11 +159,7 @@ def verify_chain(
     positions = torch.arange(k + 1, device=p.device)
     padded = torch.cat([draft_tokens, torch.full((B, 1), -1, device=p.device, dtype=torch.long)], -1)
     tokens = torch.where(positions < n_accepted[:, None], padded, torch.full_like(padded, -1))
-    tokens = tokens.scatter(-1, n_accepted[:, None], final[:, None])
-    if batched:
-        return tokens, n_accepted
-    n = int(n_accepted[0])
-    return tokens[0, : n + 1], n
+    return tokens.scatter(-1, n_accepted[:, None], final[:, None]), n_accepted
 
 
 def _check_uniforms(u: object, shape: tuple[int, ...]) -> None:
@@ -171,14 +191,19 @@ def verify_chain_greedy(
     batched = draft_tokens.dim() == 2
     if not batched:
         draft_tokens, p = draft_tokens[None], p[None]
-    draft_tokens = draft_tokens.long()
+    tokens, n_accepted = _verify_chain_greedy(draft_tokens.long(), p)
+    return _unbatch(tokens, n_accepted, batched)
+
+
+def _verify_chain_greedy(
+    draft_tokens: torch.Tensor,  # [B, k] long
+    p: torch.Tensor,  # [B, k+1, V] probabilities or logits
+) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, k+1] padded with -1, n_accepted [B]
+    """`verify_chain_greedy`'s rule on batched inputs that were already checked (the decoding loop)."""
+    k = draft_tokens.shape[1]
     best = p.argmax(-1)  # [B, k+1]
     n_accepted = (draft_tokens == best[:, :k]).long().cumprod(-1).sum(-1)  # [B]
     positions = torch.arange(k + 1, device=p.device)
     # Accepted drafts equal the argmax there, so the emitted tokens are the argmax
     # up to and including position n_accepted (the correction or the bonus).
-    tokens = torch.where(positions <= n_accepted[:, None], best, torch.full_like(best, -1))
-    if batched:
-        return tokens, n_accepted
-    n = int(n_accepted[0])
-    return tokens[0, : n + 1], n
+    return torch.where(positions <= n_accepted[:, None], best, torch.full_like(best, -1)), n_accepted

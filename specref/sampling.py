@@ -53,6 +53,19 @@ def process_logits(
     if torch.isneginf(logits).all(-1).any():
         raise ValueError("logits have a row where every token is -inf (nothing can be sampled)")
 
+    return _process_logits(logits, temperature, top_k, top_p)
+
+
+def _process_logits(
+    logits: torch.Tensor,  # [..., V]
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+) -> torch.Tensor:  # [..., V]
+    """`process_logits` without its input checks, for the decoding loop's hot path.
+
+    Only for logits and arguments that were already checked (see `SamplingParams`).
+    """
     x = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
     if temperature == 0:
         # Greedy is the limit temperature -> 0: all mass on the argmax.

@@ -252,8 +252,7 @@ def tree_generate(
     window smaller, so that nothing is drafted that could never be emitted or stored.
     """
     spec = as_tree_spec(tree)
-    params = SamplingParams(temperature, top_k, top_p)
-    params.probs(torch.zeros(1))
+    params = SamplingParams(temperature, top_k, top_p)  # raises on bad sampling arguments
     model = _as_model(draft)
     drafter = draft if isinstance(draft, TreeModelDraft) else TreeModelDraft(model)
     if drafter.vocab_size != target.config.vocab_size:

@@ -148,12 +148,12 @@ def test_negative_control_misprocessed_q_is_flagged(tiny_pair):
 def test_negative_control_always_accept_is_flagged(tiny_pair, monkeypatch):
     import specref.decode as decode
 
-    def always_accept(draft_tokens, q, p, generator=None):
+    def always_accept(draft_tokens, q, p, generator=None, u=None):
         B, k = draft_tokens.shape
         bonus = sample(p[:, k], generator)
         return torch.cat([draft_tokens, bonus[:, None]], 1), torch.full((B,), k)
 
-    monkeypatch.setattr(decode, "verify_chain", always_accept)
+    monkeypatch.setattr(decode, "_verify_chain", always_accept)  # the rule the decoding loop calls
     target, draft = tiny_pair
     params = SamplingParams(1.0)
     exact = exact_first_two(target, [1, 2], params)
@@ -197,3 +197,33 @@ def test_models_on_different_devices_are_rejected(pair):
     elsewhere = SimpleNamespace(config=SimpleNamespace(vocab_size=64), device=torch.device("meta"))
     with pytest.raises(ValueError, match="one device"):
         speculative_generate(target, ModelDraft(elsewhere), torch.tensor([[1, 2]]), k=2, max_new_tokens=3)
+
+
+class _BrokenDraft(ModelDraft):
+    """A draft whose proposal is damaged after the fact, in one of several ways."""
+
+    def __init__(self, model, damage):
+        super().__init__(model)
+        self.damage = damage
+
+    def propose(self, tokens, lengths, k, params, generator=None):
+        drafts, q = super().propose(tokens, lengths, k, params, generator)
+        return self.damage(drafts, q)
+
+
+@pytest.mark.parametrize(
+    "damage,temperature,match",
+    [
+        (lambda x, q: (x[:, :-1], q), 1.0, r"\[B, k\]"),
+        (lambda x, q: (x + 1000, q), 0.0, "outside the vocabulary"),
+        (lambda x, q: (x, q[:, :, :-1]), 1.0, r"q of shape \[B, k, V\]"),
+        (lambda x, q: (x, torch.full_like(q, float("nan"))), 1.0, "NaN"),
+        (lambda x, q: (x, 2 * q), 1.0, "sum to 1"),
+    ],
+)
+def test_a_damaged_proposal_is_rejected(pair, damage, temperature, match):
+    # The loop checks each proposal once per step, so a Draft written by a learner fails loudly.
+    target, draft = pair
+    with pytest.raises(ValueError, match=match):
+        speculative_generate(target, _BrokenDraft(draft, damage), torch.tensor([[1, 2]]), k=3, max_new_tokens=6,
+                             temperature=temperature, generator=torch.Generator().manual_seed(0))

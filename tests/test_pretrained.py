@@ -141,3 +141,19 @@ def test_bundled_target_has_lower_perplexity_than_draft(pair):
         return math.exp(torch.nn.functional.cross_entropy(logits[0], x[0, 1:]).item())
 
     assert ppl(target) < ppl(draft)
+
+
+@needs_assets
+def test_bundled_pair_meets_the_greedy_acceptance_bar(pair):
+    # The quality bar of the bundled pair: greedy alpha (accepted / examined drafts) >= 0.6
+    # on held-out prompts, which the training run never saw.
+    from specref.decode import speculative_generate
+    from specref.prompts import heldout_prompts
+
+    target, draft, _ = pair
+    accepted = examined = 0
+    for prompt in heldout_prompts(16, 64):
+        _, stats = speculative_generate(target, draft, torch.tensor([prompt]), k=4, max_new_tokens=48,
+                                        temperature=0)
+        accepted, examined = accepted + stats.accepted, examined + stats.examined
+    assert accepted / examined >= 0.6, f"greedy alpha {accepted / examined:.3f} is below the 0.6 bar"

@@ -328,6 +328,12 @@ class GPT2(nn.Module):
                 raise ValueError("attention_mask must let every new token attend to itself (diagonal all True)")
         if cache is None:
             mask = new_mask[:, None]  # [B or 1, 1, T, T]
+        elif attention_mask is None and (B == 1 or bool((past == past[0]).all())):
+            # Every row has the same cache length (always, for one sequence): all cached
+            # slots are visible and the new tokens are causal among themselves. One new
+            # token sees every slot, so it needs no mask at all.
+            s = torch.arange(n_slots, device=dev)
+            mask = None if T == 1 else (s[None, :] <= slots[0][:, None])[None, None]  # [1, 1, T, S]
         else:
             # Slot s of sequence b is visible to new token i iff it is cached (s < past[b])
             # or it is new token j = s - past[b] and new_mask[b, i, j].
