@@ -63,8 +63,8 @@ def main() -> None:
     prompts = [torch.tensor([p], device=dev) for p in heldout_prompts(args.prompts, args.prompt_tokens)]
     machine = torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_model()
     print(f"machine: {machine}; torch {torch.__version__}; device {dev}; threads {torch.get_num_threads()}")
-    print(f"pair: target {target.config.n_layer} layers x {target.config.n_embd}, draft {draft.config.n_layer} "
-          f"layers x {draft.config.n_embd}, float32; {args.prompts} held-out prompts of {args.prompt_tokens} "
+    print(f"pair: target {target.config.n_layer}x{target.config.n_embd}, draft {draft.config.n_layer}"
+          f"x{draft.config.n_embd} (layers x width), float32; {args.prompts} held-out prompts of {args.prompt_tokens} "
           f"tokens, {args.new_tokens} new tokens each; one run per configuration")
 
     with torch.no_grad():

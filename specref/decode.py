@@ -10,6 +10,7 @@ when it is fed at the start of the next step.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -281,12 +282,17 @@ def speculative_generate(
         stats.time_target += time.perf_counter() - t0
         stats.target_passes += 1
 
+        # One reduction checks the logits: NaN or +inf anywhere makes the sum NaN or +inf. A -inf
+        # sum (masked tokens) takes the full check, which also refuses a row that is all -inf.
+        total = float(logits.sum())
+        if math.isnan(total) or total == math.inf:
+            raise ValueError("the target's logits contain NaN or +inf")
+        if total == -math.inf:
+            params.probs(logits)
         if params.greedy:
-            if torch.isnan(logits).any():
-                raise ValueError("the target's logits contain NaN")
             out, n_acc = _verify_chain_greedy(drafts, logits)
-        else:  # params.probs checks the target's logits; _check_proposal checked q
-            out, n_acc = _verify_chain(drafts, q, params.probs(logits), generator, None)  # [B, k_eff+1], [B]
+        else:  # _check_proposal checked q
+            out, n_acc = _verify_chain(drafts, q, params.probs_unchecked(logits), generator, None)  # [B, k_eff+1], [B]
 
         # How many of this step's tokens each row keeps: budget, then everything up to EOS.
         n_out = torch.minimum(n_acc + 1, remaining)

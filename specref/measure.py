@@ -1,11 +1,13 @@
 """Measuring a target/draft pair against the chapter's speedup formula.
 
-Measured: alpha (accepted / examined drafts), tokens per step, wall time of plain
-and speculative decoding on the same prompts, c (draft step time / target step
-time) and v(k) (target time to score k+1 tokens / time to score 1), both timed
-in the order decoding runs the passes. Predicted:
-the chapter's S(alpha, k, c) = E / (1 + c k), which assumes v(k) = 1, and the
-refined E / (v(k) + c k) that uses the measured v(k).
+One plain decoding run and one speculative run per k on the same prompts give
+everything: alpha (accepted / examined drafts), tokens per step, the speedup,
+and the cost of the passes as decoding ran them, relative to one plain step
+(plain decoding's time per token): c(k) = time per draft pass, v(k) = time per
+target pass. The chapter's S(alpha, k, c) = E / (1 + c k) assumes v(k) = 1; the
+refined E / (v(k) + c k) uses the measured v(k). The refined prediction counts
+only the passes, so measured / refined is the share of the time the passes
+take (times tokens per step / E): what is missing is the loop's own work.
 """
 
 from __future__ import annotations
@@ -15,37 +17,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .costs import forward_time, speculative_pass_times, sync
+from .costs import sync
 from .decode import SpecStats, generate, speculative_generate
 from .theory import expected_tokens_per_step, speedup
-
-
-@dataclass(frozen=True)
-class PairCosts:
-    """c(k) and v(k) for one pair at one context length, relative to one plain decoding step."""
-
-    t_target: float  # seconds, a target pass scoring 1 token (plain decoding: target passes back to back)
-    t_draft: dict[int, float]  # k -> seconds of one draft step, timed in the speculative pattern
-    t_verify: dict[int, float]  # k -> seconds of a target pass scoring k+1 tokens, same pattern
-
-    def c(self, k: int) -> float:
-        """Draft step cost / plain target step cost."""
-        return self.t_draft[k] / self.t_target
-
-    def v(self, k: int) -> float:
-        """Cost of verifying k+1 tokens / plain target step cost (the chapter assumes 1)."""
-        return self.t_verify[k] / self.t_target
-
-
-def measure_costs(
-    target: torch.nn.Module, draft: torch.nn.Module, ks: list[int], context_len: int = 64, repeats: int = 30
-) -> PairCosts:
-    """Time a plain target step, and for each k a draft step and a (k+1)-token target pass, as decoding runs them."""
-    t1 = forward_time(target, 1, context_len, repeats=repeats)
-    t_draft, t_verify = {}, {}
-    for k in ks:
-        t_draft[k], t_verify[k] = speculative_pass_times(target, draft, k, context_len, repeats=repeats)
-    return PairCosts(t1, t_draft, t_verify)
 
 
 @dataclass(frozen=True)
@@ -53,14 +27,15 @@ class SpeculativeRun:
     """One k: what speculative decoding did, how fast, and what the formulas predicted.
 
     alpha is accepted / examined drafts (`theory.estimate_alpha`), the alpha of the formulas.
+    Times are totals in seconds over all prompts.
     """
 
     k: int
     alpha: float
     tokens_per_step: float
     mean_accepted: float
-    c: float
-    v: float
+    c: float  # time per draft pass / time per plain decoding step
+    v: float  # time per target pass (prefill included) / time per plain decoding step
     time_plain: float
     time_speculative: float
     time_target: float
@@ -81,9 +56,14 @@ class SpeculativeRun:
         """E(alpha, k) / (v(k) + c k): the same formula with the measured verification cost."""
         return float(expected_tokens_per_step(self.alpha, self.k)) / (self.v + self.c * self.k)
 
+    @property
+    def loop_share(self) -> float:
+        """Share of the speculative wall time spent outside the passes (sampling, verification, bookkeeping)."""
+        return self.time_overhead / self.time_speculative
+
     def as_dict(self) -> dict[str, float]:
         d = asdict(self)
-        d.update(speedup=self.speedup, predicted=self.predicted, refined=self.refined)
+        d.update(speedup=self.speedup, predicted=self.predicted, refined=self.refined, loop_share=self.loop_share)
         return d
 
 
@@ -93,11 +73,22 @@ def _timed(fn):
     return out, time.perf_counter() - t0
 
 
+def _check_prompts(prompts: object, max_new_tokens: object) -> None:
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError("prompts must be a non-empty list of [1, T] token-id tensors")
+    for ids in prompts:
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] != 1:
+            raise ValueError(f"each prompt must be a [1, T] tensor, got {getattr(ids, 'shape', type(ids).__name__)}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+
+
 @torch.no_grad()
 def plain_time(
     target: torch.nn.Module, prompts: list[torch.Tensor], max_new_tokens: int, temperature: float = 0.0, seed: int = 0
 ) -> float:
     """Total seconds of plain decoding over the prompts (one sequence at a time)."""
+    _check_prompts(prompts, max_new_tokens)
     total = 0.0
     for i, ids in enumerate(prompts):
         g = torch.Generator(device=target.device).manual_seed(seed + i)
@@ -115,12 +106,17 @@ def speculative_run(
     prompts: list[torch.Tensor],  # each [1, T]
     k: int,
     max_new_tokens: int,
-    costs: PairCosts,
     time_plain: float,
     temperature: float = 0.0,
     seed: int = 0,
 ) -> SpeculativeRun:
-    """Speculative decoding of every prompt with this k; pools the stats and compares with the formulas."""
+    """Speculative decoding of every prompt with this k; pools the stats and compares with the formulas.
+
+    `time_plain` is `plain_time` on the same prompts and settings; its time per token is the unit of c and v.
+    """
+    _check_prompts(prompts, max_new_tokens)
+    if not isinstance(time_plain, (int, float)) or isinstance(time_plain, bool) or not time_plain > 0:
+        raise ValueError(f"time_plain must be a positive number of seconds (from plain_time), got {time_plain!r}")
     pooled = SpecStats(k=k)
     total = 0.0
     for i, ids in enumerate(prompts):
@@ -128,21 +124,17 @@ def speculative_run(
         (_, s), t = _timed(lambda: speculative_generate(target, draft, ids, k=k, max_new_tokens=max_new_tokens,
                                                          temperature=temperature, generator=g))
         total += t
-        pooled.steps += s.steps
-        pooled.proposed += s.proposed
-        pooled.examined += s.examined
-        pooled.accepted += s.accepted
-        pooled.emitted += s.emitted
-        pooled.time_target += s.time_target
-        pooled.time_draft += s.time_draft
-        pooled.time_total += s.time_total
+        for name in ("target_passes", "draft_passes", "steps", "proposed", "examined", "accepted", "emitted",
+                     "time_target", "time_draft", "time_total"):
+            setattr(pooled, name, getattr(pooled, name) + getattr(s, name))
+    t_step = time_plain / (len(prompts) * max_new_tokens)
     return SpeculativeRun(
         k=k,
         alpha=pooled.acceptance_rate,
         tokens_per_step=pooled.tokens_per_step,
         mean_accepted=pooled.mean_accepted,
-        c=costs.c(k),
-        v=costs.v(k),
+        c=pooled.time_draft / max(pooled.draft_passes, 1) / t_step,
+        v=pooled.time_target / max(pooled.target_passes, 1) / t_step,
         time_plain=time_plain,
         time_speculative=total,
         time_target=pooled.time_target,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 
 import numpy as np
@@ -227,3 +228,14 @@ def test_a_damaged_proposal_is_rejected(pair, damage, temperature, match):
     with pytest.raises(ValueError, match=match):
         speculative_generate(target, _BrokenDraft(draft, damage), torch.tensor([[1, 2]]), k=3, max_new_tokens=6,
                              temperature=temperature, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_nan_logits_from_the_target_raise(pair, temperature):
+    target, draft = pair
+    broken = copy.deepcopy(target)
+    with torch.no_grad():
+        broken.transformer.ln_f.bias.fill_(float("nan"))
+    with pytest.raises(ValueError, match="NaN"):
+        speculative_generate(broken, draft, torch.tensor([[1, 2]]), k=2, max_new_tokens=4, temperature=temperature,
+                             generator=torch.Generator().manual_seed(0))

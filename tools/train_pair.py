@@ -134,7 +134,9 @@ def heldout_loss(model: GPT2, windows: torch.Tensor, batch: int, device: str) ->
 
 
 def train_model(name: str, model: GPT2, train_stream: torch.Tensor, val_windows: torch.Tensor,
-                args, minutes: float, lr: float, work: Path, log, resume: dict | None = None) -> dict:
+                args, minutes: float, lr: float, work: Path, log, resume: dict | None = None,
+                teacher: GPT2 | None = None) -> dict:
+    """Train for a wall-clock budget; with a teacher, the loss is the KL divergence from its predictions."""
     device, ctx, B = args.device, args.ctx, args.batch_size
     phase = len(resume["phases"]) if resume else 0
     # A resumed phase draws other batches than the first one did.
@@ -152,7 +154,8 @@ def train_model(name: str, model: GPT2, train_stream: torch.Tensor, val_windows:
     step, tokens = step0, tokens0
     history = list(resume["history"]) if resume else []
     phases = list(resume["phases"]) if resume else []
-    phases.append({"minutes_budget": minutes, "lr": lr, "threads": args.threads, "start_step": step0})
+    phases.append({"minutes_budget": minutes, "lr": lr, "threads": args.threads, "start_step": step0,
+                   "loss": "cross-entropy on the text" if teacher is None else "KL(target || draft), distillation"})
     bar = tqdm(total=int(budget), desc=f"{name}", unit="s", mininterval=10, file=sys.stdout)
     model.train()
     while True:
@@ -165,7 +168,13 @@ def train_model(name: str, model: GPT2, train_stream: torch.Tensor, val_windows:
         starts = torch.randint(0, len(train_stream) - ctx - 1, (B,), generator=gen)
         batch = torch.stack([train_stream[s:s + ctx + 1] for s in starts.tolist()]).long().to(device)
         logits = model(batch[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        if teacher is None:
+            loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        else:  # distillation: match the teacher's whole next-token distribution, KL(teacher || model)
+            with torch.no_grad():
+                teacher_logp = F.log_softmax(teacher(batch[:, :-1]), -1).flatten(0, 1)
+            loss = F.kl_div(F.log_softmax(logits, -1).flatten(0, 1), teacher_logp, log_target=True,
+                            reduction="batchmean")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -291,10 +300,12 @@ def write_markdown(record: dict, path: Path) -> None:
         phases = m.get("phases") or []
         if len(phases) > 1:
             parts = [f"{ph.get('minutes', '?')} min" + (f" on {ph['threads']} thread(s)" if "threads" in ph else "")
-                     + (f", LR {ph['lr']}" if "lr" in ph else "") for ph in phases]
+                     + (f", LR {ph['lr']}" if "lr" in ph else "") + (f", {ph['loss']}" if "loss" in ph else "")
+                     for ph in phases]
             lines.append(f"- The {name} was trained in {len(phases)} phases ({'; '.join(parts)}), each resuming "
-                         "from the previous checkpoint with a fresh warm-up + cosine schedule: the 2-core machine "
-                         "was shared with other heavy jobs, so the budget was split to keep both models improving.")
+                         "from the previous checkpoint with a fresh warm-up + cosine schedule.")
+    if record.get("note"):
+        lines += ["", record["note"]]
     lines.append("")
     path.write_text("\n".join(lines))
 
@@ -335,6 +346,8 @@ def main() -> None:
                    help="which models to train here; the others are read from their checkpoints in --work")
     p.add_argument("--resume", default="", help="models to initialise from their checkpoints (a new LR phase)")
     p.add_argument("--record-only", action="store_true", help="only rewrite TRAINING.md from TRAINING.json")
+    p.add_argument("--distill", action="store_true",
+                   help="train the draft to match the target checkpoint in --work (KL), not the text")
     p.add_argument("--no-final", action="store_true",
                    help="only train (and checkpoint) --models; skip the final evaluation and record")
     args = p.parse_args()
@@ -411,8 +424,14 @@ def main() -> None:
             log(f"[{name}] loaded checkpoint: step {ck['step']}, {ck['tokens']} tokens")
         if train_here:
             minutes = args.minutes if args.models != "draft,target" else args.minutes * share
+            teacher = None
+            if name == "draft" and args.distill:
+                teacher = make(args.target_layers, args.target_embd, args.target_heads, args.seed)
+                teacher.load_state_dict(torch.load(work / "ckpt_target.pt")["state_dict"])
+                teacher.eval().requires_grad_(False)
+                log("[draft] distilling from the target checkpoint")
             results[name] = train_model(name, model, train_stream, val_windows, args, minutes, lr, work, log,
-                                        resume=ck)
+                                        resume=ck, teacher=teacher)
             export(model, out / name, getattr(torch, args.save_dtype))  # early copy, in case we are stopped
         else:
             results[name] = {"steps": ck["step"], "tokens_seen": ck["tokens"], "history": ck["history"],

@@ -1,0 +1,82 @@
+"""specref.measure and specref.costs: the bookkeeping behind the speedup tables."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model_factory import noisy_copy, small_gpt2
+from specref.costs import arithmetic_intensity, forward_time, weight_bytes
+from specref.measure import SpeculativeRun, plain_time, speculative_run
+from specref.theory import expected_tokens_per_step
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = small_gpt2(vocab=64, n_embd=32, n_layer=2, seed=0, dtype=torch.float32)
+    return target, noisy_copy(target, 0.3, seed=1)
+
+
+def _prompts():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(0, 64, (1, 8), generator=g) for _ in range(2)]
+
+
+def test_speculative_run_decomposes_the_time(pair):
+    target, draft = pair
+    prompts = _prompts()
+    base = plain_time(target, prompts, 24)
+    r = speculative_run(target, draft, prompts, 3, 24, base)
+    assert 0 <= r.alpha <= 1 and 1 <= r.tokens_per_step <= 4
+    # c and v are the passes' times in units of plain decoding's time per token.
+    t_step = base / (2 * 24)
+    passes = r.time_draft + r.time_target
+    assert r.time_speculative >= passes > 0 and r.time_overhead >= 0
+    # The refined formula counts only the passes, so measured / refined is the passes' share of the
+    # time, scaled by how tokens per step compares with E(alpha, k); it cannot exceed that.
+    n_target = r.time_target / (r.v * t_step)
+    n_draft = r.time_draft / (r.c * t_step)
+    assert n_target == pytest.approx(round(n_target), abs=1e-6) and n_draft == pytest.approx(round(n_draft), abs=1e-6)
+    E = float(expected_tokens_per_step(r.alpha, 3))
+    assert r.loop_share == pytest.approx(1 - passes / r.time_speculative - 0, abs=0.02)
+    assert r.refined == pytest.approx(E / (r.v + 3 * r.c))
+    assert r.speedup == pytest.approx(base / r.time_speculative)
+    assert set(r.as_dict()) >= {"speedup", "predicted", "refined", "loop_share", "c", "v"}
+
+
+def test_speedup_and_predictions_follow_their_formulas():
+    r = SpeculativeRun(k=4, alpha=0.8, tokens_per_step=3.3, mean_accepted=2.3, c=0.1, v=1.2, time_plain=10.0,
+                       time_speculative=4.0, time_target=2.5, time_draft=1.0, time_overhead=0.5)
+    E = (1 - 0.8**5) / 0.2
+    assert r.speedup == pytest.approx(2.5)
+    assert r.predicted == pytest.approx(E / 1.4)
+    assert r.refined == pytest.approx(E / 1.6)
+    assert r.loop_share == pytest.approx(0.125)
+
+
+@pytest.mark.parametrize("prompts,n,match", [([], 4, "non-empty"), ([torch.zeros(3, dtype=torch.long)], 4, r"\[1, T\]"),
+                                             ("x", 4, "non-empty"), (None, 4, "non-empty")])
+def test_bad_prompts_are_rejected(pair, prompts, n, match):
+    with pytest.raises(ValueError, match=match):
+        plain_time(pair[0], prompts, n)
+
+
+def test_bad_time_plain_and_budget_are_rejected(pair):
+    target, draft = pair
+    with pytest.raises(ValueError, match="time_plain"):
+        speculative_run(target, draft, _prompts(), 2, 4, 0.0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        speculative_run(target, draft, _prompts(), 2, 0, 1.0)
+
+
+def test_forward_time_and_roofline_arithmetic(pair):
+    target = pair[0]
+    assert forward_time(target, 2, context_len=4, repeats=2) > 0
+    with pytest.raises(ValueError, match="n_new"):
+        forward_time(target, 0)
+    with pytest.raises(ValueError, match="exceeds"):
+        forward_time(target, 10, context_len=target.config.n_positions)
+    n = sum(p.numel() for p in target.parameters())
+    assert weight_bytes(target) == 4 * n
+    # 2 FLOPs per weight per token over 4 bytes per weight: intensity B * T / 2 in float32.
+    assert arithmetic_intensity(target, 3, 5) == pytest.approx(7.5)
