@@ -6,8 +6,8 @@ and the cost of the passes as decoding ran them, relative to one plain step
 (plain decoding's time per token): c(k) = time per draft pass, v(k) = time per
 target pass. The chapter's S(alpha, k, c) = E / (1 + c k) assumes v(k) = 1; the
 refined E / (v(k) + c k) uses the measured v(k). The refined prediction counts
-only the passes, so measured / refined is the share of the time the passes
-take (times tokens per step / E): what is missing is the loop's own work.
+only the passes, so measured / refined is about the share of the time the
+passes take, times tokens per step / E: what it misses is the loop's own work.
 """
 
 from __future__ import annotations
