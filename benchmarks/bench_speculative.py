@@ -1,13 +1,14 @@
 """Plain vs speculative decoding on the bundled pair, k = 1..8, greedy and temperature 1.
 
-For each k, in one run: alpha, c(k) and v(k) (time per draft pass and per target
-pass as the speculative run ran them, relative to plain decoding's time per
-token), tokens per step, the measured speedup, the chapter's predicted
-S(alpha, k, c) (which assumes v = 1), the refined prediction E / (v + c k),
-measured / refined, and "loop": the share of the speculative wall time spent
-outside the draft and target passes (sampling, verification, bookkeeping).
+For each k, in one run: alpha, c(k) and v(k) (time per draft pass, and per
+verification = target pass + acceptance rule, as the speculative run ran them,
+relative to plain decoding's time per token, its sampling included), tokens per
+step, the measured speedup, the chapter's predicted S(alpha, k, c) (which
+assumes v = 1), the refined prediction E / (v + c k), measured / refined, and
+two shares of the speculative wall time: "rule" (the acceptance rule, part of
+v) and "loop" (the loop's own bookkeeping, in no prediction).
 Goals: measured / refined >= 0.9 (the loop adds little overhead beyond the
-passes); best-k greedy speedup >= 1.5x on CPU.
+passes and the rule); best-k greedy speedup >= 1.5x on CPU.
 
     python benchmarks/bench_speculative.py [--device cuda] [--prompts 8] [--new-tokens 128]
 """
@@ -46,22 +47,22 @@ def main() -> None:
     print(f"pair: target {target.config.n_layer}x{target.config.n_embd}, draft {draft.config.n_layer}x"
           f"{draft.config.n_embd}; {args.prompts} held-out prompts of {args.prompt_tokens} tokens, "
           f"{args.new_tokens} new tokens each")
-    print("c and v: time per draft pass and per target pass (prefill included) during the speculative run,")
-    print("relative to plain decoding's time per token")
+    print("c and v: time per draft pass and per verification (target pass + rule; prefill included) during")
+    print("the speculative run, relative to plain decoding's time per token")
 
     for temperature in (0.0, 1.0):
         base = plain_time(target, prompts, args.new_tokens, temperature=temperature)
         name = "greedy" if temperature == 0 else f"temperature {temperature:g}"
         print(f"\n{name}: plain decoding {base:.2f} s ({args.prompts * args.new_tokens / base:.0f} tokens/s, "
               f"{base / (args.prompts * args.new_tokens) * 1e3:.2f} ms per token)")
-        print(" k  alpha  tok/step    c     v(k)  speedup  predicted  refined  measured/refined  loop")
+        print(" k  alpha  tok/step    c     v(k)  speedup  predicted  refined  measured/refined  rule  loop")
         best, runs = None, []
         for k in args.k:
             r = speculative_run(target, draft, prompts, k, args.new_tokens, base, temperature=temperature)
             runs.append(r)
             print(f"{k:2d}  {r.alpha:5.3f}  {r.tokens_per_step:8.2f}  {r.c:5.3f}  {r.v:5.2f}  {r.speedup:7.2f}"
                   f"  {r.predicted:9.2f}  {r.refined:7.2f}  {r.speedup / r.refined:16.2f}"
-                  f"  {r.loop_share:4.0%}")
+                  f"  {r.verify_share:4.0%}  {r.loop_share:4.0%}")
             if best is None or r.speedup > best.speedup:
                 best = r
         goal = f" (goal >= 1.5x greedy: {'met' if best.speedup >= 1.5 else 'NOT met'})" if temperature == 0 else ""

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .drafts import Draft, SamplingParams, as_draft
 from ._validate import check_probs, check_tokens
+from .drafts import Draft, SamplingParams, as_draft
 from .rejection import _verify_chain, _verify_chain_greedy
 from .sampling import sample
 
@@ -36,8 +36,9 @@ class SpecStats:
     examined: int = 0  # drafts the rule looked at: min(accepted + 1, k) per step
     accepted: int = 0
     emitted: int = 0
-    time_target: float = 0.0
-    time_draft: float = 0.0
+    time_target: float = 0.0  # the target's passes (prefill included)
+    time_draft: float = 0.0  # the draft's proposals, its own sampling included
+    time_verify: float = 0.0  # the acceptance rule: logits check, p = process_logits, verify
     time_total: float = 0.0
 
     @property
@@ -57,7 +58,8 @@ class SpecStats:
 
     @property
     def time_overhead(self) -> float:
-        return self.time_total - self.time_target - self.time_draft
+        """The loop's own work: wall time outside the passes and the acceptance rule (bookkeeping)."""
+        return self.time_total - self.time_target - self.time_draft - self.time_verify
 
     def as_dict(self) -> dict[str, float | int | list[int]]:
         return {
@@ -74,6 +76,7 @@ class SpecStats:
             "tokens_per_step": self.tokens_per_step,
             "time_target": self.time_target,
             "time_draft": self.time_draft,
+            "time_verify": self.time_verify,
             "time_overhead": self.time_overhead,
             "time_total": self.time_total,
         }
@@ -113,12 +116,12 @@ def _new_buffer(input_ids: torch.Tensor, max_new_tokens: int) -> tuple[torch.Ten
     return tokens, lengths, torch.zeros(B, dtype=torch.bool, device=input_ids.device)
 
 
-def _prefill(target: torch.nn.Module, input_ids: torch.Tensor, cache, stats: "SpecStats") -> None:  # [B, T]
+def _prefill(target: torch.nn.Module, input_ids: torch.Tensor, cache, stats: SpecStats) -> None:  # [B, T]
     """Cache every prompt token but the last: each step feeds the last one first, then the drafts."""
     _sync(target.device)
     t0 = time.perf_counter()
     if input_ids.shape[1] > 1:
-        target(input_ids[:, :-1], cache=cache)
+        target(input_ids[:, :-1], cache=cache, logits_to_keep=1)  # only the cache is needed
         stats.target_passes += 1
     _sync(target.device)
     stats.time_target += time.perf_counter() - t0
@@ -147,7 +150,8 @@ def _count(stats: SpecStats, n_acc: list[int], n_emitted: int, k_eff: int) -> No
     stats.examined += sum(min(n + 1, k_eff) for n in n_acc)
     stats.emitted += n_emitted
     if k_eff == stats.k:
-        stats.accepted_hist += np.bincount(n_acc, minlength=stats.k + 1)
+        for n in n_acc:
+            stats.accepted_hist[n] += 1
 
 
 def _sync(device: torch.device) -> None:
@@ -189,7 +193,7 @@ def generate(
     if max_new_tokens == 0:
         return tokens
     cache = model.new_cache(B)
-    logits = model(input_ids, cache=cache)[:, -1]  # [B, V]
+    logits = model(input_ids, cache=cache, logits_to_keep=1)[:, -1]  # [B, V]
     for i in range(max_new_tokens):
         x = logits.argmax(-1) if params.greedy else sample(params.probs(logits), generator)  # [B]
         x = torch.where(done, torch.zeros_like(x), x)
@@ -252,7 +256,7 @@ def speculative_generate(
     B, T = input_ids.shape
     n_ctx = target.config.n_positions
     stats = SpecStats(k=k, accepted_hist=np.zeros(k + 1, dtype=np.int64))
-    tokens, lengths, done = _new_buffer(input_ids, max_new_tokens)
+    tokens, lengths, _ = _new_buffer(input_ids, max_new_tokens)
     if max_new_tokens == 0:
         return tokens, stats
 
@@ -261,11 +265,15 @@ def speculative_generate(
     drafter.begin(B)
     _prefill(target, input_ids, cache, stats)
 
-    while not bool(done.all()):
-        remaining = T + max_new_tokens - lengths  # [B]
-        room = int(remaining[~done].max())
+    # Per-row lengths and done flags live on the host: the loop needs them as ints
+    # every step, and one list beats a dozen tiny tensor ops (and device syncs).
+    end = T + max_new_tokens
+    lengths_h, done_h = [T] * B, [False] * B  # `lengths` holds the same on the device
+    width = tokens.shape[1]
+    while not all(done_h):
+        room = max(end - n for n, d in zip(lengths_h, done_h) if not d)
         # Never draft past the budget (the last token comes from the target) or the window.
-        k_eff = max(0, min(k, room - 1, n_ctx - int(lengths.max())))
+        k_eff = max(0, min(k, room - 1, n_ctx - max(lengths_h)))
 
         _sync(dev)
         t0 = time.perf_counter()
@@ -282,6 +290,7 @@ def speculative_generate(
         stats.time_target += time.perf_counter() - t0
         stats.target_passes += 1
 
+        t0 = time.perf_counter()
         # One reduction checks the logits: NaN or +inf anywhere makes the sum NaN or +inf. A -inf
         # sum (masked tokens) takes the full check, which also refuses a row that is all -inf.
         total = float(logits.sum())
@@ -293,28 +302,32 @@ def speculative_generate(
             out, n_acc = _verify_chain_greedy(drafts, logits)
         else:  # _check_proposal checked q
             out, n_acc = _verify_chain(drafts, q, params.probs_unchecked(logits), generator, None)  # [B, k_eff+1], [B]
+        n_acc_h = n_acc.tolist()  # waits for the rule to finish
+        stats.time_verify += time.perf_counter() - t0
 
-        # How many of this step's tokens each row keeps: budget, then everything up to EOS.
-        n_out = torch.minimum(n_acc + 1, remaining)
-        if eos_token_id is not None:
-            is_eos = (out == eos_token_id) & (torch.arange(k_eff + 1, device=dev) < n_out[:, None])
-            first = torch.where(is_eos.any(1), is_eos.long().argmax(1) + 1, n_out)
-            n_out = torch.minimum(n_out, first)
-            hit_eos = is_eos.any(1)
-        else:
-            hit_eos = torch.zeros_like(done)
-        n_out = torch.where(done, torch.zeros_like(n_out), n_out)
+        out_h = out.tolist() if eos_token_id is not None else None
+        active = [b for b in range(B) if not done_h[b]]
+        n_valid_h, src, dst = list(lengths_h), [], []
+        for b in active:
+            # How many of this step's tokens row b keeps: budget, then everything up to EOS.
+            n = min(n_acc_h[b] + 1, end - lengths_h[b])
+            if out_h is not None and eos_token_id in out_h[b][:n]:
+                n = out_h[b].index(eos_token_id) + 1
+                done_h[b] = True
+            src += range(b * (k_eff + 1), b * (k_eff + 1) + n)
+            dst += range(b * width + lengths_h[b], b * width + lengths_h[b] + n)
+            # The draft saw [context, x_1..x_{k-1}]; the buffer now agrees with it up to here.
+            n_valid_h[b] += min(n_acc_h[b], n)
+            lengths_h[b] += n
+            done_h[b] = done_h[b] or lengths_h[b] >= end
+        _count(stats, [n_acc_h[b] for b in active], len(src), k_eff)
+        # One copy to the device carries the write's indices, the new lengths and the draft's rollback.
+        host = torch.tensor(src + dst + lengths_h + n_valid_h, dtype=torch.long, device=dev)
+        src_t, dst_t, lengths, n_valid = host.split([len(src), len(src), B, B])
+        tokens.view(-1)[dst_t] = out.reshape(-1)[src_t]  # row b gets out[b, :n] at lengths[b]..
 
-        _count(stats, n_acc[~done].tolist(), int(n_out.sum()), k_eff)
-        # Write the kept tokens into the buffer: row b gets out[b, :n_out[b]] at lengths[b]..
-        rows, cols = torch.nonzero(torch.arange(k_eff + 1, device=dev) < n_out[:, None], as_tuple=True)
-        tokens[rows, lengths[rows] + cols] = out[rows, cols]
-        # The draft saw [context, x_1..x_{k-1}]; the buffer now agrees with it up to here.
-        n_valid = lengths + torch.minimum(n_acc, n_out)
-        lengths = lengths + n_out
-        done = done | hit_eos | (lengths >= T + max_new_tokens)
-
-        cache.truncate(lengths - 1)  # keep context + accepted drafts; drop rejected ones
+        # Keep context + accepted drafts, drop rejected ones: 0 <= lengths - 1 < the cache's lengths.
+        cache._set_lengths(lengths - 1)
         drafter.rollback(n_valid)
 
     stats.time_total = time.perf_counter() - t_start

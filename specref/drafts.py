@@ -106,7 +106,7 @@ class ModelDraft(Draft):
         start = lengths - width  # [B]
         self.cache.truncate(start)
         chunk = tokens.gather(1, start[:, None] + torch.arange(width, device=dev))  # [B, width]
-        logits = self.model(chunk, cache=self.cache)[:, -1]  # [B, V]
+        logits = self.model(chunk, cache=self.cache, logits_to_keep=1)[:, -1]  # [B, V]
         drafts, qs = [], []
         for i in range(k):
             if params.greedy:  # q is one-hot on the argmax; build it once, after the loop

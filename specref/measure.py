@@ -2,12 +2,14 @@
 
 One plain decoding run and one speculative run per k on the same prompts give
 everything: alpha (accepted / examined drafts), tokens per step, the speedup,
-and the cost of the passes as decoding ran them, relative to one plain step
-(plain decoding's time per token): c(k) = time per draft pass, v(k) = time per
-target pass. The chapter's S(alpha, k, c) = E / (1 + c k) assumes v(k) = 1; the
-refined E / (v(k) + c k) uses the measured v(k). The refined prediction counts
-only the passes, so measured / refined is about the share of the time the
-passes take, times tokens per step / E: what it misses is the loop's own work.
+and the costs as decoding ran them, relative to one plain step (plain decoding's
+time per token, its sampling included): c(k) = time per draft pass (the draft's
+sampling included), v(k) = time per verification (the target's pass over k + 1
+tokens plus the acceptance rule). The chapter's S(alpha, k, c) = E / (1 + c k)
+assumes v(k) = 1; the refined E / (v(k) + c k) uses the measured v(k). The
+refined prediction counts the passes and the rule, so measured / refined is
+about their share of the time, times tokens per step / E: what it misses is
+the loop's own bookkeeping.
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ class SpeculativeRun:
     tokens_per_step: float
     mean_accepted: float
     c: float  # time per draft pass / time per plain decoding step
-    v: float  # time per target pass (prefill included) / time per plain decoding step
+    v: float  # time per verification (target pass + rule; prefill included) / time per plain decoding step
     time_plain: float
     time_speculative: float
     time_target: float
     time_draft: float
+    time_verify: float
     time_overhead: float
 
     @property
@@ -57,13 +60,19 @@ class SpeculativeRun:
         return float(expected_tokens_per_step(self.alpha, self.k)) / (self.v + self.c * self.k)
 
     @property
+    def verify_share(self) -> float:
+        """Share of the speculative wall time spent in the acceptance rule (counted in v)."""
+        return self.time_verify / self.time_speculative
+
+    @property
     def loop_share(self) -> float:
-        """Share of the speculative wall time spent outside the passes (sampling, verification, bookkeeping)."""
+        """Share of the speculative wall time outside the passes and the rule: the loop's bookkeeping."""
         return self.time_overhead / self.time_speculative
 
     def as_dict(self) -> dict[str, float]:
         d = asdict(self)
-        d.update(speedup=self.speedup, predicted=self.predicted, refined=self.refined, loop_share=self.loop_share)
+        d.update(speedup=self.speedup, predicted=self.predicted, refined=self.refined,
+                 verify_share=self.verify_share, loop_share=self.loop_share)
         return d
 
 
@@ -125,7 +134,7 @@ def speculative_run(
                                                          temperature=temperature, generator=g))
         total += t
         for name in ("target_passes", "draft_passes", "steps", "proposed", "examined", "accepted", "emitted",
-                     "time_target", "time_draft", "time_total"):
+                     "time_target", "time_draft", "time_verify", "time_total"):
             setattr(pooled, name, getattr(pooled, name) + getattr(s, name))
     t_step = time_plain / (len(prompts) * max_new_tokens)
     return SpeculativeRun(
@@ -134,10 +143,11 @@ def speculative_run(
         tokens_per_step=pooled.tokens_per_step,
         mean_accepted=pooled.mean_accepted,
         c=pooled.time_draft / max(pooled.draft_passes, 1) / t_step,
-        v=pooled.time_target / max(pooled.target_passes, 1) / t_step,
+        v=(pooled.time_target + pooled.time_verify) / max(pooled.target_passes, 1) / t_step,
         time_plain=time_plain,
         time_speculative=total,
         time_target=pooled.time_target,
         time_draft=pooled.time_draft,
+        time_verify=pooled.time_verify,
         time_overhead=pooled.time_overhead,
     )

@@ -164,7 +164,7 @@ class TreeModelDraft(ModelDraft):
         start = lengths - width  # rows needing fewer re-feed their last cached tokens (identical K/V)
         self.cache.truncate(start)
         chunk = tokens.gather(1, start[:, None] + torch.arange(width, device=dev))
-        root_logits = self.model(chunk, cache=self.cache)[:, -1:]  # [B, 1, V]
+        root_logits = self.model(chunk, cache=self.cache, logits_to_keep=1)  # [B, 1, V]
         self.passes += 1
         self.fed = lengths.clone()
         context = lengths.clone()
@@ -294,6 +294,7 @@ def tree_generate(
         stats.time_target += time.perf_counter() - t0
         stats.target_passes += 1
 
+        t0 = time.perf_counter()
         results = []
         for b, t in enumerate(trees):
             rows = logits[b, : t.n_nodes + 1]
@@ -301,6 +302,7 @@ def tree_generate(
                 results.append(verify_tree_greedy(t, rows))
             else:
                 results.append(verify_tree(t, params.probs(rows), generator))
+        stats.time_verify += time.perf_counter() - t0  # the rules return Python lists: nothing left to sync
         n_acc = torch.tensor([r.n_accepted for r in results], device=dev)
         n_out = torch.minimum(n_acc + 1, remaining)
         hit_eos = torch.zeros_like(done)

@@ -76,6 +76,23 @@ def test_hidden_states_follow_hf_convention(model):
 
 
 @torch.no_grad()
+def test_logits_to_keep_gives_the_last_positions_and_leaves_the_cache_whole(model):
+    x = ids(2, 9)
+    full = model(x)
+    cache = model.new_cache(2)
+    last = model(x, cache=cache, logits_to_keep=1)
+    assert last.shape == (2, 1, CFG.vocab_size)
+    torch.testing.assert_close(last, full[:, -1:], **TOL)
+    torch.testing.assert_close(model(x, logits_to_keep=3), full[:, -3:], **TOL)
+    # The cache holds every token, so the next token's logits equal a full recompute.
+    nxt = ids(2, 1)
+    torch.testing.assert_close(model(nxt, cache=cache)[:, -1], model(torch.cat([x, nxt], 1))[:, -1], **TOL)
+    for bad in (-1, 1.5, True, None):
+        with pytest.raises(ValueError, match="logits_to_keep"):
+            model(x, logits_to_keep=bad)
+
+
+@torch.no_grad()
 def test_hf_style_checkpoint_keys_load_without_prefix_lm_head_or_buffers(model):
     # The hub's gpt2 files store "h.0.attn..." (no "transformer."), no lm_head, plus attn.bias buffers.
     sd = {k.removeprefix("transformer."): v for k, v in model.state_dict().items() if k != "lm_head.weight"}

@@ -32,9 +32,13 @@ def test_speculative_run_decomposes_the_time(pair):
     stats = [speculative_generate(target, draft, x, k=3, max_new_tokens=24, temperature=0)[1] for x in prompts]
     t_step = base / (len(prompts) * 24)  # plain decoding's time per token, the unit of c and v
     assert r.c == pytest.approx(r.time_draft / sum(s.draft_passes for s in stats) / t_step)
-    assert r.v == pytest.approx(r.time_target / sum(s.target_passes for s in stats) / t_step)
+    # v is a whole verification: the target's pass and the acceptance rule.
+    assert r.v == pytest.approx((r.time_target + r.time_verify) / sum(s.target_passes for s in stats) / t_step)
+    assert r.time_verify > 0
     assert r.tokens_per_step == pytest.approx(sum(s.emitted for s in stats) / sum(s.steps for s in stats))
-    assert r.time_speculative >= r.time_draft + r.time_target > 0 and 0 <= r.loop_share < 1
+    assert r.time_speculative >= r.time_draft + r.time_target + r.time_verify > 0 and 0 <= r.loop_share < 1
+    # Loop and rule split what the passes leave (less the argument checks before the loop starts).
+    assert 0 < r.loop_share + r.verify_share <= 1 - (r.time_draft + r.time_target) / r.time_speculative
     E = float(expected_tokens_per_step(r.alpha, 3))
     assert r.refined == pytest.approx(E / (r.v + 3 * r.c))
     assert r.speedup == pytest.approx(base / r.time_speculative)
@@ -43,12 +47,13 @@ def test_speculative_run_decomposes_the_time(pair):
 
 def test_speedup_and_predictions_follow_their_formulas():
     r = SpeculativeRun(k=4, alpha=0.8, tokens_per_step=3.3, mean_accepted=2.3, c=0.1, v=1.2, time_plain=10.0,
-                       time_speculative=4.0, time_target=2.5, time_draft=1.0, time_overhead=0.5)
+                       time_speculative=4.0, time_target=2.0, time_draft=1.0, time_verify=0.5,
+                       time_overhead=0.5)
     E = (1 - 0.8**5) / 0.2
     assert r.speedup == pytest.approx(2.5)
     assert r.predicted == pytest.approx(E / 1.4)
     assert r.refined == pytest.approx(E / 1.6)
-    assert r.loop_share == pytest.approx(0.125)
+    assert r.loop_share == pytest.approx(0.125) and r.verify_share == pytest.approx(0.125)
 
 
 @pytest.mark.parametrize("prompts,n,match", [([], 4, "non-empty"), ([torch.zeros(3, dtype=torch.long)], 4, r"\[1, T\]"),

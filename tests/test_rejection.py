@@ -285,3 +285,33 @@ def test_acceptance_and_residual_reject_mismatched_or_invalid_pairs():
         residual(p, torch.tensor([0.2, 0.3, 0.5], dtype=F64))
     with pytest.raises(ValueError, match="q has negative"):
         acceptance_probability(p, torch.tensor([1.5, -0.5], dtype=F64))
+
+
+# -- the shared probability check: a fast path, then the message that names the defect ----------
+
+@pytest.mark.parametrize(
+    "row, match",
+    [
+        ([1.2, -0.2, 0.0], "negative"),  # sums to 1: only the minimum catches it
+        ([0.5, float("nan"), 0.5], "NaN"),
+        ([0.5, float("inf"), 0.5], "inf"),
+        ([1.0, float("-inf"), 1.0], "inf"),
+        ([0.5, 0.4, 0.0], "sum to 1"),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_check_probs_names_each_defect(row, match, dtype):
+    from specref._validate import check_probs
+
+    x = torch.tensor([[0.2, 0.3, 0.5], row], dtype=dtype)
+    with pytest.raises(ValueError, match=match):
+        check_probs("q", x)
+
+
+def test_check_probs_accepts_rows_within_the_float32_tolerance():
+    from specref._validate import check_probs
+
+    x = torch.softmax(torch.randn(5, 4096, generator=torch.Generator().manual_seed(0)), -1)  # float32 rounding
+    assert check_probs("q", x) is x
+    with pytest.raises(ValueError, match="sum to 1"):
+        check_probs("q", x * (1 + 1e-3))

@@ -101,10 +101,18 @@ class KVCache:
         past the current length were never computed for this prefix.
         """
         new = self._as_lengths(new_lengths)
-        if bool((new < 0).any()) or bool((new > self.lengths).any()):
+        if not bool(((new >= 0) & (new <= self.lengths)).all()):
             raise ValueError(f"new_lengths must satisfy 0 <= new_lengths <= lengths={self.lengths.tolist()}, "
                              f"got {new.tolist()}")
         self.lengths = new
+
+    def _set_lengths(self, new_lengths: torch.Tensor) -> None:  # [B] long, on the cache's device
+        """`truncate` without its checks, for a caller that computed valid lengths itself (the decoding loop).
+
+        The checks read the lengths back from the device; in a decoding loop on a GPU
+        that wait costs as much as the rest of the step's bookkeeping.
+        """
+        self.lengths = new_lengths
 
     def reset(self) -> None:
         """Forget everything (all lengths to 0)."""
