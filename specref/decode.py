@@ -93,9 +93,7 @@ def _check_common(model: torch.nn.Module, input_ids: object, max_new_tokens: obj
         raise ValueError(f"input_ids must have shape [B, T] with B >= 1, got {tuple(input_ids.shape)}")
     if input_ids.shape[1] == 0:
         raise ValueError("input_ids is an empty prompt: give at least one token")
-    V = model.config.vocab_size
-    if bool((input_ids < 0).any()) or bool((input_ids >= V).any()):
-        raise ValueError(f"input_ids holds ids outside the vocabulary [0, {V})")
+    check_tokens("input_ids", input_ids, model.config.vocab_size)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     n_ctx = model.config.n_positions
@@ -327,7 +325,7 @@ def speculative_generate(
         tokens.view(-1)[dst_t] = out.reshape(-1)[src_t]  # row b gets out[b, :n] at lengths[b]..
 
         # Keep context + accepted drafts, drop rejected ones: 0 <= lengths - 1 < the cache's lengths.
-        cache._set_lengths(lengths - 1)
+        cache.lengths = lengths - 1  # as the model itself moves them: no check, no read back
         drafter.rollback(n_valid)
 
     stats.time_total = time.perf_counter() - t_start

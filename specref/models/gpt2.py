@@ -28,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .._validate import check_tokens
 from .kvcache import KVCache
 
 # cuDNN's attention, torch's first choice for half precision on recent GPUs, builds a
@@ -94,6 +95,11 @@ class GPT2Config:
             raise ValueError("scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not supported")
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _causal(new: torch.Tensor) -> torch.Tensor:  # [T] -> [1, T, T] bool
+    """New token i may attend to new token j iff j <= i."""
+    return new[None, :, None] >= new[None, None, :]
 
 
 def _gelu_new(x: torch.Tensor) -> torch.Tensor:
@@ -288,9 +294,7 @@ class GPT2(nn.Module):
         B, T = input_ids.shape
         if B == 0 or T == 0:
             raise ValueError(f"input_ids must be non-empty, got shape {tuple(input_ids.shape)}")
-        lo, hi = torch.stack(torch.aminmax(input_ids)).tolist()  # one read back from the device
-        if lo < 0 or hi >= c.vocab_size:
-            raise ValueError(f"input_ids must lie in [0, vocab_size={c.vocab_size}), got min {lo} max {hi}")
+        check_tokens("input_ids", input_ids, c.vocab_size)
         dev = self.device
         if input_ids.dtype != torch.long or input_ids.device != dev:
             input_ids = input_ids.to(device=dev, dtype=torch.long)
@@ -328,9 +332,8 @@ class GPT2(nn.Module):
             if bool((position_ids < 0).any()) or bool((position_ids >= c.n_positions).any()):
                 raise ValueError(f"position_ids must lie in [0, n_positions={c.n_positions})")
 
-        if attention_mask is None:
-            new_mask = None  # causal, built below only where needed
-        else:
+        new_mask = None  # None: causal, built below only where a mask is needed
+        if attention_mask is not None:
             if not isinstance(attention_mask, torch.Tensor) or attention_mask.dtype != torch.bool:
                 raise TypeError("attention_mask must be a bool tensor (True = may attend)")
             if attention_mask.ndim != 3 or attention_mask.shape[1:] != (T, T) or attention_mask.shape[0] not in (1, B):
@@ -346,10 +349,9 @@ class GPT2(nn.Module):
             # token sees every slot, so it needs no mask at all.
             mask = None if T == 1 else (torch.arange(n_slots, device=dev) <= slots[0][:, None])[None, None]  # [1,1,T,S]
         elif cache is None:
-            mask = (new[None, :, None] >= new[None, None, :] if new_mask is None else new_mask)[:, None]  # [B|1,1,T,T]
+            mask = (_causal(new) if new_mask is None else new_mask)[:, None]  # [B or 1, 1, T, T]
         else:
-            if new_mask is None:
-                new_mask = new[None, :, None] >= new[None, None, :]  # [1, T, T] causal
+            new_mask = _causal(new) if new_mask is None else new_mask
             # Slot s of sequence b is visible to new token i iff it is cached (s < past[b])
             # or it is new token j = s - past[b] and new_mask[b, i, j].
             s = torch.arange(n_slots, device=dev)

@@ -106,14 +106,6 @@ class KVCache:
                              f"got {new.tolist()}")
         self.lengths = new
 
-    def _set_lengths(self, new_lengths: torch.Tensor) -> None:  # [B] long, on the cache's device
-        """`truncate` without its checks, for a caller that computed valid lengths itself (the decoding loop).
-
-        The checks read the lengths back from the device; in a decoding loop on a GPU
-        that wait costs as much as the rest of the step's bookkeeping.
-        """
-        self.lengths = new_lengths
-
     def reset(self) -> None:
         """Forget everything (all lengths to 0)."""
         self.lengths = torch.zeros_like(self.lengths)
