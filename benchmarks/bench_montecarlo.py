@@ -1,7 +1,7 @@
 """Vectorized Monte-Carlo sampler vs a plain per-run Python loop, on the chapter's toy.
 
 The toy: vocabulary 6, k = 4, the first 3 tokens after start token 0. A "sample" is
-one run, i.e. one 3-token sequence. The vectorized sampler (`specref.montecarlo.simulate`)
+one run, i.e. one 3-token sequence. The vectorized sampler (`specref.checks.montecarlo.simulate`)
 does all runs at once and loops only over steps; the loop runs one speculative
 generation at a time with the same chains and the same `verify_chain`. The loop is
 timed on fewer runs and reported in samples/s, the same unit. Both outputs are checked
@@ -19,9 +19,9 @@ import time
 
 import torch
 
-from specref.montecarlo import distribution_test, simulate
+from specref.checks.montecarlo import distribution_test, simulate
 from specref.rejection import verify_chain
-from specref.toy import MarkovChain, toy_pair
+from specref.checks.toy import MarkovChain, toy_pair
 
 V, K, N_TOKENS, START = 6, 4, 3, 0
 

@@ -20,9 +20,9 @@ import platform
 
 import torch
 
-from specref.measure import plain_time, speculative_run
+from specref.perf.measure import plain_time, speculative_run
 from specref.models.pretrained import load_pair
-from specref.prompts import heldout_prompts
+from specref.models.pair import heldout_prompts
 
 
 def main() -> None:

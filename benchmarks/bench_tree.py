@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from specref.costs import sync
-from specref.decode import generate, speculative_generate
+from specref.perf.costs import sync
+from specref.decoding.chain import generate, speculative_generate
 from specref.models.pretrained import load_pair
-from specref.prompts import heldout_prompts
+from specref.models.pair import heldout_prompts
 from specref.trees import DynamicTree, TreeShape
 
 CONFIGS: list[tuple[str, dict]] = [

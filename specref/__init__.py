@@ -13,15 +13,16 @@ decode (speculative generation), trees (tree verification), costs and measure
 (timing), plots and widgets (notebook views), grading* (exercise graders).
 """
 
-from .decode import SpecStats, generate, speculative_generate
-from .drafts import Draft, ModelDraft, SamplingParams
-from .exact import generation_distribution, one_step_distribution, step_distribution
+from .decoding.chain import SpecStats, generate, speculative_generate
+from .drafts import Draft, ModelDraft
+from .sampling import SamplingParams
+from .checks.exact import generation_distribution, one_step_distribution, step_distribution
 from .models.pretrained import load_pair
-from .montecarlo import DistributionTest, distribution_test, simulate
+from .checks.montecarlo import DistributionTest, distribution_test, simulate
 from .rejection import acceptance_probability, residual, verify_chain, verify_chain_greedy
 from .sampling import process_logits, sample
 from .theory import estimate_alpha, expected_tokens_per_step, optimal_k, speedup
-from .toy import MarkovChain, mixture, random_chain, toy_pair
+from .checks.toy import MarkovChain, mixture, random_chain, toy_pair
 from .trees import (
     DynamicTree,
     Tree,
@@ -32,7 +33,7 @@ from .trees import (
     verify_tree,
     verify_tree_greedy,
 )
-from .tree_decode import tree_generate
+from .decoding.tree import tree_generate
 
 __version__ = "0.1.0"
 

@@ -1,5 +1,5 @@
-"""``python -m specref``: the readiness report (see specref.doctor)."""
+"""``python -m specref``: the readiness report (see specref.course.doctor)."""
 
-from .doctor import main
+from .course.doctor import main
 
 raise SystemExit(main())

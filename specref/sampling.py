@@ -7,6 +7,7 @@ the acceptance rule is exact only when both are processed the same way.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -106,3 +107,30 @@ def sample(
     target = (u.to(cdf.dtype) * cdf[..., -1]).unsqueeze(-1)
     idx = torch.searchsorted(cdf.contiguous(), target.contiguous(), right=True).squeeze(-1)
     return idx.clamp_(max=probs.shape[-1] - 1)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The processing applied identically to p and q (see `process_logits`)."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def __post_init__(self) -> None:
+        process_logits(torch.zeros(1), self.temperature, self.top_k, self.top_p)  # raises on bad arguments
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:  # [..., V] -> [..., V]
+        """process_logits with these settings (logits checked: NaN or +inf raise)."""
+        return process_logits(logits, self.temperature, self.top_k, self.top_p)
+
+    def probs_unchecked(self, logits: torch.Tensor) -> torch.Tensor:  # [..., V] -> [..., V]
+        """The same distribution without the per-call checks, for a draft's inner loop.
+
+        The decoding loop checks the stacked q of every step once (`specref.decoding`).
+        """
+        return _process_logits(logits, self.temperature, self.top_k, self.top_p)

@@ -44,7 +44,7 @@ depends on how the children were made:
   min(1, p(x)/q(x)) correction for q's sampling bias has nothing to correct.
 
 Below a node the same argument applies to its subtree with p after that node,
-so the emitted tokens follow the target's distribution; `specref.grading_trees`
+so the emitted tokens follow the target's distribution; `specref.checks.exact_trees`
 checks it by exact enumeration.
 """
 
@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from ._validate import check_probs, check_tensor
-from .drafts import SamplingParams
+from .sampling import SamplingParams
 from .rejection import residual
 from .sampling import sample
 

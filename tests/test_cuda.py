@@ -16,10 +16,10 @@ import torch
 
 from model_factory import TINY_VOCAB, exact_first_two, noisy_copy, small_gpt2
 from model_factory import tiny_pair as tiny_pair_models
-from specref.decode import generate, speculative_generate
-from specref.drafts import SamplingParams
+from specref.decoding.chain import generate, speculative_generate
+from specref.sampling import SamplingParams
 from specref.models.pretrained import load_pair
-from specref.montecarlo import distribution_test
+from specref.checks.montecarlo import distribution_test
 from specref.rejection import verify_chain
 from specref.sampling import sample
 
@@ -97,7 +97,7 @@ def test_sampled_first_two_tokens_on_cuda_follow_the_target(tiny):
 
 
 def test_negative_control_always_accept_on_cuda_is_flagged(tiny, monkeypatch):
-    import specref.decode as decode
+    import specref.decoding.chain as decode
 
     def always_accept(draft_tokens, q, p, generator=None, u=None):
         B, k = draft_tokens.shape

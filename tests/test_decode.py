@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from specref.decode import generate, speculative_generate
-from specref.drafts import ModelDraft, SamplingParams
-from specref.montecarlo import distribution_test
+from specref.decoding.chain import generate, speculative_generate
+from specref.drafts import ModelDraft
+from specref.sampling import SamplingParams
+from specref.checks.montecarlo import distribution_test
 from specref.models.gpt2 import GPT2
 from specref.sampling import sample
 from model_factory import TINY_VOCAB, exact_first_two, noisy_copy, small_gpt2
@@ -147,7 +148,7 @@ def test_negative_control_misprocessed_q_is_flagged(tiny_pair):
 
 
 def test_negative_control_always_accept_is_flagged(tiny_pair, monkeypatch):
-    import specref.decode as decode
+    import specref.decoding.chain as decode
 
     def always_accept(draft_tokens, q, p, generator=None, u=None):
         B, k = draft_tokens.shape

@@ -2,7 +2,7 @@
 
 The pins (requirements/base.txt, test.txt) are the source; lock.txt, environment.yml
 and pyproject.toml's ranges must agree with them, and this environment must be
-running them. `python -m specref` (specref.doctor) must pass here and must fail when
+running them. `python -m specref` (specref.course.doctor) must pass here and must fail when
 a rule, the widget extension or the bundled models are broken.
 """
 
@@ -22,8 +22,10 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from specref import doctor, montecarlo, rejection
-from specref.doctor import FAIL, OK, WARN, pinned_versions
+from specref import rejection
+from specref.checks import montecarlo
+from specref.course import doctor
+from specref.course.doctor import FAIL, OK, WARN, pinned_versions
 
 try:
     import tomllib
@@ -168,7 +170,7 @@ def _sanitized(text: str) -> str:
 
 @pytest.mark.parametrize("a, b", [
     ("<Figure size 640x480 with 1 Axes>", "<Figure size 1200x400 with 1 Axes>"),
-    ("<specref.toy.MarkovChain object at 0x7f3a2b1c0d90>", "<specref.toy.MarkovChain object at 0x55d1e2f3a4b0>"),
+    ("<specref.checks.toy.MarkovChain object at 0x7f3a2b1c0d90>", "<specref.checks.toy.MarkovChain object at 0x55d1e2f3a4b0>"),
     ("decode step: 12.3 ms, total 1.5 s", "decode step: 9.87 ms, total 2 s"),
     ("Wall time: 1.23 s", "Wall time: 980 ms"),
     ("100%|##########| 64/64 [00:02<00:00, 28.1it/s]", "100%|##########| 64/64 [00:05<00:00, 11.9it/s]"),

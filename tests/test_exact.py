@@ -1,6 +1,6 @@
 """Exactness by enumeration: the code's output distribution equals the target's, to 1e-12.
 
-`specref.exact` runs `verify_chain` itself on every cell of u-space (see its module
+`specref.checks.exact` runs `verify_chain` itself on every cell of u-space (see its module
 doc), so these tests check the implementation, not a re-derivation. Each exact
 check also ships with negative controls: broken rules or drafts that it must reject.
 """
@@ -12,7 +12,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from specref.exact import (
+from specref.checks.exact import (
     accepted_count_distribution,
     chain_step_distribution,
     generation_distribution,
@@ -20,9 +20,9 @@ from specref.exact import (
     step_distribution,
     step_distribution_formula,
 )
-from specref.montecarlo import verify_always_accept, verify_skip_residual
+from specref.checks.montecarlo import verify_always_accept, verify_skip_residual
 from specref.rejection import verify_chain
-from specref.toy import MarkovChain, MisreportedDraft, mixture, random_chain, toy_pair
+from specref.checks.toy import MarkovChain, MisreportedDraft, mixture, random_chain, toy_pair
 
 F64 = torch.float64
 TOL = 1e-12

@@ -9,9 +9,10 @@ import pytest
 import torch
 from scipy import stats
 
-from specref import grading
-from specref.exact import step_distribution_formula
-from specref.grading import TorchRNG, exact_distribution
+from specref.course.grading import accept_reject
+from specref.course.grading import speedup as speedup_grading
+from specref.checks.exact import step_distribution_formula
+from specref.checks.rng import TorchRNG, exact_distribution
 from specref.rejection import residual
 from specref.theory import expected_tokens_per_step, optimal_k, speedup
 
@@ -185,7 +186,7 @@ def _drafted(step_fn, q, p):
 
 def test_enumerating_a_learner_style_step_agrees_with_the_closed_form_of_specref_exact():
     # Two independent routes to the same numbers: this module's branch enumeration of a step written
-    # against the rng interface, and the proof's closed form in specref.exact.
+    # against the rng interface, and the proof's closed form in specref.checks.exact.
     q, p = _chain()
     ours = exact_distribution(_drafted(step, q, p))
     formula = step_distribution_formula(p, q)
@@ -237,22 +238,22 @@ def test_sampling_with_torch_rng_follows_the_enumerated_distribution_and_a_broke
 
 
 def test_correct_answers_pass_every_grader(capsys):
-    grading.check_worked_example(0.7, torch.tensor([1.0, 0.0, 0.0]), [0.6, 0.3, 0.1])
-    grading.check_residual(residual)
-    grading.check_accept_reject_step(step)
-    grading.check_accept_reject_step(step_multiplied, n_cases=20, seed=5)
-    grading.check_expected_tokens_value(2.18)
-    grading.check_expected_tokens(expected_tokens_per_step)
-    grading.check_accepted_count_pmf(pmf)
-    grading.check_speedup(speedup)
-    grading.check_optimal_k(optimal_k)
+    accept_reject.check_worked_example(0.7, torch.tensor([1.0, 0.0, 0.0]), [0.6, 0.3, 0.1])
+    accept_reject.check_residual(residual)
+    accept_reject.check_accept_reject_step(step)
+    accept_reject.check_accept_reject_step(step_multiplied, n_cases=20, seed=5)
+    speedup_grading.check_expected_tokens_value(2.18)
+    speedup_grading.check_expected_tokens(expected_tokens_per_step)
+    speedup_grading.check_accepted_count_pmf(pmf)
+    speedup_grading.check_speedup(speedup)
+    speedup_grading.check_optimal_k(optimal_k)
     assert capsys.readouterr().out.count("passed") == 9
 
 
 def test_graders_leave_the_global_random_state_alone():
     before = (torch.random.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
-    grading.check_residual(residual, n_cases=10)
-    grading.check_accept_reject_step(step, n_cases=10)
+    accept_reject.check_residual(residual, n_cases=10)
+    accept_reject.check_accept_reject_step(step, n_cases=10)
     after = (torch.random.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
     assert torch.equal(before[0], after[0]) and np.array_equal(before[1], after[1]) and before[2] == after[2]
 
@@ -261,7 +262,7 @@ def test_an_unsolved_stub_reaches_the_learner_as_not_implemented():
     def stub(*args):
         raise NotImplementedError()
 
-    for check in (grading.check_residual, grading.check_accept_reject_step, grading.check_expected_tokens):
+    for check in (accept_reject.check_residual, accept_reject.check_accept_reject_step, speedup_grading.check_expected_tokens):
         with pytest.raises(NotImplementedError):
             check(stub)
 
@@ -290,7 +291,7 @@ P_WORKED = [0.6, 0.3, 0.1]
 )
 def test_worked_example_rejects_wrong_beta_residual_or_emit(beta, res, emit, message):
     with pytest.raises(AssertionError, match=message):
-        grading.check_worked_example(beta, res, emit)
+        accept_reject.check_worked_example(beta, res, emit)
 
 
 def _unnormalized(p, q):
@@ -332,7 +333,7 @@ def _in_place(p, q):
 )
 def test_residual_grader_rejects_typical_mistakes(wrong, message):
     with pytest.raises(AssertionError, match=message):
-        grading.check_residual(wrong)
+        accept_reject.check_residual(wrong)
 
 
 def _inverted_comparison(draft_tokens, q, p, rng):
@@ -457,12 +458,12 @@ def _modifies_p(draft_tokens, q, p, rng):
 )
 def test_step_grader_rejects_typical_mistakes(wrong, message):
     with pytest.raises(AssertionError, match=message):
-        grading.check_accept_reject_step(wrong)
+        accept_reject.check_accept_reject_step(wrong)
 
 
 def test_step_grader_failure_shows_the_input_and_both_distributions():
     with pytest.raises(AssertionError) as e:
-        grading.check_accept_reject_step(_plain_decoding)
+        accept_reject.check_accept_reject_step(_plain_decoding)
     text = str(e.value)
     for part in ("case 1 of", "draft_tokens = [", "q = [[0.3, 0.6, 0.1]]", "expected   yours", "Hint:"):
         assert part in text
@@ -496,7 +497,7 @@ def _e_accepted_only(alpha, k):
 )
 def test_expected_tokens_grader_rejects_typical_mistakes(wrong, message):
     with pytest.raises(AssertionError, match=message):
-        grading.check_expected_tokens(wrong)
+        speedup_grading.check_expected_tokens(wrong)
 
 
 @pytest.mark.parametrize(
@@ -510,14 +511,14 @@ def test_expected_tokens_grader_rejects_typical_mistakes(wrong, message):
 )
 def test_expected_tokens_value_rejects_typical_mistakes(value, message):
     with pytest.raises(AssertionError, match=message):
-        grading.check_expected_tokens_value(value)
+        speedup_grading.check_expected_tokens_value(value)
 
 
 def test_accepted_count_pmf_grader_rejects_a_missing_last_term():
     with pytest.raises(AssertionError, match="P\\(A = k\\) is alpha\\^k"):
-        grading.check_accepted_count_pmf(lambda a, k: [a**j * (1 - a) for j in range(k + 1)])
+        speedup_grading.check_accepted_count_pmf(lambda a, k: [a**j * (1 - a) for j in range(k + 1)])
     with pytest.raises(AssertionError, match="k \\+ 1 = "):
-        grading.check_accepted_count_pmf(lambda a, k: pmf(a, k)[:-1])
+        speedup_grading.check_accepted_count_pmf(lambda a, k: pmf(a, k)[:-1])
 
 
 @pytest.mark.parametrize(
@@ -530,7 +531,7 @@ def test_accepted_count_pmf_grader_rejects_a_missing_last_term():
 )
 def test_speedup_grader_rejects_typical_mistakes(wrong, message):
     with pytest.raises(AssertionError, match=message):
-        grading.check_speedup(wrong)
+        speedup_grading.check_speedup(wrong)
 
 
 def _argmax_from_one(alpha, c, k_max):
@@ -548,4 +549,4 @@ def _argmax_from_one(alpha, c, k_max):
 )
 def test_optimal_k_grader_rejects_typical_mistakes(wrong, message):
     with pytest.raises(AssertionError, match=message):
-        grading.check_optimal_k(wrong)
+        speedup_grading.check_optimal_k(wrong)

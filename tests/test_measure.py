@@ -1,4 +1,4 @@
-"""specref.measure and specref.costs: the bookkeeping behind the speedup tables."""
+"""specref.perf.measure and specref.perf.costs: the bookkeeping behind the speedup tables."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from model_factory import noisy_copy, small_gpt2
-from specref.costs import arithmetic_intensity, forward_time, weight_bytes
-from specref.decode import speculative_generate
-from specref.measure import SpeculativeRun, plain_time, speculative_run
+from specref.perf.costs import arithmetic_intensity, forward_time, weight_bytes
+from specref.decoding.chain import speculative_generate
+from specref.perf.measure import SpeculativeRun, plain_time, speculative_run
 from specref.theory import expected_tokens_per_step
 
 

@@ -15,8 +15,8 @@ import pytest
 import scipy.stats
 import torch
 
-from specref.exact import accepted_count_distribution, chain_step_distribution
-from specref.montecarlo import (
+from specref.checks.exact import accepted_count_distribution, chain_step_distribution
+from specref.checks.montecarlo import (
     BROKEN_RULES,
     DistributionTest,
     Simulation,
@@ -26,7 +26,7 @@ from specref.montecarlo import (
     stratified_test,
 )
 from specref.rejection import acceptance_probability, residual, verify_chain
-from specref.toy import MarkovChain, MisreportedDraft, toy_pair
+from specref.checks.toy import MarkovChain, MisreportedDraft, toy_pair
 
 F64 = torch.float64
 K, N_TOKENS, START = 4, 3, 0

@@ -1,4 +1,4 @@
-"""specref.plots: the numbers behind the pictures, and that the pictures draw those numbers."""
+"""specref.course.plots: the numbers behind the pictures, and that the pictures draw those numbers."""
 
 import matplotlib
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from specref.plots import (
+from specref.course.plots import (
     accept_reject_view,
     jensen_view,
     normalize_weights,

@@ -147,8 +147,8 @@ def test_bundled_target_has_lower_perplexity_than_draft(pair):
 def test_bundled_pair_meets_the_greedy_acceptance_bar(pair):
     # The quality bar of the bundled pair: greedy alpha (accepted / examined drafts) >= 0.6
     # on held-out prompts, which the training run never saw.
-    from specref.decode import speculative_generate
-    from specref.prompts import heldout_prompts
+    from specref.decoding.chain import speculative_generate
+    from specref.models.pair import heldout_prompts
 
     target, draft, _ = pair
     accepted = examined = 0

@@ -9,9 +9,9 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from specref.montecarlo import distribution_test
+from specref.checks.montecarlo import distribution_test
 from specref.sampling import process_logits, sample
-from specref.toy import random_chain
+from specref.checks.toy import random_chain
 
 F64 = torch.float64
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from specref.exact import accepted_count_distribution, step_distribution
+from specref.checks.exact import accepted_count_distribution, step_distribution
 from specref.theory import expected_tokens_per_step, optimal_k, speedup
 
 F64 = torch.float64

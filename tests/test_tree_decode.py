@@ -1,4 +1,4 @@
-"""specref.tree_decode on small random GPT-2 models: one pass scores a tree, compaction, exact generation."""
+"""specref.decoding.tree on small random GPT-2 models: one pass scores a tree, compaction, exact generation."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from specref import tree_decode
-from specref.decode import generate, speculative_generate
-from specref.drafts import SamplingParams
-from specref.grading_trees import random_parents
+from specref.decoding import tree as tree_decode
+from specref.decoding.chain import generate, speculative_generate
+from specref.sampling import SamplingParams
+from specref.checks.exact_trees import random_parents
 from specref.models.gpt2 import GPT2
-from specref.montecarlo import distribution_test
-from specref.tree_decode import TreeModelDraft, keep_path, score_tree, tree_generate
+from specref.checks.montecarlo import distribution_test
+from specref.decoding.tree import TreeModelDraft, keep_path, score_tree, tree_generate
 from specref.trees import DynamicTree, Tree, TreeShape, verify_tree
 
 
@@ -286,7 +286,7 @@ needs_assets = pytest.mark.skipif(not ASSETS_READY, reason="bundled assets not t
 
 @pytest.fixture(scope="module")
 def bundled():
-    from specref.prompts import heldout_prompts
+    from specref.models.pair import heldout_prompts
 
     target, draft, _ = load_pair()
     return target, draft, heldout_prompts(3, 48)

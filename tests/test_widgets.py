@@ -1,13 +1,13 @@
-"""specref.widgets, driven without a browser: move a slider, read the numbers and the picture."""
+"""specref.course.widgets, driven without a browser: move a slider, read the numbers and the picture."""
 
 import numpy as np
 import pytest
 import torch
 
-from specref.exact import one_step_distribution
-from specref.montecarlo import verify_skip_residual
-from specref.plots import accept_reject_view, speedup_curves
-from specref.widgets import accept_reject_widget, format_accept_reject, format_speedup, speedup_widget
+from specref.checks.exact import one_step_distribution
+from specref.checks.montecarlo import verify_skip_residual
+from specref.course.plots import accept_reject_view, speedup_curves
+from specref.course.widgets import accept_reject_widget, format_accept_reject, format_speedup, speedup_widget
 
 
 def test_accept_reject_widget_starts_on_the_worked_case():

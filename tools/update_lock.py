@@ -34,7 +34,7 @@ from packaging.version import Version
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from specref.doctor import pinned_versions  # noqa: E402  (one parser for pin files)
+from specref.course.doctor import pinned_versions  # noqa: E402  (one parser for pin files)
 
 REQ = ROOT / "requirements"
 HEADER = """\

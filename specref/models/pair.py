@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib.resources
 import json
 
-from .models.pretrained import assets_dir
-from .models.tokenizer import BPETokenizer, load_tokenizer
+from .pretrained import assets_dir
+from .tokenizer import BPETokenizer, load_tokenizer
 
 
 def heldout_texts() -> list[str]:

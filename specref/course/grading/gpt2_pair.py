@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import torch
 
-from .decode import generate, speculative_generate
-from .rejection import verify_chain_greedy
+from ...decoding.chain import generate, speculative_generate
+from ...rejection import verify_chain_greedy
 
 
 def _cases(n: int, seed: int) -> list[tuple[list[int], torch.Tensor]]:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Hashable, Sequence
 import numpy as np
 import torch
 
-from .sampling import sample
+from ..sampling import sample
 
 
 def _fmt(x: object, digits: int = 4) -> str:

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .exact import one_step_distribution
-from .rejection import acceptance_probability, residual
-from .theory import expected_tokens_per_step, optimal_k, speedup
+from ..checks.exact import one_step_distribution
+from ..rejection import acceptance_probability, residual
+from ..theory import expected_tokens_per_step, optimal_k, speedup
 
 ArrayLike = Sequence[float] | np.ndarray | torch.Tensor
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .drafts import ModelDraft, SamplingParams
-from .rejection import verify_chain, verify_chain_greedy
+from ..drafts import ModelDraft
+from ..sampling import SamplingParams
+from ..rejection import verify_chain, verify_chain_greedy
 
 
 @dataclass

@@ -21,8 +21,8 @@ import numpy as np
 import scipy.stats
 import torch
 
-from .rejection import _check_chain, verify_chain
-from .sampling import sample
+from ..rejection import _check_chain, verify_chain
+from ..sampling import sample
 from .toy import MarkovChain, MisreportedDraft
 
 Rule = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # rule(draft_tokens, q, p, generator=None, u=None)

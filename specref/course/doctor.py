@@ -152,7 +152,7 @@ def check_assets() -> Check:
     try:
         import torch
 
-        from .models.pretrained import load_pair
+        from ..models.pretrained import load_pair
     except Exception as e:
         return Check("assets", FAIL, f"cannot import the model code ({type(e).__name__}: {e})")
     try:
@@ -176,7 +176,7 @@ def check_assets() -> Check:
 def self_check() -> Check:
     """Exact distribution of one speculative step (V = 4, k = 2) by enumeration vs the closed form.
 
-    `verify_chain` is run on every cell of u-space (specref.exact), the result must
+    `verify_chain` is run on every cell of u-space (specref.checks.exact), the result must
     equal the proof's closed form, and the first emitted token must be distributed
     as p_1: the rule is exact. The chapter's worked case checks beta and the residual.
     """
@@ -184,7 +184,8 @@ def self_check() -> Check:
     try:
         import torch
 
-        from . import exact, rejection
+        from .. import rejection
+        from ..checks import exact
 
         # The worked case: p = (0.6, 0.3, 0.1), q = (0.3, 0.6, 0.1) -> beta 0.7, residual (1, 0, 0).
         p1 = torch.tensor([0.6, 0.3, 0.1], dtype=torch.float64)

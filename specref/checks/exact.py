@@ -13,7 +13,7 @@ the same tokens, and weight the outcome by P(drafts) times the box's volume. A
 rule that thresholds differently, or samples from a distribution other than
 those, changes its outcome inside a box and is reported; a rule that is
 piecewise constant on the boxes (the correct one, or the broken ones in
-`specref.montecarlo`) gets its exact output distribution, right or wrong.
+`specref.checks.montecarlo`) gets its exact output distribution, right or wrong.
 Boxes too thin to place three distinguishable points in (width below 1e-11 of
 their position, from nearly equal breakpoints) skip the three-point check; their
 total volume is of the order of float64 rounding.
@@ -26,8 +26,8 @@ from collections.abc import Callable
 
 import torch
 
-from ._validate import check_probs
-from .rejection import residual, verify_chain
+from .._validate import check_probs
+from ..rejection import residual, verify_chain
 from .toy import MarkovChain, MisreportedDraft
 
 Rule = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # rule(draft_tokens, q, p, generator=None, u=None)

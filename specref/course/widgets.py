@@ -1,4 +1,4 @@
-"""Interactive views for notebooks 02 and 03: sliders wired to the pure functions of specref.plots.
+"""Interactive views for notebooks 02 and 03: sliders wired to the pure functions of specref.course.plots.
 
 Each widget is an ipywidgets box that keeps its parts as attributes, so a test can
 move a slider and read the result without a browser: the sliders, `summary` (an

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .costs import sync
-from .decode import SpecStats, generate, speculative_generate
-from .theory import expected_tokens_per_step, speedup
+from ..decoding.chain import SpecStats, generate, speculative_generate
+from ..theory import expected_tokens_per_step, speedup
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ._validate import check_probs, check_tokens
-from .drafts import Draft, SamplingParams, as_draft
-from .rejection import _verify_chain, _verify_chain_greedy
-from .sampling import sample
+from .._validate import check_probs, check_tokens
+from ..drafts import Draft, as_draft
+from ..rejection import _verify_chain, _verify_chain_greedy
+from ..sampling import SamplingParams, sample
 
 
 @dataclass
@@ -226,12 +226,12 @@ def speculative_generate(
     the rest is filled with EOS). Near the end of the budget or the context
     window, k shrinks so no token is drafted that could never be emitted.
 
-    `tree` switches to tree drafting (`specref.tree_decode.tree_generate`, k unused):
+    `tree` switches to tree drafting (`specref.decoding.tree.tree_generate`, k unused):
     a static shape (tuple of branching factors or `TreeShape`) or a dynamic tree
     (int node budget or `DynamicTree`).
     """
     if tree is not None:
-        from .tree_decode import tree_generate
+        from .tree import tree_generate
 
         return tree_generate(target, draft, input_ids, tree, max_new_tokens, temperature, top_k, top_p,
                              generator, eos_token_id)

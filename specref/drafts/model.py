@@ -1,71 +1,11 @@
-"""Drafts: anything that proposes k tokens with the distribution q it drew them from.
-
-One verifier (`specref.decode.speculative_generate`) serves every draft through
-this interface. A draft sees the shared token buffer and keeps whatever state
-it likes (a KV cache, an n-gram index); after each verification it is told how
-many leading tokens of each sequence are still the ones it saw, and forgets the rest.
-"""
+"""A smaller language model as the draft: k autoregressive steps with its own KV cache."""
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
-
 import torch
 
-from .sampling import _process_logits, process_logits, sample
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """The processing applied identically to p and q (see `process_logits`)."""
-
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    def __post_init__(self) -> None:
-        process_logits(torch.zeros(1), self.temperature, self.top_k, self.top_p)  # raises on bad arguments
-
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:  # [..., V] -> [..., V]
-        """process_logits with these settings (logits checked: NaN or +inf raise)."""
-        return process_logits(logits, self.temperature, self.top_k, self.top_p)
-
-    def probs_unchecked(self, logits: torch.Tensor) -> torch.Tensor:  # [..., V] -> [..., V]
-        """The same distribution without the per-call checks, for a draft's inner loop.
-
-        The decoding loop checks the stacked q of every step once (`decode._check_proposal`).
-        """
-        return _process_logits(logits, self.temperature, self.top_k, self.top_p)
-
-
-class Draft(ABC):
-    """The draft interface: `begin`, then alternately `propose` and `rollback`."""
-
-    vocab_size: int
-
-    @abstractmethod
-    def begin(self, batch_size: int) -> None:
-        """Start a new generation of `batch_size` sequences (forget all state)."""
-
-    @abstractmethod
-    def propose(
-        self,
-        tokens: torch.Tensor,  # [B, L] buffer; row b holds lengths[b] valid tokens
-        lengths: torch.Tensor,  # [B]
-        k: int,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # draft tokens [B, k], q [B, k, V]
-        """Propose k tokens after each sequence, with the distribution q each was drawn from."""
-
-    @abstractmethod
-    def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
-        """Only the first n_valid[b] tokens of row b are still what the draft last saw."""
+from ..sampling import SamplingParams, sample
+from .base import Draft
 
 
 class ModelDraft(Draft):

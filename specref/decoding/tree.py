@@ -24,10 +24,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .decode import SpecStats, _check_common, _finish, _new_buffer, _prefill, _sync
-from .drafts import ModelDraft, SamplingParams
-from .models.kvcache import KVCache
-from .trees import (
+from .chain import SpecStats, _check_common, _finish, _new_buffer, _prefill, _sync
+from ..drafts import ModelDraft
+from ..sampling import SamplingParams
+from ..models.kvcache import KVCache
+from ..trees import (
     ROOT,
     DynamicTree,
     Tree,

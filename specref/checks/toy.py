@@ -4,7 +4,7 @@ A first-order chain is a [V, V] transition matrix whose row y is the next-token
 distribution after token y. It is small enough to know everything exactly: the
 joint of the first n tokens is a product of transition entries (chain rule), so
 speculative generation on chains can be checked against the target exactly
-(`specref.exact`) and by sampling (`specref.montecarlo`).
+(`specref.checks.exact`) and by sampling (`specref.checks.montecarlo`).
 
 Chains speak the draft/target interface the real models use:
 `draft.propose(context, k, generator) -> (tokens [B, k], q [B, k, V])` and
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._validate import check_probs, check_tensor, check_tokens
-from .sampling import process_logits, sample
+from .._validate import check_probs, check_tensor, check_tokens
+from ..sampling import process_logits, sample
 
 
 def _check_k(k: object) -> int:

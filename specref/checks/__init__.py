@@ -1,0 +1,1 @@
+"""How the rules are proven: toy models, exact enumeration and the Monte-Carlo distribution test."""

@@ -1,0 +1,1 @@
+"""Exercise graders: `report` (what they share) and one module per chapter's exercise."""

@@ -1,0 +1,79 @@
+"""What every grader shares: calling the learner's code, and failure and success messages.
+
+Every `check_*` function raises AssertionError with the input, the expected and
+the received answer and a hint, or returns None and prints one line on success.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ...checks.rng import _fmt  # noqa: F401  (graders format numbers the same way)
+
+TOL = 1e-9  # exact checks: probabilities computed two ways in float64 agree far better than this
+# --------------------------------------------------------------------------------------
+# Formatting and shared helpers
+# --------------------------------------------------------------------------------------
+
+
+def _fail(grader: str, where: str, lines: Sequence[str], hint: str | None = None) -> AssertionError:
+    msg = [f"{grader}: {where}"] + [f"  {line}" for line in lines]
+    if hint:
+        msg.append(f"Hint: {hint}")
+    return AssertionError("\n".join(msg))
+
+
+def _call(
+    grader: str, where: str, inputs: Sequence[str], fn: Callable[..., object], *args: object, hint: str | None = None
+) -> object:
+    """Call the learner's function; an exception becomes a failure that shows the input."""
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any error of the learner's code is reported with its input
+        raise _fail(grader, where, list(inputs) + [f"your function raised {type(e).__name__}: {e}"], hint) from e
+
+
+def _global_rng_state() -> tuple[object, ...]:
+    return (torch.random.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+
+
+def _same_global_rng(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    return torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
+
+
+def _as_float(x: object) -> float | None:
+    """A learner's scalar answer as a float, or None when it is not a single number."""
+    if isinstance(x, torch.Tensor):
+        return float(x.detach().reshape(())) if x.numel() == 1 else None
+    if isinstance(x, (bool, np.bool_)):
+        return None
+    if isinstance(x, (int, float, np.integer, np.floating)) or (isinstance(x, np.ndarray) and x.size == 1):
+        return float(x)
+    return None
+
+
+def _as_vector(x: object) -> torch.Tensor | None:
+    """A learner's vector answer as a float64 tensor, or None when it cannot be read as one."""
+    try:
+        if isinstance(x, torch.Tensor):
+            return x.detach().to("cpu", torch.float64)
+        return torch.as_tensor(np.asarray(x, dtype=np.float64))
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _close(a: float, b: float, rel: float = 1e-9, abs_: float = 1e-12) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
+
+
+def _passed(grader: str, what: str) -> None:
+    print(f"{grader}: passed ({what}).")
+
+

@@ -1,0 +1,228 @@
+"""Graders for the chapter 3 exercises: tokens per step and speedup, compared with `specref.theory`.
+
+Every `check_*` function raises AssertionError with the input, the expected and
+the received answer and a hint, or returns None and prints one line on success.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from ...theory import expected_tokens_per_step as _ref_expected
+from ...theory import optimal_k as _ref_optimal_k
+from ...theory import speedup as _ref_speedup
+from .report import _as_float, _as_vector, _call, _close, _fail, _fmt, _passed
+
+# --------------------------------------------------------------------------------------
+# Exercise 3: tokens per step and speedup (Leviathan et al. 2022)
+# --------------------------------------------------------------------------------------
+
+
+def check_expected_tokens_value(value: object, alpha: float = 0.6, k: int = 3) -> None:
+    """Grade a hand-computed E[tokens per step] for alpha = 0.6, k = 3 (to 2 decimals)."""
+    g = "check_expected_tokens_value"
+    want = float(_ref_expected(alpha, k))
+    v = _as_float(value)
+    inputs = [f"alpha = {alpha}, k = {k}"]
+    if v is None:
+        raise _fail(g, "give a single number.", inputs + [f"got {value!r}"])
+    if abs(v - want) > 0.005:
+        hint = _expected_hint(alpha, k, v)
+        raise _fail(g, "wrong value.", inputs + [f"expected {want:.2f}", f"got      {v:.4g}"], hint)
+    _passed(g, f"E = {want:.2f} tokens per step")
+
+
+def _expected_hint(alpha: float, k: int, got: float, tol: float = 0.005) -> str:
+    def near(x: float) -> bool:
+        return math.isfinite(got) and abs(got - x) <= tol * max(1.0, abs(x))
+
+    geometric = lambda n: float(sum(alpha**i for i in range(n)))  # noqa: E731 - sum of the first n powers
+    if alpha == 1 and not math.isfinite(got):
+        return _ALPHA_ONE_HINT
+    if k > 0 and near(geometric(k)):
+        return (
+            "that is (1 - alpha^k) / (1 - alpha): one term short. Tokens per step = 1 + A with "
+            "P(A >= i) = alpha^i for i = 1..k, so E = sum_{i=0..k} alpha^i = (1 - alpha^(k+1)) / (1 - alpha)."
+        )
+    if near(geometric(k + 2)):
+        return "that is one term too many (k off by one): E = sum_{i=0..k} alpha^i, k + 1 terms."
+    if near(geometric(k + 1) - 1):
+        return "that counts only accepted drafts; every step also emits one more token (a correction or the bonus)."
+    if near(alpha * k + 1) or near(alpha * k):
+        return (
+            "alpha k + 1 would count every draft as accepted with probability alpha on its own; but a rejection "
+            "ends the step, so draft i counts only if drafts 1..i all are accepted: P(A >= i) = alpha^i."
+        )
+    return "E[tokens per step] = sum_{i=0..k} alpha^i = (1 - alpha^(k+1)) / (1 - alpha)."
+
+
+_ALPHA_ONE_HINT = (
+    "at alpha = 1 every draft is accepted and a step emits k + 1 tokens; (1 - alpha^(k+1)) / (1 - alpha) "
+    "is 0/0 there, so handle alpha == 1 separately (the limit is k + 1)."
+)
+
+
+def _theory_cases(n_cases: int, seed: int) -> list[tuple[float, int]]:
+    rng = np.random.default_rng(seed)
+    fixed = [(0.6, 3), (0.8, 4), (0.0, 3), (0.5, 0), (0.999, 5), (1.0, 4), (0.3, 1)]
+    rand = [
+        (round(float(rng.uniform(0, 0.995)), 3), int(rng.integers(0, 11))) for _ in range(max(0, n_cases - len(fixed)))
+    ]
+    return (fixed + rand)[:n_cases]
+
+
+def check_expected_tokens(fn: Callable[[float, int], object], n_cases: int = 60, seed: int = 0) -> None:
+    """Grade expected_tokens_per_step(alpha, k) against specref.theory on random (alpha, k), alpha = 1 included."""
+    g = "check_expected_tokens"
+    cases = _theory_cases(n_cases, seed)
+    for n, (alpha, k) in enumerate(cases, 1):
+        where = f"wrong answer on case {n} of {len(cases)}."
+        inputs = [f"alpha = {alpha}, k = {k}"]
+        out = _call(g, where, inputs, fn, alpha, k, hint=_ALPHA_ONE_HINT if alpha == 1 else None)
+        v = _as_float(out)
+        want = float(_ref_expected(alpha, k))
+        if v is None:
+            raise _fail(g, where, inputs + [f"got {out!r}"], "return a single number.")
+        if not (math.isfinite(v) and _close(v, want, rel=1e-8)):
+            raise _fail(
+                g, where, inputs + [f"expected {want:.6g}", f"got      {v:.6g}"], _expected_hint(alpha, k, v, tol=1e-8)
+            )
+    _passed(g, f"{len(cases)} cases, alpha = 0 and alpha = 1 included")
+
+
+def check_accepted_count_pmf(fn: Callable[[float, int], object], n_cases: int = 40, seed: int = 0) -> None:
+    """Grade accepted_count_pmf(alpha, k) -> [P(A = 0), ..., P(A = k)] for i.i.d. acceptance.
+
+    Checked against the chapter's fact rather than a second formula: every tail
+    P(A >= i) equals alpha^i (i = 0 gives the sum 1). Then 1 + E[A] = sum_i P(A >= i)
+    is specref.theory.expected_tokens_per_step.
+    """
+    g = "check_accepted_count_pmf"
+    for n, (alpha, k) in enumerate(_theory_cases(n_cases, seed), 1):
+        where = f"wrong answer on case {n} of {n_cases}."
+        inputs = [f"alpha = {alpha}, k = {k}"]
+        out = _call(g, where, inputs, fn, alpha, k)
+        v = _as_vector(out)
+        if v is None or v.dim() != 1 or v.shape[0] != k + 1:
+            shape = None if v is None else tuple(v.shape)
+            raise _fail(
+                g,
+                where,
+                inputs + [f"got {out!r} (shape {shape})"],
+                f"return k + 1 = {k + 1} probabilities, P(A = 0) .. P(A = k): A counts accepted drafts, 0 to k.",
+            )
+        tail = [float(v[i:].sum()) for i in range(k + 1)]
+        want_tail = [alpha**i for i in range(k + 1)]
+        bad = next((i for i in range(k + 1) if abs(tail[i] - want_tail[i]) > 1e-9), None)
+        if bad is not None or not torch.isfinite(v).all() or (v < -1e-12).any():
+            hint = (
+                "a draft is accepted only if all earlier ones were, so P(A >= i) = alpha^i; "
+                "P(A = j) = alpha^j (1 - alpha) for j < k, and P(A = k) = alpha^k (no rejection is left to happen)."
+            )
+            if k > 0 and abs(float(v.sum()) - 1) > 1e-9 and abs(float(v[k]) - alpha**k * (1 - alpha)) < 1e-9:
+                hint = (
+                    "P(A = k) is alpha^k: after the last draft is accepted there is no further rejection "
+                    "to multiply by (1 - alpha)."
+                )
+            lines = inputs + [
+                f"got pmf {_fmt(v)}",
+                f"P(A >= i), i = 0..k: expected {_fmt(want_tail)}, got {_fmt(tail)}",
+            ]
+            raise _fail(g, where, lines, hint)
+    _passed(g, f"{n_cases} cases: sums to 1, P(A >= i) = alpha^i")
+
+
+def check_speedup(fn: Callable[[float, int, float], object], n_cases: int = 60, seed: int = 0) -> None:
+    """Grade speedup(alpha, k, c) = E[tokens per step] / (1 + c k) against specref.theory."""
+    g = "check_speedup"
+    rng = np.random.default_rng(seed + 1)
+    cs = [0.05, 0.05, 0.2, 0.0, 0.1, 0.5, 1.0] + [round(float(rng.uniform(0, 0.5)), 3) for _ in range(n_cases)]
+    for n, ((alpha, k), c) in enumerate(zip(_theory_cases(n_cases, seed), cs[:n_cases], strict=True), 1):
+        where = f"wrong answer on case {n} of {n_cases}."
+        inputs = [f"alpha = {alpha}, k = {k}, c = {c}"]
+        out = _call(g, where, inputs, fn, alpha, k, c, hint=_ALPHA_ONE_HINT if alpha == 1 else None)
+        v = _as_float(out)
+        want = float(_ref_speedup(alpha, k, c))
+        if v is None:
+            raise _fail(g, where, inputs + [f"got {out!r}"], "return a single number.")
+        if not (math.isfinite(v) and _close(v, want, rel=1e-8)):
+            e = float(_ref_expected(alpha, k))
+            hint = "S = E[tokens per step] / (1 + c k): one target pass (cost 1) plus k draft steps (cost c each)."
+            if math.isfinite(v) and _close(
+                v * (1 + c * k), float(_ref_expected(alpha, k - 1)) if k > 0 else -1, rel=1e-8
+            ):
+                hint = (
+                    "your numerator is (1 - alpha^k) / (1 - alpha); E[tokens per step] has k + 1 terms: "
+                    "(1 - alpha^(k+1)) / (1 - alpha)."
+                )
+            elif math.isfinite(v) and k > 0 and c > 0 and _close(v, e / (c * k), rel=1e-8):
+                hint = "the cost of a step is 1 + c k: the target pass costs 1 on top of the k draft steps."
+            elif math.isfinite(v) and _close(v, e / (1 + c * (k + 1)), rel=1e-8):
+                hint = "the draft runs k steps per speculative step, not k + 1: the cost is 1 + c k."
+            raise _fail(g, where, inputs + [f"expected {want:.6g}", f"got      {v:.6g}"], hint)
+    _passed(g, f"{n_cases} cases")
+
+
+def check_optimal_k(fn: Callable[[float, float, int], object], n_cases: int = 60, seed: int = 0) -> None:
+    """Grade optimal_k(alpha, c, k_max) -> the k in 0..k_max with the largest speedup.
+
+    Any k whose speedup is within 1e-12 (relative) of the best is accepted, so
+    near-ties decided by rounding do not count as mistakes.
+    """
+    g = "check_optimal_k"
+    rng = np.random.default_rng(seed + 2)
+    fixed = [
+        (0.8, 0.05, 10),
+        (0.8, 0.2, 10),
+        (0.6, 0.05, 16),
+        (0.0, 0.1, 8),
+        (0.9, 0.0, 6),
+        (0.3, 0.5, 8),
+        (1.0, 0.0, 5),
+    ]
+    rand = [
+        (round(float(rng.uniform(0, 0.99)), 3), round(float(rng.uniform(0, 0.4)), 3), int(rng.integers(1, 17)))
+        for _ in range(n_cases)
+    ]
+    cases = (fixed + rand)[:n_cases]
+    for n, (alpha, c, k_max) in enumerate(cases, 1):
+        where = f"wrong answer on case {n} of {len(cases)}."
+        inputs = [f"alpha = {alpha}, c = {c}, k_max = {k_max}"]
+        out = _call(g, where, inputs, fn, alpha, c, k_max)
+        if isinstance(out, torch.Tensor) and out.numel() == 1:
+            out = out.item()
+        if (
+            isinstance(out, (bool, np.bool_))
+            or not isinstance(out, (int, np.integer))
+            and not (isinstance(out, (float, np.floating)) and float(out).is_integer())
+        ):
+            raise _fail(g, where, inputs + [f"got {out!r}"], "return the best k as an int.")
+        kk = int(out)
+        ks = np.arange(k_max + 1)
+        s = np.asarray(_ref_speedup(alpha, ks, c))
+        best = int(_ref_optimal_k(alpha, c, k_max))
+        if not 0 <= kk <= k_max or s[kk] < s[best] * (1 - 1e-12):
+            table = ", ".join(f"k={i}: {s[i]:.3f}" for i in range(k_max + 1))
+            hint = "compute the speedup for every k in 0..k_max and return the k with the largest one."
+            if kk == k_max and best < k_max:
+                hint = (
+                    "tokens per step grows with k, but the draft cost 1 + c k grows too: maximize the speedup, not E."
+                )
+            elif best == 0 and kk >= 1:
+                hint = (
+                    "k = 0 (no speculation, speedup 1) is allowed and wins when drafts are rarely accepted or costly."
+                )
+            elif abs(kk - best) == 1:
+                hint = "off by one: check the range 0..k_max and that index i of your list means k = i."
+            raise _fail(
+                g,
+                where,
+                inputs
+                + [f"expected k = {best} (speedup {s[best]:.4f})", f"got      k = {out!r}", f"speedups: {table}"],
+                hint,
+            )
+    _passed(g, f"{len(cases)} cases, k = 0 allowed")

@@ -1,0 +1,1 @@
+"""Plain, speculative (chain) and tree decoding with KV caches, and the step trace (chapters 4 and 6)."""
