@@ -5,23 +5,37 @@
 #
 # Set-up needs only Python 3.10+ and make. Overrides:
 #   PYTHON=python3.11                     interpreter that creates .venv
-#   TORCH_INDEX=https://download.pytorch.org/whl/cpu
-#                                         where to look for torch as well (the CPU build
-#                                         instead of PyPI's multi-GB CUDA build)
+#   TORCH_INDEX=<url>                     an extra index to take torch from. Unset, it is chosen for
+#                                         you: on Linux without an NVIDIA GPU, PyTorch's CPU index
+#                                         (a 190 MB wheel instead of PyPI's CUDA build of several GB);
+#                                         anywhere else, PyPI. TORCH_INDEX= (empty) forces PyPI.
 #   LAB_ARGS="--port 8899 --no-browser"   extra arguments for `jupyter lab`
 #   PYTEST_ARGS="-x -k accept"            extra arguments for pytest
 
 PYTHON ?= python3
 VENV ?= .venv
-TORCH_INDEX ?=
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 CELL_TIMEOUT ?= 180
 
+# Which torch build to install. PyPI's Linux torch is a CUDA build (several GB with its NVIDIA
+# libraries); a laptop without an NVIDIA GPU needs only the CPU build. macOS wheels are CPU-only.
+CPU_TORCH_INDEX := https://download.pytorch.org/whl/cpu
+HAS_NVIDIA_GPU := $(shell { nvidia-smi -L >/dev/null 2>&1 || test -e /proc/driver/nvidia/version; } && echo yes)
+ifeq ($(origin TORCH_INDEX),undefined)
+  ifeq ($(shell uname -s)-$(HAS_NVIDIA_GPU),Linux-)
+    TORCH_INDEX := $(CPU_TORCH_INDEX)
+  else
+    TORCH_INDEX :=
+  endif
+endif
+TORCH_PIN := $(shell sed -n 's/^torch==\([^ ;]*\).*/\1/p' requirements/base.txt)
+TORCH_BUILD := $(if $(filter $(CPU_TORCH_INDEX),$(TORCH_INDEX)),the CPU build (a download of about 190 MB),$(if $(TORCH_INDEX),from $(TORCH_INDEX),PyPI's default build (on Linux a CUDA build: several GB)))
+
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.specref-installed
 PIN_FILES := requirements/base.txt requirements/test.txt requirements/lock.txt
-PIP_INSTALL := $(VPY) -m pip install --disable-pip-version-check $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+PIP_INSTALL := $(VPY) -m pip install --disable-pip-version-check --progress-bar on
 # Jupyter refuses to start as root unless told it may.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 # Folders of notebooks that run under strict nbval (a fresh clone has only non-empty ones).
@@ -29,14 +43,16 @@ NB_DIRS := $(wildcard notebooks solutions)
 NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=$(CELL_TIMEOUT) --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 .DEFAULT_GOAL := help
-.PHONY: help venv lab test test-fast doctor exercises check-exercises grade execute fresh-clone clean distclean
+.PHONY: help venv lab test test-portable test-fast doctor exercises check-exercises grade execute fresh-clone clean distclean
 
 help:
 	@echo "make lab                  set up .venv if needed and open JupyterLab on notebooks/"
 	@echo "make test                 set up .venv if needed and run the whole test suite"
+	@echo "make test-portable        rerun the checked notebooks as other CPUs would round (CI runs it)"
 	@echo "make doctor               readiness report (python -m specref)"
 	@echo "make exercises            regenerate exercises/ from solutions/"
-	@echo "make grade NB=exercises/ex02_accept_reject.ipynb   grade one notebook"
+	@echo "make grade NB=exercises/ex02_accept_reject.ipynb   grade one notebook (SOLUTION=... to name its solution)"
+	@echo "make grade-all DIR=submissions/ [CSV=gradebook.csv]  grade a folder of submissions into a gradebook"
 	@echo "make execute              re-run notebooks/ and solutions/ in place, then make exercises"
 	@echo "make venv                 only the set-up"
 	@echo "make fresh-clone          clone HEAD to a temporary folder and check that set-up works there"
@@ -47,11 +63,17 @@ venv: $(STAMP)
 $(STAMP): $(PIN_FILES) pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || \
 		{ echo "specref needs Python 3.10 or newer; '$(PYTHON)' is older (set PYTHON=...)"; exit 1; }
+	@echo "specref set-up [1/4]: a virtual environment in $(VENV)"
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	@echo "specref set-up [2/4]: torch $(TORCH_PIN), $(TORCH_BUILD); 0.8 GB installed (override: TORCH_INDEX=..., see the Makefile's head)"
+	$(PIP_INSTALL) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "torch==$(TORCH_PIN)" -c requirements/lock.txt
+	@echo "specref set-up [3/4]: JupyterLab, numpy, scipy, matplotlib, the test tools (about 1 GB installed)"
 	$(PIP_INSTALL) -r requirements/test.txt -c requirements/lock.txt
+	@echo "specref set-up [4/4]: specref itself, then a consistency check"
 	$(PIP_INSTALL) --no-deps -e .
 	$(VPY) -m pip check
 	touch $@
+	@echo "specref set-up: done. Next: make lab (the course) or make test (the suite)."
 
 lab: venv
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks $(ROOT_FLAG) $(LAB_ARGS)
@@ -61,6 +83,11 @@ lab: venv
 # a second environment (minutes), so it has its own target, which .ci/run calls.
 test: venv
 	$(VPY) -m pytest tests $(NB_DIRS) $(NBVAL) -m "not fresh_clone" $(PYTEST_ARGS)
+
+# The checked notebooks again, under environments that make this CPU round float32 like another
+# one (tools/portable.py). Several minutes: CI runs it after `make test`.
+test-portable: venv
+	$(VPY) tools/portable.py -- $(NB_DIRS) $(NBVAL) $(PYTEST_ARGS)
 
 # Everything but the slow checks (fresh clone, grading self-check, notebooks): a quick loop.
 test-fast: venv
@@ -76,9 +103,18 @@ check-exercises: venv
 	$(VPY) tools/make_exercises.py --check
 
 NB ?=
+# File names never reach a shell or make's own expansion: $(value X) is the text as given, put in
+# single quotes with every ' escaped; unexport keeps make from expanding them into the environment.
+unexport NB DIR CSV SOLUTION
+_grade_q = '$(subst ','\'',$(value $(1)))'
 grade: venv
-	@test -n "$(NB)" || { echo "usage: make grade NB=exercises/<name>.ipynb"; exit 2; }
-	$(VPY) tools/grade.py "$(NB)"
+	@test -n $(call _grade_q,NB) || { echo "usage: make grade NB=path/to/notebook.ipynb [SOLUTION=solutions/<name>.ipynb]"; exit 2; }
+	$(VPY) tools/grade.py $(if $(value SOLUTION),--solution $(call _grade_q,SOLUTION)) -- $(call _grade_q,NB)
+
+.PHONY: grade-all
+grade-all: venv
+	@test -n $(call _grade_q,DIR) || { echo "usage: make grade-all DIR=submissions/ [CSV=gradebook.csv]"; exit 2; }
+	$(VPY) tools/grade.py --all $(call _grade_q,DIR) $(if $(value CSV),--csv $(call _grade_q,CSV))
 
 execute: venv
 	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \

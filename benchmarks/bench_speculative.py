@@ -21,7 +21,7 @@ import platform
 import torch
 
 from specref.perf.measure import plain_time, speculative_run
-from specref.models.pretrained import load_pair
+from specref.models.pair import load_pair
 from specref.models.pair import heldout_prompts
 
 

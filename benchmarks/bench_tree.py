@@ -20,9 +20,10 @@ import torch
 
 from specref.perf.costs import sync
 from specref.decoding.chain import generate, speculative_generate
-from specref.models.pretrained import load_pair
+from specref.decoding.tree import tree_generate
+from specref.models.pair import load_pair
 from specref.models.pair import heldout_prompts
-from specref.trees import DynamicTree, TreeShape
+from specref.drafts.shapes import DynamicTree, TreeShape
 
 CONFIGS: list[tuple[str, dict]] = [
     ("chain k=2", {"k": 2}),
@@ -94,8 +95,9 @@ def main() -> None:
                     g = torch.Generator(device=dev).manual_seed(1000 + i)
                     sync(dev)
                     t0 = time.perf_counter()
-                    out, s = speculative_generate(target, draft, ids, max_new_tokens=args.new_tokens,
-                                                  temperature=temperature, generator=g, **kw)
+                    decode = tree_generate if "tree" in kw else speculative_generate
+                    out, s = decode(target, draft, ids, max_new_tokens=args.new_tokens,
+                                    temperature=temperature, generator=g, **kw)
                     sync(dev)
                     total += time.perf_counter() - t0
                     steps += s.steps

@@ -5,35 +5,49 @@ after the same `process_logits`; `k` drafts per step; `alpha` the acceptance
 rate; `c` the cost of a draft step relative to a target step. Every random
 function takes an explicit `torch.Generator`.
 
-Modules, one concept each: sampling (process_logits, sample), rejection (the
-accept/reject rule), theory (tokens per step, speedup), toy (Markov-chain
-models), exact (exact enumeration), montecarlo (vectorized sampler and
-distribution test), models (GPT-2 with KV cache, the bundled pair), drafts and
-decode (speculative generation), trees (tree verification), costs and measure
-(timing), plots and widgets (notebook views), grading* (exercise graders).
+Modules, one concept each, by floor (a module imports only from its own floor or
+below; `tests/test_layering.py` holds the order and checks it):
+
+rules
+    sampling            process_logits, sample, SamplingParams, TorchRNG       (nb 02)
+    rejection           acceptance_probability, residual, verify_chain*        (nb 02)
+    theory              tokens per step, speedup, optimal k, alpha estimate    (nb 03)
+    trees               Tree, tree_attention_mask, tree_position_ids, verify_tree*  (nb 06)
+models
+    models.gpt2, models.kvcache, models.tokenizer, models.pretrained       (nb 01, 04)
+    models.pair         load_pair, training_record, heldout_prompts            (nb 04)
+drafts
+    drafts.base         the Draft protocol                                     (nb 04, 05)
+    drafts.model        ModelDraft, TreeModelDraft                             (nb 04, 06)
+    drafts.shapes       TreeShape, DynamicTree, grow_trees, build_tree         (nb 06)
+decoding
+    decoding.loop       SpecStats, the token buffer, prefill, the timer        (nb 04)
+    decoding.chain      generate, speculative_step, speculative_generate       (nb 04)
+    decoding.tree       score_tree, keep_path, tree_step, tree_generate        (nb 06)
+    decoding.trace      trace_step: one step, recorded                         (nb 04)
+checks, perf
+    checks.toy          Markov-chain models                                    (nb 02, 03)
+    checks.rng          the symbolic rng and exact_distribution                (nb 02)
+    checks.exact        exact enumeration of chain steps                       (nb 02, 03)
+    checks.exact_trees  exact enumeration of tree steps, broken tree rules     (nb 06)
+    checks.montecarlo   vectorized sampler, distribution test, broken rules    (nb 02)
+    perf.costs, perf.measure   timing and the roofline                         (nb 01, 04)
+course
+    course.grading.*, course.plots, course.widgets, course.doctor  (the exercises and views)
 """
 
-from .decoding.chain import SpecStats, generate, speculative_generate
-from .drafts import Draft, ModelDraft
-from .sampling import SamplingParams
 from .checks.exact import generation_distribution, one_step_distribution, step_distribution
-from .models.pretrained import load_pair
 from .checks.montecarlo import DistributionTest, distribution_test, simulate
-from .rejection import acceptance_probability, residual, verify_chain, verify_chain_greedy
-from .sampling import process_logits, sample
-from .theory import estimate_alpha, expected_tokens_per_step, optimal_k, speedup
 from .checks.toy import MarkovChain, mixture, random_chain, toy_pair
-from .trees import (
-    DynamicTree,
-    Tree,
-    TreeShape,
-    build_tree,
-    tree_attention_mask,
-    tree_position_ids,
-    verify_tree,
-    verify_tree_greedy,
-)
+from .decoding.chain import generate, speculative_generate
+from .decoding.loop import SpecStats
 from .decoding.tree import tree_generate
+from .drafts import Draft, DynamicTree, ModelDraft, TreeShape, build_tree
+from .models.pair import load_pair
+from .rejection import acceptance_probability, residual, verify_chain, verify_chain_greedy
+from .sampling import SamplingParams, process_logits, sample
+from .theory import estimate_alpha, expected_tokens_per_step, optimal_k, speedup
+from .trees import Tree, tree_attention_mask, tree_position_ids, verify_tree, verify_tree_greedy
 
 __version__ = "0.1.0"
 

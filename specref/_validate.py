@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
 
@@ -52,3 +55,50 @@ def check_tokens(name: str, x: object, vocab_size: int) -> torch.Tensor:
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"{name} holds ids outside the vocabulary [0, {vocab_size}): min {lo}, max {hi}")
     return x
+
+
+def check_int(name: str, x: object, minimum: int, what: str) -> int:
+    """x as an int >= minimum (`what` says what it counts); TypeError for a non-int or a bool, else ValueError."""
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {x!r}")
+    if x < minimum:
+        raise ValueError(f"{name} must be >= {minimum} ({what}), got {x}")
+    return x
+
+
+def as_int_tuple(name: str, x: object) -> tuple[int, ...]:
+    """A sequence of ints or a 1-D integer tensor as a tuple of ints; TypeError/ValueError naming `name`."""
+    if isinstance(x, torch.Tensor):
+        if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+            raise TypeError(f"{name} must hold integers, got dtype {x.dtype}")
+        if x.dim() != 1:
+            raise ValueError(f"{name} must be 1-D ([N]), got shape {tuple(x.shape)}")
+        return tuple(int(v) for v in x.tolist())
+    if isinstance(x, (str, bytes)) or not isinstance(x, Sequence):
+        raise TypeError(f"{name} must be a sequence of ints or a 1-D integer tensor, got {type(x).__name__}")
+    out = []
+    for v in x:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name} must hold ints, got {v!r}")
+        out.append(int(v))
+    return tuple(out)
+
+
+def _fmt(x: object, digits: int = 4) -> str:
+    """Short, readable numbers for messages: nested lists rounded to `digits` significant figures."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().tolist()
+    elif isinstance(x, np.ndarray):
+        x = x.tolist()
+    if isinstance(x, (list, tuple)):
+        return "[" + ", ".join(_fmt(v, digits) for v in x) + "]"
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, (int, np.integer)):
+        return str(int(x))
+    if isinstance(x, (float, np.floating)):
+        v = float(x)
+        if v == 0:
+            return "0"
+        return f"{v:.{digits}g}"
+    return repr(x)

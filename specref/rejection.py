@@ -8,10 +8,17 @@ beta = sum_x min(p(x), q(x)) is the probability of accepting: the rule is exact.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ._validate import check_probs, check_tensor, check_tokens
 from .sampling import sample
+
+
+# A chain verification rule: rule(draft_tokens [B, k], q [B, k, V], p [B, k+1, V], generator=None, u=None)
+# -> (tokens [B, k+1], n_accepted [B]), like `verify_chain`; the checks take one (or a broken one) as input.
+ChainRule = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 def acceptance_probability(

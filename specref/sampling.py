@@ -1,7 +1,10 @@
-"""Turning logits into the distribution we sample from, and sampling it.
+"""Turning logits into the distribution we sample from, and sampling it (chapter 2).
 
 The same `process_logits` call must produce both `p` (target) and `q` (draft):
 the acceptance rule is exact only when both are processed the same way.
+`TorchRNG` is the rng protocol (uniform(), categorical(probs)) that the tree rules
+and the exercises draw through, on a real `torch.Generator`; its symbolic twin,
+for exact enumeration, is in `specref.checks.rng`.
 """
 
 from __future__ import annotations
@@ -9,9 +12,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from ._validate import check_tensor
+from ._validate import _fmt, check_tensor, tolerance
 
 
 def process_logits(
@@ -134,3 +138,73 @@ class SamplingParams:
         The decoding loop checks the stacked q of every step once (`specref.decoding`).
         """
         return _process_logits(logits, self.temperature, self.top_k, self.top_p)
+
+
+_PROB_SUM_TOL = 1e-6  # how far from 1 a distribution handed to rng.categorical may sum (float64)
+
+
+def as_distribution(probs: object, who: str = "probs") -> torch.Tensor:  # [V] -> [V] float64 on the CPU
+    """A 1-D probability vector as float64, or a ValueError/TypeError that says what is wrong."""
+    if isinstance(probs, torch.Tensor):
+        tol = max(_PROB_SUM_TOL, tolerance(probs.dtype))
+        t = probs.detach().to("cpu", torch.float64)
+    elif isinstance(probs, (np.ndarray, list, tuple)):
+        tol = _PROB_SUM_TOL
+        try:
+            t = torch.as_tensor(np.asarray(probs, dtype=np.float64))
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"{who} needs a 1-D vector of probabilities; could not read {probs!r} ({e})") from None
+    else:
+        raise TypeError(f"{who} needs a 1-D tensor (or list) of probabilities, got {type(probs).__name__}")
+    if t.dim() != 1 or t.numel() == 0:
+        raise ValueError(f"{who} needs a 1-D vector of probabilities [V], got shape {tuple(t.shape)}")
+    if not torch.isfinite(t).all():
+        raise ValueError(
+            f"{who} got non-finite probabilities {_fmt(t)}: a division by zero? "
+            "(e.g. normalizing a residual whose mass is 0)"
+        )
+    if (t < 0).any():
+        raise ValueError(
+            f"{who} got negative probabilities {_fmt(t)}: probabilities must be >= 0 "
+            "(the residual is max(0, p - q), clamped before normalizing)"
+        )
+    total = float(t.sum())
+    if abs(total - 1) > tol:
+        raise ValueError(f"{who} got probabilities {_fmt(t)} that sum to {total:.6g}, not 1: normalize them first")
+    return t
+
+
+class TorchRNG:
+    """The rng protocol on a real generator: uniform() -> u ~ U[0, 1), categorical(probs) -> i w.p. probs[i].
+
+    One float64 uniform per call, from `generator` (None: torch's default generator).
+    Rules that take an `rng` (`verify_tree`, `grow_trees`, the exercises) draw through
+    this; exact enumeration passes a symbolic rng with the same two methods instead.
+    """
+
+    def __init__(self, generator: torch.Generator | None) -> None:
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        self.generator = generator
+        self.device = generator.device if generator is not None else torch.device("cpu")
+
+    def uniform(self) -> float:
+        """u ~ U[0, 1)."""
+        return float(torch.rand((), generator=self.generator, dtype=torch.float64, device=self.device))
+
+    def categorical(self, probs: object) -> int:  # [V]
+        """An index i drawn with probability probs[i] (probs: [V], summing to 1)."""
+        t = as_distribution(probs, "rng.categorical")
+        u = torch.rand((), generator=self.generator, dtype=torch.float64, device=self.device)
+        return int(sample(t, u=u.cpu()))
+
+
+def as_rng(generator: torch.Generator | None, rng: object | None) -> object:
+    """The rng a rule draws through: `rng` if given (anything with uniform() and categorical()), else a TorchRNG."""
+    if rng is not None:
+        if generator is not None:
+            raise ValueError("give a generator or an rng, not both")
+        if not (hasattr(rng, "uniform") and hasattr(rng, "categorical")):
+            raise TypeError("rng must have uniform() and categorical(probs) methods")
+        return rng
+    return TorchRNG(generator)

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import numpy as np
 
-ArrayLike = float | int | np.ndarray
+Numbers = float | int | np.ndarray  # one number, or an array of them (the formulas broadcast)
 
 
-def _as_alpha(alpha: ArrayLike) -> np.ndarray:
+def _as_alpha(alpha: Numbers) -> np.ndarray:
     a = np.asarray(alpha, dtype=np.float64)
     if np.isnan(a).any() or (a < 0).any() or (a > 1).any():
         raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
     return a
 
 
-def _as_k(k: ArrayLike, name: str = "k") -> np.ndarray:
+def _as_k(k: Numbers, name: str = "k") -> np.ndarray:
     kk = np.asarray(k)
     if kk.dtype.kind not in "iu" and not (kk.dtype.kind == "f" and np.all(np.mod(kk, 1) == 0)):
         raise TypeError(f"{name} must be an integer (or array of integers), got {k!r}")
@@ -31,7 +31,7 @@ def _as_k(k: ArrayLike, name: str = "k") -> np.ndarray:
     return kk
 
 
-def _as_c(c: ArrayLike) -> np.ndarray:
+def _as_c(c: Numbers) -> np.ndarray:
     cc = np.asarray(c, dtype=np.float64)
     if np.isnan(cc).any() or (cc < 0).any() or np.isinf(cc).any():
         raise ValueError(f"c must be a finite number >= 0, got {c!r}")
@@ -42,7 +42,7 @@ def _out(x: np.ndarray) -> float | np.ndarray:
     return float(x) if x.ndim == 0 else x
 
 
-def expected_tokens_per_step(alpha: ArrayLike, k: ArrayLike) -> float | np.ndarray:
+def expected_tokens_per_step(alpha: Numbers, k: Numbers) -> float | np.ndarray:
     """E[tokens per step] = (1 - alpha^(k+1)) / (1 - alpha); exactly k + 1 at alpha = 1."""
     a, kk = _as_alpha(alpha), _as_k(k)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -52,13 +52,13 @@ def expected_tokens_per_step(alpha: ArrayLike, k: ArrayLike) -> float | np.ndarr
     return _out(np.where(a == 1, kk + 1.0, e))
 
 
-def speedup(alpha: ArrayLike, k: ArrayLike, c: ArrayLike) -> float | np.ndarray:
+def speedup(alpha: Numbers, k: Numbers, c: Numbers) -> float | np.ndarray:
     """S(alpha, k, c) = (1 - alpha^(k+1)) / ((1 - alpha) (1 + c k)): tokens per unit of target time."""
     cc, kk = _as_c(c), _as_k(k)
     return _out(np.asarray(expected_tokens_per_step(alpha, kk)) / (1 + cc * kk))
 
 
-def optimal_k(alpha: ArrayLike, c: ArrayLike, k_max: int = 16) -> int | np.ndarray:
+def optimal_k(alpha: Numbers, c: Numbers, k_max: int = 16) -> int | np.ndarray:
     """The k in 0..k_max with the largest speedup (smallest k on ties; 0 = don't speculate)."""
     if isinstance(k_max, bool) or not isinstance(k_max, (int, np.integer)) or k_max < 0:
         raise ValueError(f"k_max must be an int >= 0, got {k_max!r}")
@@ -69,7 +69,7 @@ def optimal_k(alpha: ArrayLike, c: ArrayLike, k_max: int = 16) -> int | np.ndarr
     return int(best) if best.ndim == 0 else best
 
 
-def estimate_alpha(n_accepted: ArrayLike, k: ArrayLike) -> float:
+def estimate_alpha(n_accepted: Numbers, k: Numbers) -> float:
     """alpha from observed steps: accepted drafts / examined drafts, examined = min(A + 1, k) per step.
 
     Drafts after the first rejection are never examined, so dividing by all k drafts

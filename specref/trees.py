@@ -54,33 +54,14 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
-from ._validate import check_probs, check_tensor
-from .sampling import SamplingParams
+from ._validate import as_int_tuple, check_probs, check_tensor
 from .rejection import residual
-from .sampling import sample
+from .sampling import as_rng
 
 CHILD_MODES = ("sampled", "deterministic")
 ROOT = -1  # the parent of depth-1 nodes: the last token of the context
-
-
-def _as_int_tuple(name: str, x: object) -> tuple[int, ...]:
-    if isinstance(x, torch.Tensor):
-        if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
-            raise TypeError(f"{name} must hold integers, got dtype {x.dtype}")
-        if x.dim() != 1:
-            raise ValueError(f"{name} must be 1-D ([N]), got shape {tuple(x.shape)}")
-        return tuple(int(v) for v in x.tolist())
-    if isinstance(x, (str, bytes)) or not isinstance(x, Sequence):
-        raise TypeError(f"{name} must be a sequence of ints or a 1-D integer tensor, got {type(x).__name__}")
-    out = []
-    for v in x:
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"{name} must hold ints, got {v!r}")
-        out.append(int(v))
-    return tuple(out)
 
 
 def _check_parents(parents: tuple[int, ...]) -> None:
@@ -130,8 +111,8 @@ class Tree:
     _children: tuple[tuple[int, ...], ...] = field(init=False, repr=False)  # [N + 1]: root first
 
     def __post_init__(self) -> None:
-        parents = _as_int_tuple("parents", self.parents)
-        tokens = _as_int_tuple("tokens", self.tokens)
+        parents = as_int_tuple("parents", self.parents)
+        tokens = as_int_tuple("tokens", self.tokens)
         N = len(parents)
         if len(tokens) != N:
             raise ValueError(f"parents and tokens must have one entry per node, got {N} and {len(tokens)}")
@@ -219,12 +200,9 @@ class Tree:
         """The tokens from depth 1 down to `node`: what this branch would append to the context."""
         return [self.tokens[i] for i in self.path(node)]
 
-    def leaves(self) -> list[int]:
-        return [i for i in range(self.n_nodes) if not self._children[i + 1]]
-
     def subtree(self, keep: Sequence[int]) -> Tree:
         """The tree restricted to `keep` (which must contain every kept node's parent), renumbered in order."""
-        kept = sorted(set(_as_int_tuple("keep", keep)))
+        kept = sorted(set(as_int_tuple("keep", keep)))
         if kept and not (0 <= kept[0] and kept[-1] < self.n_nodes):
             raise ValueError(f"keep must hold node indices in [0, {self.n_nodes}), got {kept}")
         new_index = {old: new for new, old in enumerate(kept)}
@@ -236,6 +214,16 @@ class Tree:
             parents.append(ROOT if par == ROOT else new_index[par])
         q = None if self.q is None else self.q[torch.tensor(kept, dtype=torch.long, device=self.q.device)]
         return _trusted_tree(parents, [self.tokens[i] for i in kept], q, self.mode)
+
+    def grow(self, parents: Sequence[int], tokens: Sequence[int], q_rows: Sequence[torch.Tensor]) -> Tree:
+        """This tree with new nodes appended (a whole depth, breadth-first), each with its q row [V].
+
+        Not re-validated: a draft growing a tree builds one per depth, and checking q's
+        rows (V floats each) every time would cost more than its own pass on a small model.
+        """
+        q_new = torch.stack(list(q_rows)) if len(q_rows) else None
+        q = q_new if self.q is None else (self.q if q_new is None else torch.cat([self.q, q_new.to(self.q)]))
+        return _trusted_tree(list(self.parents) + list(parents), list(self.tokens) + list(tokens), q, self.mode)
 
     def describe(self, token_str: Callable[[int], str] | None = None) -> str:
         """One line per node, indented by depth: `[i] token` (children in the order they are tried)."""
@@ -331,238 +319,24 @@ def tree_position_ids(
     return start + torch.tensor(depths, dtype=torch.long)
 
 
-# -- building trees from a draft ----------------------------------------------------------------
+def stack_tree_masks(
+    trees: Sequence[Tree], starts: Sequence[int], with_root: bool
+) -> tuple[torch.Tensor, torch.Tensor]:  # mask [B, T, T], positions [B, T]
+    """One row per tree: its `tree_attention_mask` and `tree_position_ids`, padded to the largest tree.
 
-# draft_logits(trees, nodes): for each row b, the draft's logits after node nodes[b][j] of
-# trees[b] (-1: after the context), as a [B, n, V] tensor. A model draft runs one forward
-# pass with the tree mask; a toy draft looks the distributions up.
-DraftLogits = Callable[[list[Tree], list[list[int]]], torch.Tensor]
-
-
-class _GeneratorRNG:
-    """uniform() and categorical(probs) drawn from a torch.Generator (None: torch's default)."""
-
-    def __init__(self, generator: torch.Generator | None) -> None:
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-        self.generator = generator
-        self.device = generator.device if generator is not None else torch.device("cpu")
-
-    def uniform(self) -> float:
-        return float(torch.rand((), generator=self.generator, dtype=torch.float64, device=self.device))
-
-    def categorical(self, probs: torch.Tensor) -> int:  # [V]
-        u = torch.rand((), generator=self.generator, dtype=torch.float64, device=self.device)
-        return int(sample(probs, u=u.to(probs.device)))
-
-
-def _rng(generator: torch.Generator | None, rng: object | None) -> object:
-    if rng is not None:
-        if generator is not None:
-            raise ValueError("give a generator or an rng, not both")
-        if not (hasattr(rng, "uniform") and hasattr(rng, "categorical")):
-            raise TypeError("rng must have uniform() and categorical(probs) methods")
-        return rng
-    return _GeneratorRNG(generator)
-
-
-@dataclass(frozen=True)
-class TreeShape:
-    """A static tree: every node at depth d has branching[d-1] children.
-
-    (2, 2) is top-2 at depth 1 and top-2 under each: [a, b, a1, a2, b1, b2].
-    sampled=False takes the draft's top-b tokens (distinct, "deterministic" mode);
-    sampled=True draws b children i.i.d. from q, with replacement ("sampled" mode).
+    A padding entry sees only itself and sits at a valid position; nothing attends
+    to it, and its output is dropped.
     """
-
-    branching: tuple[int, ...]
-    sampled: bool = False
-
-    def __post_init__(self) -> None:
-        b = _as_int_tuple("branching", self.branching)
-        if any(x < 1 for x in b):
-            raise ValueError(f"branching factors must be >= 1, got {list(b)}")
-        object.__setattr__(self, "branching", b)
-
-    @property
-    def depth(self) -> int:
-        return len(self.branching)
-
-    @property
-    def n_nodes(self) -> int:
-        return sum(math.prod(self.branching[: d + 1]) for d in range(self.depth))
-
-    @property
-    def mode(self) -> str:
-        return "sampled" if self.sampled else "deterministic"
-
-
-@dataclass(frozen=True)
-class DynamicTree:
-    """A confidence-driven tree in the spirit of EAGLE-2: grow where the draft's path probability is highest.
-
-    Depth by depth, the `beam` most probable nodes of the newest depth are expanded
-    with their `top_k` most probable children; a node's score is its path
-    probability under the draft, the product of softmax(draft logits) along its
-    path. At the end the `budget` highest-scoring nodes are kept. A child never
-    scores above its parent, so the kept set always contains whole paths.
-    Children are the draft's top tokens, so the tree is "deterministic".
-    """
-
-    budget: int
-    max_depth: int = 6
-    top_k: int = 4
-    beam: int = 4
-
-    def __post_init__(self) -> None:
-        for name in ("budget", "max_depth", "top_k", "beam"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-
-    @property
-    def depth(self) -> int:
-        return self.max_depth
-
-    @property
-    def n_nodes(self) -> int:
-        return self.budget
-
-    @property
-    def mode(self) -> str:
-        return "deterministic"
-
-
-TreeSpec = TreeShape | DynamicTree
-
-
-def as_tree_spec(spec: object) -> TreeSpec:
-    """A TreeShape or DynamicTree; a tuple of ints means a static shape, an int a dynamic node budget."""
-    if isinstance(spec, (TreeShape, DynamicTree)):
-        return spec
-    if isinstance(spec, int) and not isinstance(spec, bool):
-        return DynamicTree(budget=spec)
-    if isinstance(spec, (tuple, list)):
-        return TreeShape(tuple(spec))
-    raise TypeError(
-        f"tree must be a TreeShape, a DynamicTree, a tuple of branching factors (static shape) "
-        f"or an int (dynamic node budget), got {spec!r}"
-    )
-
-
-def _append(tree: Tree, parents: list[int], tokens: list[int], q_rows: list[torch.Tensor], mode: str) -> Tree:
-    q_new = torch.stack(q_rows) if q_rows else None
-    q = q_new if tree.q is None else (tree.q if q_new is None else torch.cat([tree.q, q_new.to(tree.q)]))
-    return _trusted_tree(list(tree.parents) + parents, list(tree.tokens) + tokens, q, mode)
-
-
-def grow_trees(
-    spec: TreeSpec | tuple[int, ...] | int,
-    draft_logits: DraftLogits,
-    batch_size: int,
-    params: SamplingParams | None = None,
-    generator: torch.Generator | None = None,
-    rng: object | None = None,
-    max_depth: int | None = None,
-    max_nodes: int | None = None,
-) -> list[Tree]:
-    """One draft tree per row, grown depth by depth with one `draft_logits` call per depth.
-
-    Children are the draft's top tokens by raw logits (deterministic shapes and
-    dynamic trees) or are drawn i.i.d. from q = params.probs(logits) (sampled
-    shapes). Every node stores the q it was chosen from. `max_depth` and
-    `max_nodes` cap the tree (near the end of the token budget or the context
-    window); a static tree cut by `max_nodes` keeps its first nodes in
-    breadth-first order, which are whole paths. Random draws come from
-    `generator`, or from `rng` (uniform()/categorical(probs)).
-    """
-    spec = as_tree_spec(spec)
-    params = SamplingParams() if params is None else params
-    source = _rng(generator, rng)
-    depth = spec.depth if max_depth is None else max(0, min(spec.depth, max_depth))
-    budget = spec.n_nodes if max_nodes is None else max(0, min(spec.n_nodes, max_nodes))
-    trees = [Tree([], [], None, spec.mode) for _ in range(batch_size)]
-    if depth == 0 or budget == 0:
-        return trees
-    scores: list[list[float]] = [[] for _ in range(batch_size)]  # log path probability of each node
-    frontier: list[list[int]] = [[ROOT] for _ in range(batch_size)]
-    for d in range(1, depth + 1):
-        logits = draft_logits(trees, frontier)  # [B, n, V]
-        if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != (batch_size, len(frontier[0])):
-            raise ValueError(f"draft_logits must return a [B, n, V] = [{batch_size}, {len(frontier[0])}, V] tensor, "
-                             f"got {getattr(logits, 'shape', type(logits).__name__)}")
-        q = params.probs(logits)  # [B, n, V]
-        logp = torch.log_softmax(logits.to(torch.float64), -1)  # the draft's own confidence, for ranking
-        for b in range(batch_size):
-            parents, tokens, q_rows, new_scores = [], [], [], []
-            for j, node in enumerate(frontier[b]):
-                if isinstance(spec, TreeShape) and spec.sampled:
-                    kids = [source.categorical(q[b, j]) for _ in range(spec.branching[d - 1])]
-                else:
-                    width = spec.branching[d - 1] if isinstance(spec, TreeShape) else spec.top_k
-                    kids = torch.topk(logits[b, j], min(width, logits.shape[-1])).indices.tolist()
-                base = 0.0 if node == ROOT else scores[b][node]
-                for x in kids:
-                    parents.append(node)
-                    tokens.append(int(x))
-                    q_rows.append(q[b, j])
-                    new_scores.append(base + float(logp[b, j, x]))
-            first_new = trees[b].n_nodes
-            trees[b] = _append(trees[b], parents, tokens, q_rows, spec.mode)
-            scores[b] += new_scores
-            new_nodes = list(range(first_new, trees[b].n_nodes))
-            if isinstance(spec, DynamicTree):
-                frontier[b] = sorted(sorted(new_nodes, key=lambda i: (-scores[b][i], i))[: spec.beam])
-            else:
-                frontier[b] = new_nodes
-        if isinstance(spec, TreeShape) and trees[0].n_nodes >= budget:
-            break
-        if isinstance(spec, DynamicTree) and all(_hopeless(scores[b], frontier[b], budget) for b in range(batch_size)):
-            break  # no deeper node could make the final cut: save the remaining draft passes
-    out = []
-    for b, tree in enumerate(trees):
-        if tree.n_nodes <= budget:
-            out.append(tree)
-        elif isinstance(spec, DynamicTree):
-            # Ties go to the earlier node, so a parent (earlier, never a lower score) beats its child.
-            out.append(tree.subtree(sorted(range(tree.n_nodes), key=lambda i: (-scores[b][i], i))[:budget]))
-        else:
-            out.append(tree.subtree(range(budget)))
-    return out
-
-
-def _hopeless(scores: list[float], frontier: list[int], budget: int) -> bool:
-    """True when every child of the frontier would score below the budget-th best node kept so far.
-
-    A child's path probability is at most its parent's, so nothing grown from this
-    frontier could enter the final top-`budget` selection.
-    """
-    if len(scores) < budget:
-        return False
-    cut = sorted(scores, reverse=True)[budget - 1]
-    return max(scores[i] for i in frontier) < cut
-
-
-def build_tree(
-    spec: TreeSpec | tuple[int, ...] | int,
-    draft_probs: Callable[[tuple[int, ...]], torch.Tensor],
-    params: SamplingParams | None = None,
-    generator: torch.Generator | None = None,
-    rng: object | None = None,
-) -> Tree:
-    """One tree from a draft given as a function: draft_probs(path tokens) -> q [V] after that path.
-
-    The draft's logits are taken as log(q) (processing with `params` is then applied
-    as for a model). The small-vocabulary tests, the exact enumeration and the
-    notebooks' toy examples build trees this way.
-    """
-
-    def logits_of(trees: list[Tree], nodes: list[list[int]]) -> torch.Tensor:
-        tree = trees[0]
-        rows = [draft_probs(tuple(tree.path_tokens(n)) if n != ROOT else ()) for n in nodes[0]]
-        return torch.stack([torch.as_tensor(r, dtype=torch.float64).log() for r in rows])[None]
-
-    return grow_trees(spec, logits_of, 1, params, generator, rng)[0]
+    extra = 1 if with_root else 0
+    T = max(_check_tree(t).n_nodes for t in trees) + extra
+    mask = torch.eye(T, dtype=torch.bool).repeat(len(trees), 1, 1)
+    pos = torch.zeros((len(trees), T), dtype=torch.long)
+    for b, (tree, s) in enumerate(zip(trees, starts)):
+        n = tree.n_nodes + extra
+        mask[b, :n, :n] = tree_attention_mask(tree, with_root=with_root)
+        pos[b, :n] = tree_position_ids(tree, s, with_root=with_root)
+        pos[b, n:] = s + extra
+    return mask, pos
 
 
 # -- verification ------------------------------------------------------------------------------
@@ -591,7 +365,6 @@ class TreeResult:
     tokens: list[int]  # accepted path tokens + the correction/bonus token
     path: list[int]  # node indices of the accepted path, depth 1 first
     trials: list[Trial]  # every child tried, in order
-    final: torch.Tensor | None  # [V] the distribution the last token came from (None for greedy)
 
     @property
     def n_accepted(self) -> int:
@@ -641,7 +414,7 @@ def verify_tree_greedy(
             trials.append(Trial(c, tree.tokens[c], float(ok), 1.0, math.nan, ok))
     deepest = max((c for c in range(tree.n_nodes) if matched[c]), key=lambda c: (tree.depths[c], -c), default=ROOT)
     path = [] if deepest == ROOT else tree.path(deepest)
-    return TreeResult([tree.tokens[i] for i in path] + [best[deepest + 1]], path, trials, None)
+    return TreeResult([tree.tokens[i] for i in path] + [best[deepest + 1]], path, trials)
 
 
 def verify_tree(
@@ -662,7 +435,7 @@ def verify_tree(
     """
     tree = _check_tree(tree)
     p = _check_p(tree, p, probs=True)
-    source = _rng(generator, rng)
+    source = as_rng(generator, rng)
     sampled = tree.mode == "sampled"
     q_all = tree.q.to(device=p.device, dtype=torch.promote_types(p.dtype, tree.q.dtype)) if sampled and tree.n_nodes else None
     dist = p[0]
@@ -682,7 +455,7 @@ def verify_tree(
             dist = residual(dist, q_c)
         if nxt is None:
             final = source.categorical(dist)
-            return TreeResult([tree.tokens[i] for i in path] + [int(final)], path, trials, dist)
+            return TreeResult([tree.tokens[i] for i in path] + [int(final)], path, trials)
         path.append(nxt)
         node = nxt
         dist = p[nxt + 1]

@@ -17,8 +17,9 @@ import torch
 from model_factory import TINY_VOCAB, exact_first_two, noisy_copy, small_gpt2
 from model_factory import tiny_pair as tiny_pair_models
 from specref.decoding.chain import generate, speculative_generate
+from specref.decoding.tree import tree_generate
 from specref.sampling import SamplingParams
-from specref.models.pretrained import load_pair
+from specref.models.pair import load_pair
 from specref.checks.montecarlo import distribution_test
 from specref.rejection import verify_chain
 from specref.sampling import sample
@@ -121,7 +122,7 @@ def test_bundled_pair_on_cuda_float64_greedy_equals_plain_for_chains_and_trees()
     ids = torch.tensor([tok.encode("def main(argv):\n    ")], device=CUDA)
     expected = generate(target, ids, 60, temperature=0)
     chain, stats = speculative_generate(target, draft, ids, k=4, max_new_tokens=60, temperature=0)
-    tree, _ = speculative_generate(target, draft, ids, max_new_tokens=60, temperature=0, tree=(2, 2, 1))
+    tree, _ = tree_generate(target, draft, ids, (2, 2, 1), max_new_tokens=60, temperature=0)
     assert torch.equal(chain, expected) and torch.equal(tree, expected)
     assert stats.acceptance_rate > 0.5
 

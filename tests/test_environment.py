@@ -151,13 +151,40 @@ def test_make_test_runs_the_whole_suite_with_strict_nbval_and_timeouts():
     assert pyproject()["tool"]["pytest"]["ini_options"]["timeout"] > 0
 
 
+def _venv_commands(*overrides: str) -> list[str]:
+    """The commands `make venv` would run, with make variables set on its command line."""
+    out = subprocess.run(["make", "-n", "-B", "venv", *overrides], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout
+    return out.splitlines()
+
+
+def _torch_install(lines: list[str]) -> str:
+    (line,) = [ln for ln in lines if " -m pip install " in ln and '"torch==' in ln]
+    return line
+
+
 def test_torch_index_override_reaches_pip():
-    """`make venv TORCH_INDEX=...` is how a learner without a GPU gets the CPU build of torch."""
-    url = "https://download.pytorch.org/whl/cpu"
-    out = subprocess.run(["make", "-n", "-B", "venv", f"TORCH_INDEX={url}"], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout
-    installs = [ln for ln in out.splitlines() if " -m pip install " in ln and "requirements/test.txt" in ln]
-    assert len(installs) == 1 and f"--extra-index-url {url}" in installs[0]
+    """`make venv TORCH_INDEX=...` takes torch from that index; the other packages never ask it."""
+    url = "https://example.invalid/whl"
+    lines = _venv_commands(f"TORCH_INDEX={url}")
+    assert f"--extra-index-url {url}" in _torch_install(lines)
+    rest = [ln for ln in lines if " -m pip install " in ln and "requirements/test.txt" in ln]
+    assert len(rest) == 1 and "--extra-index-url" not in rest[0]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the automatic choice is made on Linux only")
+def test_without_an_nvidia_gpu_linux_takes_the_cpu_build_of_torch():
+    cpu = "--extra-index-url https://download.pytorch.org/whl/cpu"
+    assert cpu in _torch_install(_venv_commands("HAS_NVIDIA_GPU="))
+    assert "--extra-index-url" not in _torch_install(_venv_commands("HAS_NVIDIA_GPU=yes"))
+    assert "--extra-index-url" not in _torch_install(_venv_commands("TORCH_INDEX="))  # forced PyPI
+
+
+def test_setup_announces_each_step_and_the_torch_build():
+    echoes = [ln for ln in _venv_commands("HAS_NVIDIA_GPU=") if ln.startswith("echo ")]
+    assert [e.split("[", 1)[1][:3] for e in echoes if "set-up [" in e] == ["1/4", "2/4", "3/4", "4/4"]
+    assert any("CPU build" in e and "MB" in e for e in echoes)
+    assert any("several GB" in e for e in _venv_commands("HAS_NVIDIA_GPU=yes") if e.startswith("echo "))
 
 
 def _sanitized(text: str) -> str:
@@ -268,27 +295,27 @@ def tiny_pair(folder: Path, draft_vocab_delta: int = 0) -> None:
 
 
 def test_assets_check_passes_on_a_loadable_pair(monkeypatch, tmp_path):
-    from specref.models import pretrained
+    from specref.models import pair
 
     tiny_pair(tmp_path)
-    monkeypatch.setattr(pretrained, "assets_dir", lambda: tmp_path)
+    monkeypatch.setattr(pair, "assets_dir", lambda: tmp_path)
     check = doctor.check_assets()
     assert check.status == OK, check.detail
     assert "target 2 layers x 16" in check.detail and "draft 1 layers x 16" in check.detail
 
 
 def test_assets_check_fails_when_draft_and_target_vocabularies_differ(monkeypatch, tmp_path):
-    from specref.models import pretrained
+    from specref.models import pair
 
     tiny_pair(tmp_path, draft_vocab_delta=1)
-    monkeypatch.setattr(pretrained, "assets_dir", lambda: tmp_path)
+    monkeypatch.setattr(pair, "assets_dir", lambda: tmp_path)
     assert doctor.check_assets().status == FAIL
 
 
 def test_missing_assets_fail(monkeypatch, tmp_path):
-    from specref.models import pretrained
+    from specref.models import pair
 
-    monkeypatch.setattr(pretrained, "assets_dir", lambda: tmp_path)
+    monkeypatch.setattr(pair, "assets_dir", lambda: tmp_path)
     check = doctor.check_assets()
     assert check.status == FAIL and "missing" in check.detail
 

@@ -1,7 +1,7 @@
 """exercises/ is generated from solutions/, and the graders cannot pass on an unsolved stub.
 
 The first half specifies tools/make_exercises.py on throwaway notebooks; the second
-runs the real pipeline (nbval through tools/grade.py) on a toy exercise, including a
+runs the real pipeline (tools/grade.py's sandboxed kernels) on a toy exercise, including a
 leaky one that the self-check must flag; the last tests hold the committed
 exercises/ to the solutions/ they come from.
 """
@@ -112,7 +112,7 @@ def test_output_is_the_same_bytes_on_every_run(tmp_path):
     assert make_exercises.main(args) == 0
     assert (tmp_path / "exercises" / "ex_toy.ipynb").read_bytes() == first
     reread = nbformat.read(tmp_path / "solutions" / "ex_toy.ipynb", as_version=4)
-    assert to_bytes(make_exercise(reread)) == first
+    assert to_bytes(make_exercise(reread, "solutions/ex_toy.ipynb")) == first
     assert first.endswith(b"}\n")
 
 
@@ -158,7 +158,7 @@ def test_check_mode_lists_missing_differing_and_stale_files(tmp_path, capsys):
 
 
 def test_a_graders_temporary_copies_are_neither_sources_nor_stale(tmp_path):
-    """grade.py runs notebooks as hidden `.grading-*.ipynb` files beside the real ones."""
+    """Hidden `.grading-*.ipynb` files (what an earlier grade.py left beside the notebooks) are not ours."""
     sol, ex = tmp_path / "solutions", tmp_path / "exercises"
     sol.mkdir()
     nbformat.write(toy_solution(), sol / "ex_toy.ipynb")
@@ -170,43 +170,66 @@ def test_a_graders_temporary_copies_are_neither_sources_nor_stale(tmp_path):
     assert [p.name for p in notebooks_in(sol)] == ["ex_toy.ipynb"]
 
 
-# -- grading: restoring tests, and real nbval runs ---------------------------------------------
-def test_grading_restores_test_cells_from_the_solution():
+def test_exercises_are_stamped_with_the_exercise_id_and_the_tests_version():
     sol = toy_solution()
-    submission = make_exercise(sol)
+    stamp = make_exercise(sol, "solutions/ex_toy.ipynb").metadata["specref"]
+    assert stamp == {"exercise": "ex_toy", "version": make_exercises.tests_version(sol)}
+    assert "specref" not in sol.metadata  # the solution itself is untouched
+    changed = toy_solution()
+    cell(changed, "test_double").source += "\nassert double(0) == 0"
+    assert make_exercises.tests_version(changed) != stamp["version"]  # a new test is a new version
+    changed = toy_solution()
+    cell(changed, "double").source = cell(changed, "double").source.replace("2 * x", "x + x")
+    assert make_exercises.tests_version(changed) == stamp["version"]  # answers do not change the version
+
+
+# -- grading: what runs comes from the solution (tests/test_grade_security.py has the attacks) -----
+def _plain(nb) -> dict:
+    import json
+    return json.loads(nbformat.writes(nb))
+
+
+def test_grading_runs_the_solutions_test_cells_and_only_the_learners_answers():
+    sol = toy_solution()
+    submission = make_exercise(sol, "ex_toy.ipynb")
     cell(submission, "test_double").source = "pass  # the learner emptied the test"
-    restored = grade.restore_tests(submission, sol)
-    assert cell(restored, "test_double").source == cell(sol, "test_double").source
-    assert cell(restored, "double").source == cell(submission, "double").source  # answers stay the learner's
+    cell(submission, "double").source = "def double(x):\n    return x + x"
+    plan = grade.build_plan(_plain(sol), _plain(submission))
+    by_id = {c["grade_id"]: c for c in plan.cells if c["grade_id"]}
+    assert by_id["test_double"]["source"] == cell(sol, "test_double").source  # hidden tests included
+    assert by_id["double"]["source"] == "def double(x):\n    return x + x"  # answers stay the learner's
+    assert [t.grade_id for t in plan.tests] == ["test_double"]
+    assert [m[0] for m in plan.manual] == ["why", "answer"]  # graded answer cells are graded by hand
+    assert any("differs from the exercise" in n for n in plan.notes)
 
 
-def test_grading_puts_back_a_deleted_test_cell_in_its_place():
+def test_grading_follows_the_solutions_order_whatever_the_learner_did_to_the_cells():
     sol = toy_solution()
-    submission = make_exercise(sol)
+    submission = make_exercise(sol, "ex_toy.ipynb")
     submission.cells = [c for c in submission.cells if c.metadata.get("nbgrader", {}).get("grade_id") != "test_double"]
-    restored = grade.restore_tests(submission, sol)
-    assert [c.id for c in restored.cells] == [c.id for c in sol.cells]
+    submission.cells.reverse()
+    plan = grade.build_plan(_plain(sol), _plain(submission))
+    code_ids = [i for i, c in enumerate(sol.cells) if c.cell_type == "code"]
+    assert [c["n"] for c in plan.cells] == code_ids
 
 
 @pytest.mark.slow
-def test_grader_scores_each_graded_cell_by_its_own_nbval_result(tmp_path):
-    """nbval names items "Cell N", counting code cells only; markdown and skipped cells must not shift them."""
+def test_grader_scores_each_graded_cell_by_its_own_result():
     nb = new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [
         new_markdown_cell("# Mapping"),
-        new_code_cell("# NBVAL_SKIP\nraise RuntimeError('skipped, never run')"),
         new_code_cell("x = 1"),
         new_markdown_cell("between"),
-        new_code_cell("assert x == 1", metadata=nbgrader("passes", 1, False)),
-        new_code_cell("assert x == 2, 'x is not 2'", metadata=nbgrader("fails", 2, False)),
-        new_code_cell("y = x + 1", metadata=nbgrader("answer", 3, True)),
+        new_code_cell("y = x + 1", metadata=nbgrader("answer", 0, True, graded=False)),
+        new_code_cell("raise RuntimeError('an ungraded cell that fails does not matter')"),
+        new_code_cell("assert y == 2", metadata=nbgrader("passes", 1, False)),
+        new_code_cell("assert y == 3, 'y is not 3'", metadata=nbgrader("fails", 2, False)),
     ]
-    results = {r.grade_id: r for r in grade.grade_notebook(nb, tmp_path)}
-    assert {k: (r.code_index, r.outcome) for k, r in results.items()} == {
-        "passes": (2, "passed"), "fails": (3, "failed"), "answer": (4, "passed")}
-    assert "x is not 2" in results["fails"].message
-    assert list(tmp_path.iterdir()) == []  # the temporary copy is removed
+    plain = _plain(nb)
+    results = {r.grade_id: r for r in grade.grade_plan(grade.build_plan(plain, plain))}
+    assert {k: r.outcome for k, r in results.items()} == {"passes": "passed", "fails": "failed"}
+    assert results["fails"].message.startswith("y is not 3\n")  # then what failed before it, in plain words
+    assert "cell 4 raised RuntimeError" in results["fails"].message
 
 
 @pytest.mark.slow

@@ -12,8 +12,9 @@ from scipy import stats
 from specref.course.grading import accept_reject
 from specref.course.grading import speedup as speedup_grading
 from specref.checks.exact import step_distribution_formula
+from specref.checks.montecarlo import simulate
 from specref.checks.rng import TorchRNG, exact_distribution
-from specref.rejection import residual
+from specref.rejection import acceptance_probability, residual
 from specref.theory import expected_tokens_per_step, optimal_k, speedup
 
 # --------------------------------------------------------------------------------------
@@ -50,6 +51,13 @@ def step_multiplied(draft_tokens, q, p, rng):
         if u < cdf[y]:
             return out + [y]
     return out + [len(cdf) - 1]
+
+
+def emit_parts(p, q):
+    """P(emit x) in its two parts, as a learner writes them: drafted and kept, rejected and replaced."""
+    accepted = torch.minimum(p, q)
+    excess = (p - q).clamp(min=0)
+    return accepted, excess  # (1 - beta) * residual = max(0, p - q)
 
 
 def pmf(alpha, k):
@@ -238,7 +246,7 @@ def test_sampling_with_torch_rng_follows_the_enumerated_distribution_and_a_broke
 
 
 def test_correct_answers_pass_every_grader(capsys):
-    accept_reject.check_worked_example(0.7, torch.tensor([1.0, 0.0, 0.0]), [0.6, 0.3, 0.1])
+    accept_reject.check_worked_example(0.7, torch.tensor([1.0, 0.0, 0.0]), emit_parts)
     accept_reject.check_residual(residual)
     accept_reject.check_accept_reject_step(step)
     accept_reject.check_accept_reject_step(step_multiplied, n_cases=20, seed=5)
@@ -272,26 +280,43 @@ def test_an_unsolved_stub_reaches_the_learner_as_not_implemented():
 # --------------------------------------------------------------------------------------
 
 
-P_WORKED = [0.6, 0.3, 0.1]
+def _emit_parts_from(accepted, replaced):
+    return lambda p, q: (accepted(p, q), replaced(p, q))
+
+
+def _beta(p, q):
+    return torch.minimum(p, q).sum()
+
+
+def _rule_residual(p, q):
+    return residual(p, q)
 
 
 @pytest.mark.parametrize(
-    "beta, res, emit, message",
+    "beta, res, parts, message",
     [
-        (0.3, [1, 0, 0], P_WORKED, "TV"),
-        (1.3, [1, 0, 0], P_WORKED, "min, not max"),
-        (0.7, [0.3, 0, 0], P_WORKED, "divide it by its sum"),
-        (0.7, [0.5, -0.5, 0], P_WORKED, "clamp"),
-        (0.7, [0, 1, 0], P_WORKED, "swapped"),
-        (None, [1, 0, 0], P_WORKED, "single number"),
-        (0.7, [1, 0, 0], [0.3, 0.3, 0.1], "only the accepted mass"),
-        (0.7, [1, 0, 0], [1.3, 0.3, 0.1], "weight the residual"),
-        (0.7, [1, 0, 0], [0.6, 0.3], "3 probabilities"),
+        (0.3, [1, 0, 0], emit_parts, "TV"),
+        (1.3, [1, 0, 0], emit_parts, "min, not max"),
+        (0.7, [0.3, 0, 0], emit_parts, "divide it by its sum"),
+        (0.7, [0.5, -0.5, 0], emit_parts, "clamp"),
+        (0.7, [0, 1, 0], emit_parts, "swapped"),
+        (None, [1, 0, 0], emit_parts, "single number"),
+        (0.7, [1, 0, 0], lambda p, q: p, "a pair"),
+        # Typing in p, the known answer, is not enough: the parts must be computed.
+        (0.7, [1, 0, 0], _emit_parts_from(lambda p, q: p, lambda p, q: torch.zeros_like(p)), "total P"),
+        (0.7, [1, 0, 0], _emit_parts_from(lambda p, q: q, lambda p, q: (p - q).clamp(min=0)), "drafted"),
+        (0.7, [1, 0, 0], _emit_parts_from(lambda p, q: q * (p / q).clamp(max=1), lambda p, q: (p - q).clamp(min=0)),
+         "never occurs"),
+        (0.7, [1, 0, 0], _emit_parts_from(torch.minimum, _rule_residual), "weight the residual"),
+        (0.7, [1, 0, 0], _emit_parts_from(torch.minimum, lambda p, q: (1 - _beta(p, q)) * p), "not from p"),
+        (0.7, [1, 0, 0], _emit_parts_from(
+            torch.minimum, lambda p, q: (1 - _beta(p, q)) * (p - q).clamp(min=0) / (p - q).clamp(min=0).sum()),
+         "zero mass"),
     ],
 )
-def test_worked_example_rejects_wrong_beta_residual_or_emit(beta, res, emit, message):
+def test_worked_example_rejects_wrong_beta_residual_or_emit_parts(beta, res, parts, message):
     with pytest.raises(AssertionError, match=message):
-        accept_reject.check_worked_example(beta, res, emit)
+        accept_reject.check_worked_example(beta, res, parts)
 
 
 def _unnormalized(p, q):
@@ -550,3 +575,53 @@ def _argmax_from_one(alpha, c, k_max):
 def test_optimal_k_grader_rejects_typical_mistakes(wrong, message):
     with pytest.raises(AssertionError, match=message):
         speedup_grading.check_optimal_k(wrong)
+
+
+# --------------------------------------------------------------------------------------
+# Exercise 3.6: tokens per step measured on toy chains
+# --------------------------------------------------------------------------------------
+
+
+def measure_toy(target, draft, k, runs, n, generator, bug=None):
+    """The solution notebook's measurement, with `bug` in."""
+    sim = simulate(target, draft, start_token=0, k=k, n=n, runs=runs, generator=generator)
+    beta = acceptance_probability(target.transition, draft.transition)
+    starts = sim.context[sim.active]
+    tokens = (sim.n_accepted[sim.active] + (0 if bug == "accepted_only" else 1)).double().mean().item()
+    a_states = beta[starts].mean().item() if bug == "states_weighted" else beta.mean().item()
+    a_steps = beta.mean().item() if bug == "steps_unweighted" else beta[starts].mean().item()
+    if bug == "observed_acceptance":
+        a_steps = (sim.n_accepted[sim.active] >= 1).double().mean().item()
+    return tokens, a_states, a_steps
+
+
+def test_toy_measurement_grader_passes_the_solution(capsys):
+    speedup_grading.check_toy_measurement(measure_toy)
+    # alpha measured as the share of steps accepting their first draft estimates the same number: it passes too
+    speedup_grading.check_toy_measurement(lambda *a: measure_toy(*a, bug="observed_acceptance"))
+    assert capsys.readouterr().out.count("passed") == 2
+
+
+@pytest.mark.parametrize(
+    "bug, message",
+    [
+        ("accepted_only", "accepted drafts only"),
+        ("states_weighted", "weighs every state equally"),
+        ("steps_unweighted", "unweighted mean over states"),
+    ],
+)
+def test_toy_measurement_grader_rejects_typical_mistakes(bug, message):
+    with pytest.raises(AssertionError, match=message):
+        speedup_grading.check_toy_measurement(lambda *a: measure_toy(*a, bug=bug))
+
+
+@pytest.mark.parametrize("n_cases, seed", [(3, 0), (6, 1)], ids=["visible", "hidden"])
+def test_toy_measurement_cases_separate_the_two_alphas(n_cases, seed):
+    """Some graded pair puts the two alphas more than twice the tolerance apart, so the unweighted one fails."""
+    scale = speedup_grading._Z * (1 / speedup_grading.TOY_RUNS + 1 / speedup_grading._REF_RUNS) ** 0.5
+    gaps = []
+    for _, target, draft, k in speedup_grading._toy_cases(n_cases, seed):
+        ref = speedup_grading.toy_reference(target, draft, k, speedup_grading.TOY_N, speedup_grading._REF_RUNS,
+                                            torch.Generator().manual_seed(1))
+        gaps.append(abs(ref["alpha_states"] - ref["alpha_steps"]) / (scale * ref["alpha_steps_spread"]))
+    assert max(gaps) > 2

@@ -132,6 +132,37 @@ def summary(nb: nbformat.NotebookNode) -> list[str]:
     return [] if _markdown_has_heading(nb, "Summary") else ["no markdown heading 'Summary'"]
 
 
+def check_your_understanding(nb: nbformat.NotebookNode) -> list[str]:
+    """A lecture ends with its questions under 'Check your understanding' and answers in a collapsible block."""
+    cells = [c for c in nb.cells if c.cell_type == "markdown"]
+    heading = re.compile(_HEADING.format(re.escape("Check your understanding")), re.IGNORECASE | re.MULTILINE)
+    at = next((i for i, c in enumerate(cells) if heading.search(c.source)), None)
+    if at is None:
+        return ["no markdown heading 'Check your understanding'"]
+    if not any("<details>" in c.source and "</details>" in c.source for c in cells[at:]):
+        return ["'Check your understanding' has no collapsible answer (<details>...</details>) after it"]
+    return []
+
+
+_NOTEBOOK_REF = re.compile(r"\bnotebooks? (\d\d)\b|\b(\d\d)_\w+\.ipynb\b", re.IGNORECASE)
+_EXERCISE_REF = re.compile(r"\b(ex\d\d_\w+)\.ipynb\b")
+
+
+def references_exist(nb: nbformat.NotebookNode) -> list[str]:
+    """Every notebook or exercise a notebook mentions exists in the repository."""
+    lectures = {p.name[:2] for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    exercises = {p.stem for p in (REPO / "solutions").glob("ex*.ipynb")}
+    problems = []
+    for i, cell in enumerate(nb.cells):
+        for m in _NOTEBOOK_REF.finditer(cell.source):
+            if (m.group(1) or m.group(2)) not in lectures:
+                problems.append(f"cell {i}: refers to {m.group(0)!r}, which does not exist")
+        for m in _EXERCISE_REF.finditer(cell.source):
+            if m.group(1) not in exercises:
+                problems.append(f"cell {i}: refers to {m.group(0)!r}, which does not exist")
+    return problems
+
+
 def seeded_first_cell(nb: nbformat.NotebookNode) -> list[str]:
     """The first code cell seeds torch, and numpy and random too if the notebook imports them."""
     code = [c for c in nb.cells if c.cell_type == "code"]
@@ -201,6 +232,16 @@ def test_notebook_seeds_every_generator_in_its_first_code_cell(path: str) -> Non
     _check(seeded_first_cell, path)
 
 
+@pytest.mark.parametrize("path", _notebooks("notebooks"))
+def test_lecture_ends_with_questions_and_collapsible_answers(path: str) -> None:
+    _check(check_your_understanding, path)
+
+
+@pytest.mark.parametrize("path", ALL)
+def test_notebook_refers_only_to_notebooks_that_exist(path: str) -> None:
+    _check(references_exist, path)
+
+
 # --- the checks themselves, on synthetic notebooks ---------------------------------------
 
 def _notebook(*cells: nbformat.NotebookNode, kernel: str = "python3") -> nbformat.NotebookNode:
@@ -230,7 +271,8 @@ def _good() -> nbformat.NotebookNode:
     )
 
 
-ALL_CHECKS = [error_outputs, machine_paths, title, learning_goals, summary, seeded_first_cell, python3_kernel]
+ALL_CHECKS = [error_outputs, machine_paths, title, learning_goals, summary, seeded_first_cell, python3_kernel,
+              references_exist]
 
 
 @pytest.mark.parametrize("check", ALL_CHECKS, ids=lambda c: c.__name__)
@@ -317,6 +359,25 @@ def test_seeded_first_cell_resolves_aliases_and_accepts_seed_everything() -> Non
     assert seeded_first_cell(_notebook(_code(helper))) == []
     wrong = "import numpy as np\nimport torch\nnp.random.seed(0)\ntorch.seed()"  # torch.seed() is not reproducible
     assert seeded_first_cell(_notebook(_code(wrong))) == ["the first code cell does not call torch.manual_seed"]
+
+
+def test_check_your_understanding_needs_the_heading_and_a_collapsible_answer() -> None:
+    nb = _good()
+    assert check_your_understanding(nb) == ["no markdown heading 'Check your understanding'"]
+    nb.cells.insert(4, _md("## Check your understanding\n1. Why?"))
+    assert "no collapsible answer" in check_your_understanding(nb)[0]
+    nb.cells.insert(5, _md("<details><summary>Answers</summary>\n\n1. Because.\n\n</details>"))
+    assert check_your_understanding(nb) == []
+
+
+def test_references_exist_flags_a_missing_notebook_and_exercise() -> None:
+    nb = _good()
+    nb.cells[1].source = "Notebook 02 shows it; notebook 99 will, and so will `99_future.ipynb` and ex99_none.ipynb."
+    assert references_exist(nb) == [
+        "cell 1: refers to 'notebook 99', which does not exist",
+        "cell 1: refers to '99_future.ipynb', which does not exist",
+        "cell 1: refers to 'ex99_none.ipynb', which does not exist",
+    ]
 
 
 def test_python3_kernel_flags_another_kernel() -> None:

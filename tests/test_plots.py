@@ -229,3 +229,47 @@ def test_jensen_plot_puts_the_mean_of_f_above_the_curve():
     ax = plot_jensen([0.95, 0.45], None, k=4)
     points = {line.get_label().split(" =")[0]: line.get_ydata()[0] for line in ax.get_lines()[1:]}
     assert points["mean of E(alpha_c)"] > points["E(mean alpha)"]
+
+
+def test_roofline_is_the_larger_of_memory_and_compute_time():
+    from specref.course.plots import roofline_view
+
+    # 1 GB of weights at 1 GB/s is 1 s; 1 GFLOP per token at 4 GFLOP/s is 0.25 s per token.
+    view = roofline_view(1e9, 1e9, 1e9, 4e9, [1, 2, 4, 8, 16])
+    assert view["memory_time"] == pytest.approx(1.0)
+    np.testing.assert_allclose(view["compute_time"], [0.25, 0.5, 1.0, 2.0, 4.0])
+    np.testing.assert_allclose(view["roofline"], [1.0, 1.0, 1.0, 2.0, 4.0])
+
+
+def test_roofline_overhead_is_what_the_measurement_adds_beyond_it():
+    from specref.course.plots import roofline_view
+
+    view = roofline_view(1e9, 1e9, 1e9, 4e9, [1, 8], measured=[3.0, 4.0])
+    np.testing.assert_allclose(view["overhead"], [2.0, 2.0])
+    np.testing.assert_allclose(view["explained"], [1 / 3, 0.5])
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"bandwidth": 0.0}, "bandwidth"),
+    ({"peak_flops": -1.0}, "peak_flops"),
+    ({"token_counts": [0, 1]}, "token_counts"),
+    ({"measured": [1.0]}, "measured"),
+])
+def test_roofline_view_rejects_unusable_inputs(kw, match):
+    from specref.course.plots import roofline_view
+
+    args = {"weight_bytes": 1e6, "flops_per_token": 2e6, "bandwidth": 1e9, "peak_flops": 1e10,
+            "token_counts": [1, 2]} | kw
+    with pytest.raises(ValueError, match=match):
+        roofline_view(**args)
+
+
+def test_roofline_plot_draws_the_measured_curve_over_the_prediction():
+    from specref.course.plots import plot_roofline, roofline_view
+
+    view = roofline_view(1e6, 2e6, 1e9, 1e10, [1, 2, 4], measured=[0.003, 0.0031, 0.0033])
+    ax = plot_roofline(view)
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert "measured" in labels and "roofline: max(memory, compute)" in labels
+    measured = ax.get_lines()[labels.index("measured")]
+    np.testing.assert_allclose(measured.get_ydata(), [3.0, 3.1, 3.3])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specref.models import GPT2, GPT2Config, from_pretrained, load_pair, load_tokenizer, save_pretrained
-from specref.models.pretrained import assets_dir
+from specref.models.pair import assets_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -32,7 +32,7 @@ def x_ids() -> torch.Tensor:
 def test_hf_save_pretrained_folder_loads_with_equal_logits(tmp_path):
     hf = hf_model()
     hf.save_pretrained(tmp_path)
-    ours = GPT2.from_pretrained(tmp_path)
+    ours = from_pretrained(tmp_path)
     assert not ours.training and ours.dtype == torch.float32
     torch.testing.assert_close(ours(x_ids()), hf(x_ids()).logits, **TOL)
 

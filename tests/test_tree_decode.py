@@ -8,13 +8,15 @@ import pytest
 import torch
 
 from specref.decoding import tree as tree_decode
-from specref.decoding.chain import generate, speculative_generate
+from specref.decoding.chain import generate
 from specref.sampling import SamplingParams
 from specref.checks.exact_trees import random_parents
 from specref.models.gpt2 import GPT2
 from specref.checks.montecarlo import distribution_test
-from specref.decoding.tree import TreeModelDraft, keep_path, score_tree, tree_generate
-from specref.trees import DynamicTree, Tree, TreeShape, verify_tree
+from specref.decoding.tree import keep_path, score_tree, tree_generate
+from specref.drafts import TreeModelDraft
+from specref.drafts.shapes import DynamicTree, TreeShape
+from specref.trees import Tree, verify_tree
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +119,7 @@ def test_greedy_tree_speculation_equals_greedy_decoding(pair, spec):
     for prompt in PROMPTS:
         ids = torch.tensor([prompt])
         expected = generate(target, ids, 60, temperature=0)
-        got, stats = speculative_generate(target, draft, ids, max_new_tokens=60, temperature=0, tree=spec)
+        got, stats = tree_generate(target, draft, ids, spec, max_new_tokens=60, temperature=0)
         assert torch.equal(got, expected), f"prompt {prompt}"
         assert 0 < stats.accepted < stats.nodes, "the draft should be partly right, so both paths run"
 
@@ -274,7 +276,8 @@ def test_tree_draft_refuses_use_before_begin(pair):
 
 # -- the bundled pair ----------------------------------------------------------------------
 
-from specref.models.pretrained import assets_dir, load_pair
+from specref.models.pair import load_pair
+from specref.models.pair import assets_dir
 from model_factory import exact_first_two, noisy_copy, small_gpt2
 from model_factory import tiny_pair as tiny_pair_models
 
@@ -299,7 +302,7 @@ def test_greedy_tree_speculation_on_the_bundled_pair_equals_greedy_decoding(bund
     for prompt in prompts:
         ids = torch.tensor([prompt])
         expected = generate(target, ids, 40, temperature=0)
-        got, stats = speculative_generate(target, draft, ids, max_new_tokens=40, temperature=0, tree=spec)
+        got, stats = tree_generate(target, draft, ids, spec, max_new_tokens=40, temperature=0)
         assert torch.equal(got, expected)
         assert stats.accepted > 0
 

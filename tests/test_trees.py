@@ -19,13 +19,11 @@ from specref.checks.exact_trees import (
     tree_step_error,
 )
 from specref.checks.montecarlo import distribution_test
+from specref.drafts import shapes
+from specref.drafts.shapes import DynamicTree, TreeShape, as_tree_spec, build_tree
 from specref.trees import (
     ROOT,
-    DynamicTree,
     Tree,
-    TreeShape,
-    as_tree_spec,
-    build_tree,
     tree_attention_mask,
     tree_position_ids,
     verify_tree,
@@ -228,10 +226,10 @@ def test_dynamic_tree_keeps_the_most_probable_paths_within_the_budget():
 
 
 def test_node_cap_keeps_a_breadth_first_prefix():
-    tree = trees.grow_trees((2, 2), lambda ts, nodes: torch.zeros(1, len(nodes[0]), 5), 1, max_nodes=3)[0]
+    tree = shapes.grow_trees((2, 2), lambda ts, nodes: torch.zeros(1, len(nodes[0]), 5), 1, max_nodes=3)[0]
     assert tree.parents == (-1, -1, 0)
-    assert trees.grow_trees((2, 2), lambda ts, nodes: torch.zeros(1, 1, 5), 1, max_depth=1)[0].parents == (-1, -1)
-    assert trees.grow_trees((2, 2), lambda ts, nodes: torch.zeros(1, 1, 5), 1, max_nodes=0)[0].n_nodes == 0
+    assert shapes.grow_trees((2, 2), lambda ts, nodes: torch.zeros(1, 1, 5), 1, max_depth=1)[0].parents == (-1, -1)
+    assert shapes.grow_trees((2, 2), lambda ts, nodes: torch.zeros(1, 1, 5), 1, max_nodes=0)[0].n_nodes == 0
 
 
 # -- greedy ----------------------------------------------------------------------------------
@@ -406,7 +404,7 @@ def _one_level(p, children, q, deterministic, rng, onehot=True, update=True):
 
 
 def test_mask_grader_passes_the_reference():
-    from specref.checks.exact_trees import check_tree_mask
+    from specref.course.grading.trees import check_tree_mask
 
     check_tree_mask(_mask_and_positions)
 
@@ -419,14 +417,14 @@ def test_mask_grader_passes_the_reference():
     (lambda parents, s: (_mask_and_positions(parents, s)[0], s + 1 + torch.arange(len(parents))), "chain positions"),
 ])
 def test_mask_grader_fails_wrong_answers_with_a_hint(wrong, hint):
-    from specref.checks.exact_trees import check_tree_mask
+    from specref.course.grading.trees import check_tree_mask
 
     with pytest.raises(AssertionError, match=hint):
         check_tree_mask(wrong)
 
 
 def test_multi_candidate_grader_passes_the_reference():
-    from specref.checks.exact_trees import check_multi_candidate
+    from specref.course.grading.trees import check_multi_candidate
 
     check_multi_candidate(_one_level, n_cases=15)
 
@@ -436,7 +434,7 @@ def test_multi_candidate_grader_passes_the_reference():
     ({"update": False}, "residual"),
 ])
 def test_multi_candidate_grader_fails_the_broken_rules(kwargs, hint):
-    from specref.checks.exact_trees import check_multi_candidate
+    from specref.course.grading.trees import check_multi_candidate
 
     with pytest.raises(AssertionError, match=hint):
         check_multi_candidate(lambda *a: _one_level(*a, **kwargs), n_cases=15)

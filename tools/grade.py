@@ -1,238 +1,789 @@
-"""Grade an exercise notebook: run it under nbval and score its graded cells.
+"""Grade exercise notebooks: the solution decides what runs, the learner supplies only the answers.
 
-    python tools/grade.py exercises/ex02_accept_reject.ipynb        # make grade NB=...
-    python tools/grade.py submissions/alice/ex02_accept_reject.ipynb --solution solutions/ex02_accept_reject.ipynb
+    python tools/grade.py submissions/alice/ex02.ipynb                  # make grade NB=...
+    python tools/grade.py alice.ipynb --solution solutions/ex02_accept_reject.ipynb
+    python tools/grade.py --all submissions/ --csv gradebook.csv        # make grade-all DIR=...
 
-Graded cells carry nbgrader metadata: ``metadata.nbgrader.grade = true``, a unique
-``grade_id`` and ``points``. Before running, every graded cell that is not a
-solution cell (a test cell) gets its source back from the solution notebook,
-hidden tests included, so a learner can neither see nor edit the tests that
-count. Then ``pytest --nbval-lax`` runs the notebook, one test per code cell
-("Cell N" counts code cells from 0), and a graded cell scores its points iff
-its test passed. The solution is found by file name in solutions/ unless
-``--solution`` is given; ``--as-is`` skips the restoring.
+How one submission is graded:
 
-Exit status: 0 full marks, 1 some graded cell failed, 2 the notebook could not be graded.
+1. The notebook is read as JSON. Its exercise id (``metadata.specref.exercise``, stamped by
+   tools/make_exercises.py) names the solution in solutions/, whatever the file is called;
+   ``--solution`` overrides it. An older exercise version is graded with today's tests.
+2. What runs is built from the SOLUTION: its setup cells, its test cells (hidden tests
+   included) and its order. From the submission only the source of each answer cell is
+   taken, found by grade_id (or cell id). Everything else in the submission (its other
+   cells, test cells, metadata, points, outputs) is ignored and listed in the report.
+3. Every answer cell is read before it runs (tools/grade_scan.py): code that reaches for
+   the machinery around it, or uses specref (the reference implementation), is flagged.
+4. Each test cell runs in a process of its own (tools/grade_runner.py): setup, answers,
+   the exercise's other cells up to the test, then the test. The process starts with
+   ``python -I`` in an empty temporary folder, with a minimal environment; as root it runs
+   under a fresh unprivileged uid (so it can write nothing of the repository's, the
+   environment's or other submissions'), and every process of that uid is killed at the end.
+   Its results come back signed with a key only the grader and that process hold.
+
+Exit status: 0 full marks; 1 some check failed; 2 could not be graded (unreadable
+notebook, no matching solution, the kernel died, a report is missing); 3 needs review
+(interference or use of the reference implementation was detected; flagged tasks score 0).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import csv
+import hashlib
+import hmac
+import json
 import os
-import re
+import pwd
+import random
+import resource
+import secrets
+import select
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import nbformat
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from grade_scan import imported_specref_names, names_bound, names_used, scan  # noqa: E402
+from make_exercises import MarkerError, strip_regions, tests_version  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+RUNNER = Path(__file__).resolve().parent / "grade_runner.py"
 CELL_TIMEOUT_S = 180
-RUN_TIMEOUT_S = 1800  # the whole pytest run, whatever its cells do
-# Colour codes in nbval's reports; the junit writer turns ESC into the text "#x1B".
-_ANSI = re.compile(r"(\x1b|#x1B)\[[0-9;]*m")
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b.*$", re.MULTILINE)
+RUN_TIMEOUT_S = 1800  # one submission, all of its tests together
+EXIT_FULL, EXIT_FAILED, EXIT_UNGRADABLE, EXIT_REVIEW = 0, 1, 2, 3
+STATUS = {EXIT_FULL: "full marks", EXIT_FAILED: "some checks failed", EXIT_UNGRADABLE: "could not be graded",
+          EXIT_REVIEW: "NEEDS REVIEW"}
+MARKER_ENV = "SPECREF_GRADING_RUN"
 
 
-@dataclass(frozen=True)
-class CellResult:
-    grade_id: str
-    points: float
-    cell_index: int  # position in the notebook, all cell types counted
-    code_index: int | None  # nbval's "Cell N" (code cells only); None for markdown
-    outcome: str  # "passed", "failed", "error", "skipped", "not run", "manual"
-    message: str = ""
-
-    @property
-    def passed(self) -> bool:
-        return self.outcome == "passed"
+class GradeError(Exception):
+    """The notebook cannot be graded (exit 2); the message says why."""
 
 
-def graded_cells(nb) -> list[tuple[int, object]]:
-    """(index, cell) of every cell with nbgrader ``grade: true``."""
-    return [(i, c) for i, c in enumerate(nb.cells) if c.get("metadata", {}).get("nbgrader", {}).get("grade")]
+# --------------------------------------------------------------------------------------
+# Notebooks as JSON: reading, ids and versions
+# --------------------------------------------------------------------------------------
+def _source(cell: dict) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
 
 
-def is_test_cell(cell) -> bool:
-    """A graded cell that the learner does not write: its source comes from the solution."""
-    meta = cell.get("metadata", {}).get("nbgrader", {})
-    return bool(meta.get("grade")) and not meta.get("solution") and cell.cell_type == "code"
-
-
-def restore_tests(submission, solution):
-    """A copy of `submission` whose test cells carry the solution's source (hidden tests included).
-
-    Cells are matched by grade_id. A test cell the learner deleted is inserted
-    again after the cell that precedes it in the solution (or at the end).
-    """
-    nb = copy.deepcopy(submission)
-    by_id = {c.metadata["nbgrader"]["grade_id"]: c for _, c in graded_cells(nb)}
-    for i, ref in enumerate(solution.cells):
-        if not is_test_cell(ref):
-            continue
-        gid = ref.metadata["nbgrader"]["grade_id"]
-        if gid in by_id:
-            by_id[gid].source = ref.source
-            by_id[gid].metadata = copy.deepcopy(ref.metadata)
-            continue
-        new = copy.deepcopy(ref)
-        new.outputs, new.execution_count = [], None
-        prev_id = solution.cells[i - 1].get("id") if i > 0 else None
-        pos = next((j + 1 for j, c in enumerate(nb.cells) if prev_id and c.get("id") == prev_id), len(nb.cells))
-        nb.cells.insert(pos, new)
-        by_id[gid] = new
+def read_notebook(path: Path) -> dict:
+    """The notebook as a dict, checked enough to be walked safely; GradeError says what is wrong."""
+    try:
+        nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise GradeError(f"cannot read {path}: {e}") from e
+    except json.JSONDecodeError as e:
+        raise GradeError(f"{path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
+                         "was it saved by Jupyter?") from e
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise GradeError(f"{path} is not a notebook (no list of cells)")
+    if not isinstance(nb.get("metadata", {}), dict):
+        raise GradeError(f"{path}: the notebook's metadata is not an object")
+    for i, cell in enumerate(nb["cells"]):
+        if not isinstance(cell, dict) or not isinstance(cell.get("cell_type"), str):
+            raise GradeError(f"{path}: cell {i} is broken (not an object with a cell_type)")
+        src = cell.get("source", "")
+        if not (isinstance(src, str) or (isinstance(src, list) and all(isinstance(s, str) for s in src))):
+            raise GradeError(f"{path}: cell {i} has a broken source (not text)")
+        if not isinstance(cell.get("metadata", {}), dict):
+            raise GradeError(f"{path}: cell {i} has broken metadata (not an object)")
     return nb
 
 
-def _reason(report: str) -> str:
-    """The line of a failure report that says what went wrong (the exception), without colour codes."""
-    text = _ANSI.sub("", report)
-    found = [m.group(0) for m in _EXCEPTION_LINE.finditer(text)]
-    if found:
-        return found[-1].strip()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[0] if lines else ""
+def nbgrader(cell: dict) -> dict:
+    meta = cell.get("metadata", {}).get("nbgrader")
+    return meta if isinstance(meta, dict) else {}
 
 
-def _junit_outcomes(xml_path: Path) -> tuple[dict[str, dict[int, tuple[str, str]]], str]:
-    """{notebook file name: {nbval cell number: (outcome, message)}} and any other error, from junit XML."""
-    outcomes: dict[str, dict[int, tuple[str, str]]] = {}
-    other_error = ""
-    if not xml_path.is_file():
-        return outcomes, "pytest wrote no report"
-    for case in ET.parse(xml_path).getroot().iter("testcase"):
-        name = case.get("name", "")
-        outcome, message = "passed", ""
-        for tag in ("failure", "error", "skipped"):
-            node = case.find(tag)
-            if node is not None:
-                outcome = {"failure": "failed"}.get(tag, tag)
-                message = _reason(node.text or node.get("message") or "")
-                break
-        if name.startswith("Cell ") and name[5:].isdigit():
-            outcomes.setdefault(Path(case.get("file", "")).name, {})[int(name[5:])] = (outcome, message)
-        elif outcome != "passed":
-            other_error = f"{name}: {message}"
-    return outcomes, other_error
+def is_answer(cell: dict) -> bool:
+    return bool(nbgrader(cell).get("solution"))
 
 
-def run_nbval(paths: list[Path], cell_timeout: int = CELL_TIMEOUT_S) -> tuple[dict[str, dict[int, tuple[str, str]]], str]:
-    """Run ``pytest --nbval-lax`` once over notebooks with distinct file names.
-
-    Returns ({file name: {cell number: (outcome, message)}}, an error that is not a cell's:
-    a collection failure, or pytest's output tail when it reported nothing).
-    """
-    with tempfile.TemporaryDirectory() as tmp:
-        xml = Path(tmp) / "junit.xml"
-        # xunit1 records each test's file, which tells the notebooks apart.
-        cmd = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env",
-               f"--nbval-cell-timeout={cell_timeout}", "-p", "no:cacheprovider", "-q",
-               f"--junitxml={xml}", "-o", "junit_family=xunit1", *map(str, paths)]
-        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=paths[0].parent, env=env,
-                                  timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            return {}, f"pytest did not finish in {RUN_TIMEOUT_S} s"
-        outcomes, error = _junit_outcomes(xml)
-    if not outcomes and not error:
-        error = (proc.stdout + proc.stderr)[-2000:]
-    return outcomes, error
+def is_test(cell: dict) -> bool:
+    m = nbgrader(cell)
+    return bool(m.get("grade")) and not m.get("solution") and cell.get("cell_type") == "code"
 
 
-def _score(nb, cells: dict[int, tuple[str, str]], error: str) -> list[CellResult]:
-    code_numbers: dict[int, int] = {}
-    for i, c in enumerate(nb.cells):
-        if c.cell_type == "code":
-            code_numbers[i] = len(code_numbers)
-    results = []
-    for i, c in graded_cells(nb):
-        meta = c.metadata["nbgrader"]
-        gid, points = meta.get("grade_id", f"cell-{i}"), float(meta.get("points", 0))
-        if c.cell_type != "code":
-            results.append(CellResult(gid, points, i, None, "manual", "graded by hand"))
+def exercise_id(solution_path: Path) -> str:
+    return Path(solution_path).stem
+
+
+def stamp(submission: dict) -> tuple[str | None, str | None]:
+    meta = submission.get("metadata", {}).get("specref")
+    if not isinstance(meta, dict):
+        return None, None
+    eid, ver = meta.get("exercise"), meta.get("version")
+    return (eid if isinstance(eid, str) else None), (ver if isinstance(ver, str) else None)
+
+
+def find_solution(submission: dict, solutions_dir: Path) -> Path:
+    eid, _ = stamp(submission)
+    if eid is None:
+        raise GradeError("the notebook has no exercise id (metadata.specref.exercise, stamped by "
+                         "tools/make_exercises.py); name its solution with --solution")
+    for path in sorted(Path(solutions_dir).glob("*.ipynb")):
+        if exercise_id(path) == eid:
+            return path
+    raise GradeError(f"no solution in {solutions_dir} for exercise id {eid!r}; name one with --solution")
+
+
+# --------------------------------------------------------------------------------------
+# The plan: what runs, from the solution; the learner's answers by grade_id
+# --------------------------------------------------------------------------------------
+@dataclass
+class TestSpec:
+    n: int  # the test cell's index in the solution
+    grade_id: str
+    points: float
+    source: str
+    saved_passing: bool | None = None  # what the submission's saved output of this cell showed
+    depends: set[int] = field(default_factory=set)  # solution indices of the answer cells it uses
+
+
+@dataclass
+class Plan:
+    exercise: str
+    version: str
+    cells: list[dict]  # {"n", "role", "grade_id", "source"} in the solution's order; tests included
+    tests: list[TestSpec]
+    manual: list[tuple[str, float, str]]  # (grade_id, points, the learner's text)
+    notes: list[str]
+    flags: dict[int, list[str]]  # answer cell index -> findings (interference applies to all later tests)
+    reference: dict[int, list[str]]  # answer cell index -> uses of specref (applies to dependent tests)
+    syntax: dict[int, str]
+
+
+def _find_answer(sub_cells: list[dict], ref: dict, gid: str, notes: list[str]) -> dict | None:
+    by_gid = [c for c in sub_cells if nbgrader(c).get("grade_id") == gid]
+    if not by_gid and isinstance(ref.get("id"), str):
+        by_gid = [c for c in sub_cells if c.get("id") == ref["id"]]
+    if not by_gid:
+        return None
+    best = next((c for c in by_gid if c.get("cell_type") == ref.get("cell_type") and c.get("id") == ref.get("id")),
+                next((c for c in by_gid if c.get("cell_type") == ref.get("cell_type")), by_gid[0]))
+    if len(by_gid) > 1:
+        notes.append(f"{len(by_gid)} cells claim grade_id {gid!r}: the one with cell id {best.get('id')!r} was "
+                     "graded, the others were ignored")
+    if best.get("cell_type") != ref.get("cell_type"):
+        notes.append(f"answer {gid!r} was turned into a {best.get('cell_type')} cell; it was graded as "
+                     f"{ref.get('cell_type')}")
+    return best
+
+
+def _saved_output_passing(cell: dict) -> bool | None:
+    outs = cell.get("outputs")
+    if not isinstance(outs, list) or not outs:
+        return None if cell.get("execution_count") is None else True
+    return not any(isinstance(o, dict) and o.get("output_type") == "error" for o in outs)
+
+
+def build_plan(solution: dict, submission: dict, solution_name: str = "solution") -> Plan:
+    sol_cells, sub_cells = solution["cells"], submission["cells"]
+    notes: list[str] = []
+    eid, ver = stamp(submission)
+    version = tests_version(solution)
+    if ver is not None and ver != version:
+        notes.append(f"this notebook was made for an older version of the exercise ({ver}); it was graded with "
+                     f"today's tests ({version})")
+    first_answer = next((i for i, c in enumerate(sol_cells) if is_answer(c)), len(sol_cells))
+    setup_sources = [_source(c) for i, c in enumerate(sol_cells) if i < first_answer and c.get("cell_type") == "code"]
+    specref_names = imported_specref_names(setup_sources)
+    cells: list[dict] = []
+    tests: list[TestSpec] = []
+    manual: list[tuple[str, float, str]] = []
+    flags: dict[int, list[str]] = {}
+    reference: dict[int, list[str]] = {}
+    syntax: dict[int, str] = {}
+    used_ids: set[int] = set()
+    bound: dict[int, set[str]] = {}
+    uses: dict[int, set[str]] = {}
+    for i, ref in enumerate(sol_cells):
+        meta = nbgrader(ref)
+        gid = meta.get("grade_id", f"cell-{i}")
+        if is_answer(ref):
+            got = _find_answer(sub_cells, ref, gid, notes)
+            if got is not None:
+                used_ids.add(id(got))
+            try:
+                stub = strip_regions(_source(ref), ref.get("cell_type", "code"), f"{solution_name}: cell {i}")
+            except MarkerError as e:
+                raise GradeError(f"the solution is broken: {e}") from e
+            text = _source(got) if got is not None else stub
+            if got is None:
+                notes.append(f"answer cell {gid!r} is missing from the notebook: it was graded as unanswered")
+            if ref.get("cell_type") != "code" or meta.get("grade"):
+                # A graded answer cell (markdown, or code carrying its own points) is the learner's
+                # text through and through: nothing in it can be trusted to grade itself.
+                if meta.get("grade"):
+                    manual.append((gid, float(meta.get("points", 0) or 0), text))
+                if ref.get("cell_type") != "code":
+                    continue
+            try:
+                findings = scan(text, specref_names, names_used(_source(ref)) & specref_names)
+            except SyntaxError as e:
+                syntax[i] = f"syntax error in answer cell {gid!r}, line {e.lineno}: {e.msg}"
+                findings = []
+            except (ValueError, RecursionError) as e:
+                syntax[i] = f"answer cell {gid!r} cannot be read as Python: {e}"
+                findings = []
+            for f in findings:
+                (reference if f.kind == "reference" else flags).setdefault(i, []).append(
+                    f"answer cell {gid!r}, line {f.line}: {f.text}")
+            bound[i], uses[i] = names_bound(text), names_used(text)
+            cells.append({"n": i, "role": "answer", "grade_id": gid, "source": text})
+        elif is_test(ref):
+            spec = TestSpec(i, gid, float(meta.get("points", 0) or 0), _source(ref))
+            mine = [c for c in sub_cells if nbgrader(c).get("grade_id") == gid]
+            if len(mine) > 1:
+                notes.append(f"{len(mine)} cells claim test grade_id {gid!r}: the exercise's test ran once, the "
+                             "copies were ignored")
+            if mine:
+                used_ids.update(id(c) for c in mine)
+                spec.saved_passing = _saved_output_passing(mine[0])
+                if _source(mine[0]).strip() and _source(mine[0]).strip() not in _source(ref):
+                    notes.append(f"your copy of test cell {gid!r} differs from the exercise's; the exercise's "
+                                 "tests were run")
+            tests.append(spec)
+            cells.append({"n": i, "role": "test", "grade_id": gid, "source": spec.source})
+        elif ref.get("cell_type") == "code":
+            try:
+                text = strip_regions(_source(ref), "code", f"{solution_name}: cell {i}")
+            except MarkerError as e:
+                raise GradeError(f"the solution is broken: {e}") from e
+            cells.append({"n": i, "role": "setup" if i < first_answer else "other", "grade_id": None, "source": text})
+    # What the submission has that the exercise does not.
+    sol_gids = {nbgrader(c).get("grade_id") for c in sol_cells if nbgrader(c)}
+    for j, c in enumerate(sub_cells):
+        m = nbgrader(c)
+        if id(c) in used_ids:
+            ref = next((r for r in sol_cells if nbgrader(r).get("grade_id") == m.get("grade_id")), None)
+            if ref is not None and any(m.get(k) != nbgrader(ref).get(k) for k in ("grade", "points", "solution")):
+                notes.append(f"cell {j} ({m.get('grade_id')!r}): edited grading metadata was ignored")
             continue
-        n = code_numbers[i]
-        outcome, message = cells.get(n, ("not run", error))
-        results.append(CellResult(gid, points, i, n, outcome, message))
+        if m.get("grade") and m.get("grade_id") not in sol_gids:
+            notes.append(f"cell {j}: graded cell {m.get('grade_id')!r} is not part of the exercise; ignored")
+        elif c.get("cell_type") == "code" and _source(c).strip() and not m:
+            if not any(_source(c).strip() == _source(r).strip() for r in sol_cells):
+                notes.append(f"cell {j}: code outside the answer cells is not run by the grader "
+                             "(put what your answers need into the answer cells)")
+    if any(c.get("cell_type") == "code" and c.get("outputs") for c in sub_cells):
+        notes.append("the outputs saved in the notebook were ignored: every cell was run again from scratch")
+    # Which answers each test uses: names, followed through the answers that define them.
+    for t in tests:
+        want, seen = set(names_used(t.source)), set()
+        while True:
+            new = {i for i in bound if bound[i] & want and i < t.n} - seen
+            if not new:
+                break
+            seen |= new
+            for i in new:
+                want |= uses[i]
+        t.depends = seen
+    if not tests and not manual:
+        raise GradeError(f"{solution_name} has no graded cells (metadata.nbgrader.grade)")
+    return Plan(eid or exercise_id(Path(solution_name)), version, cells, tests, manual, notes, flags, reference, syntax)
+
+
+# --------------------------------------------------------------------------------------
+# Running one test in a sandbox
+# --------------------------------------------------------------------------------------
+@dataclass
+class RunOutcome:
+    outcome: str  # passed, failed, error, timeout, died, not run
+    message: str = ""
+    flags: list[str] = field(default_factory=list)
+    answer_errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class KernelRun:
+    """What one kernel reported: a result per test cell it got to, and why it stopped early, if it did."""
+    results: dict[int, RunOutcome] = field(default_factory=dict)
+    stopped_at: dict | None = None  # the cell it was running when it timed out or died
+    stop: RunOutcome | None = None
+    setup_error: str = ""
+
+
+_READ_CAP: dict[int, bool] = {}
+
+
+def _as_root() -> bool:
+    return os.geteuid() == 0 and shutil.which("setpriv") is not None
+
+
+def _free_uid() -> int:
+    while True:
+        uid = random.randrange(200_000, 2_000_000_000)
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            return uid
+
+
+def _drop_cmd(uid: int) -> list[str]:
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--pdeathsig", "KILL"]
+
+
+def _needs_read_cap() -> bool:
+    """Whether an unprivileged uid needs CAP_DAC_READ_SEARCH to run this interpreter as it is.
+
+    A venv whose python lives in a private home (e.g. /root/.pyenv) cannot be read by other
+    users; Python then starts with a different standard library, or not at all. The
+    capability lets the kernel read files, never write them.
+    """
+    if 0 not in _READ_CAP:
+        probe = "import sys; print(sys.version, sys.prefix, sys.base_prefix)"
+        want = f"{sys.version} {sys.prefix} {sys.base_prefix}"
+        try:
+            got = subprocess.run(_drop_cmd(_free_uid()) + [sys.executable, "-I", "-c", probe], capture_output=True,
+                                 text=True, timeout=60, cwd="/").stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            got = ""
+        _READ_CAP[0] = got != want
+    return _READ_CAP[0]
+
+
+def _hub_cache() -> str:
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.path.expanduser(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "hub")
+    return os.path.expanduser("~/.cache/huggingface/hub")
+
+
+def _environment(home: str, marker: str) -> dict[str, str]:
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
+           "MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "HF_HUB_OFFLINE": "1",
+           "HF_HUB_CACHE": _hub_cache(), MARKER_ENV: marker}
+    for k, v in os.environ.items():
+        if k.startswith("SPECREF_") and k != MARKER_ENV or k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                                                 "CUDA_VISIBLE_DEVICES"):
+            env[k] = v
+    return env
+
+
+def _limits() -> None:  # runs in the child before exec
+    limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, 256 << 20)]
+    if _as_root():  # counted per uid: only the run's own fresh uid may be capped (fork bombs)
+        limits.append((resource.RLIMIT_NPROC, 1024))
+    for lim, value in limits:
+        try:
+            resource.setrlimit(lim, (value, value))
+        except (ValueError, OSError):
+            pass
+    os.umask(0o077)
+
+
+def processes_with(marker: str) -> list[int]:
+    """Live processes whose environment carries `marker` (what a grading run leaves behind)."""
+    found = []
+    needle = f"{MARKER_ENV}={marker}".encode()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if needle in (d / "environ").read_bytes().split(b"\0"):
+                found.append(int(d.name))
+        except OSError:
+            continue
+    return found
+
+
+def _kill_all(proc: subprocess.Popen, uid: int | None, marker: str) -> None:
+    for _ in range(5):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if uid is not None:  # every process of the run's own uid, whatever group or session it moved to
+            subprocess.run(_drop_cmd(uid) + ["kill", "-KILL", "-1"], capture_output=True, timeout=30)
+        for pid in processes_with(marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            continue
+        time.sleep(0.02)
+        if not processes_with(marker):
+            return
+
+
+def run_cells(cells: list[dict], cell_timeout: float, deadline: float) -> KernelRun:
+    """Run the cells (setup, answers, others, tests; in order) in a fresh sandboxed kernel."""
+    secret = secrets.token_bytes(32)
+    marker = secrets.token_hex(8)
+    base = Path(tempfile.mkdtemp(prefix="specref-grade-"))
+    uid = _free_uid() if _as_root() else None
+    work = base / "work"
+    work.mkdir()
+    r, w = os.pipe()
+    log = open(base / "output.log", "wb")
+    try:
+        os.chmod(base, 0o711)
+        if uid is not None:
+            os.chown(work, uid, uid)
+        os.chmod(work, 0o700)
+        cmd = [sys.executable, "-I", "-c", RUNNER.read_text(encoding="utf-8")]
+        if uid is not None:
+            caps = ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"] if _needs_read_cap() else []
+            cmd = _drop_cmd(uid) + caps + ["--"] + cmd
+        plan = json.dumps({"secret": secret.hex(), "fd": w, "cells": cells}).encode()
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, cwd=work,
+                                    env=_environment(str(work), marker), pass_fds=(w,), start_new_session=True,
+                                    preexec_fn=_limits)
+        except OSError as e:
+            return KernelRun(setup_error=f"could not start the grading kernel ({cmd[0]}): {e}")
+        os.close(w)
+        w = -1
+        try:
+            return _collect(proc, plan, r, secret, cells, cell_timeout, deadline, base / "output.log")
+        finally:
+            _kill_all(proc, uid, marker)
+    finally:
+        for fd in (r, w):
+            if fd >= 0:
+                os.close(fd)
+        log.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _feed(proc: subprocess.Popen, data: bytes) -> None:
+    try:
+        proc.stdin.write(data)
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass
+
+
+def _collect(proc, plan: bytes, r: int, secret: bytes, cells: list[dict], cell_timeout: float, deadline: float,
+             log: Path) -> KernelRun:
+    import threading
+    threading.Thread(target=_feed, args=(proc, plan), daemon=True).start()
+    roles = {c["n"]: c for c in cells}
+    run = KernelRun()
+    buf, current, started = b"", None, time.monotonic()
+    errors: list[str] = []
+    forged = 0
+    done = False
+    while not done:
+        now = time.monotonic()
+        limit = min(deadline, started + cell_timeout)
+        if now >= limit:
+            cell = roles.get(current, {})
+            why = "the whole grading run" if deadline <= started + cell_timeout else "one cell"
+            run.stopped_at = cell
+            run.stop = RunOutcome("timeout", f"timed out: {_cell_words(cell)} was still running after "
+                                  f"{min(cell_timeout, deadline - started):.0f} s (the limit for {why}); an endless "
+                                  "loop, or far too slow", answer_errors=list(errors))
+            return run
+        ready, _, _ = select.select([r], [], [], max(0.0, min(limit - now, 1.0)))
+        if not ready:
+            continue
+        chunk = os.read(r, 1 << 16)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            event = _verify(line, secret)
+            if event is None:
+                forged += 1
+                continue
+            ev = event.get("ev")
+            if ev == "start":
+                current, started = event.get("n"), time.monotonic()
+            elif ev == "cell_error":
+                if event.get("role") == "setup":
+                    run.setup_error = f"the exercise's setup cell {event.get('n')} failed: {event.get('message')}"
+                    return run
+                errors.append(f"{_cell_words(roles.get(event.get('n'), {}))} raised {event.get('message')}")
+            elif ev == "result":
+                extra = ([f"{forged} unsigned line(s) were written to the grader's result channel (an attempt "
+                          "to forge results)"] if forged else [])
+                run.results[event.get("n")] = RunOutcome(event.get("outcome", "error"), event.get("message", ""),
+                                                         list(event.get("flags", [])) + extra, list(errors))
+                current = None
+            elif ev == "internal_error":
+                errors.append(f"the grading kernel failed: {event.get('message')}")
+            elif ev == "done":
+                done = True
+    if done and not forged:
+        return run
+    try:
+        code = proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        code = None
+    cell = roles.get(current, {})
+    how = f"exit status {code}" if code is not None and code >= 0 else (
+        f"signal {-code}" if code is not None else "no exit")
+    tail = log.read_bytes()[-1500:].decode("utf-8", "replace").strip() if log.is_file() else ""
+    flags = [f"{forged} unsigned line(s) were written to the grader's result channel (an attempt to forge "
+             "results)"] if forged else []
+    if done:  # everything was reported, but someone else wrote to the channel too
+        for res in run.results.values():
+            res.flags += [f for f in flags if f not in res.flags]
+        return run
+    run.stopped_at = cell
+    what = _cell_words(cell) if cell else "its start-up or between cells"
+    run.stop = RunOutcome("died", f"the kernel died while running {what} ({how}) before reporting a result"
+                          + (f"; its last output:\n{tail}" if tail else ""), flags=flags, answer_errors=list(errors))
+    return run
+
+
+def _cell_words(cell: dict) -> str:
+    role = cell.get("role")
+    if role == "answer":
+        return f"answer cell {cell.get('grade_id')!r}"
+    if role == "test":
+        return f"test cell {cell.get('grade_id')!r}"
+    if role in ("setup", "other"):
+        return f"the exercise's cell {cell.get('n')}"
+    return "the kernel's start-up"
+
+
+def _verify(line: bytes, secret: bytes) -> dict | None:
+    mac, _, data = line.partition(b" ")
+    want = hmac.new(secret, data, hashlib.sha256).hexdigest().encode()
+    if not hmac.compare_digest(mac, want):
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+# --------------------------------------------------------------------------------------
+# Grading a submission
+# --------------------------------------------------------------------------------------
+@dataclass
+class TestResult:
+    grade_id: str
+    points: float
+    outcome: str
+    message: str = ""
+    flags: list[str] = field(default_factory=list)
+
+    @property
+    def score(self) -> float:
+        return self.points if self.outcome == "passed" and not self.flags else 0.0
+
+
+@dataclass
+class Report:
+    path: str
+    exercise: str = ""
+    version: str = ""
+    tests: list[TestResult] = field(default_factory=list)
+    manual: list[tuple[str, float, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def flags(self) -> list[str]:
+        out: list[str] = []
+        for t in self.tests:
+            out += [f for f in t.flags if f not in out]
+        return out
+
+    @property
+    def total(self) -> float:
+        return sum(t.score for t in self.tests)
+
+    @property
+    def possible(self) -> float:
+        return sum(t.points for t in self.tests)
+
+    @property
+    def exit_code(self) -> int:
+        if self.error or any(t.outcome in ("died", "not graded") for t in self.tests):
+            return EXIT_UNGRADABLE
+        if self.flags:
+            return EXIT_REVIEW
+        return EXIT_FULL if all(t.outcome == "passed" for t in self.tests) else EXIT_FAILED
+
+    def text(self) -> str:
+        lines = [f"{self.path}: exercise {self.exercise or '?'}" + (f" (tests {self.version})" if self.version else "")]
+        if self.error:
+            lines.append(f"could not be graded: {self.error}")
+            return "\n".join(lines)
+        width = max([len(t.grade_id) for t in self.tests] + [len(m[0]) for m in self.manual] + [8])
+        lines.append(f"{'grade_id':<{width}}  {'points':>9}  result")
+        for t in self.tests:
+            result = t.outcome + ("; NEEDS REVIEW, points withheld" if t.flags else "")
+            lines.append(f"{t.grade_id:<{width}}  {f'{t.score:g}/{t.points:g}':>9}  {result}")
+            for part in ([t.message] if t.message else []) + [f"review: {f}" for f in t.flags]:
+                lines += ["      " + ln for ln in part.splitlines()]
+        for gid, points, text in self.manual:
+            lines.append(f"{gid:<{width}}  {f'?/{points:g}':>9}  graded by hand; the answer:")
+            lines += ["      " + ln for ln in (text.strip() or "(empty)").splitlines()]
+        for note in self.notes:
+            lines.append(f"note: {note}")
+        lines.append(f"score: {self.total:g} / {self.possible:g} (autograded)")
+        lines.append(f"status: {STATUS[self.exit_code]}")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        return {"path": self.path, "exercise": self.exercise, "version": self.version, "error": self.error,
+                "status": STATUS[self.exit_code], "exit_code": self.exit_code, "total": self.total,
+                "possible": self.possible, "notes": self.notes, "flags": self.flags,
+                "tests": [{"grade_id": t.grade_id, "points": t.points, "score": t.score, "outcome": t.outcome,
+                           "message": t.message, "flags": t.flags} for t in self.tests],
+                "manual": [{"grade_id": g, "points": p, "answer": a} for g, p, a in self.manual]}
+
+
+def grade(notebook: Path, solution: Path | None = None, solutions_dir: Path | None = None,
+          cell_timeout: float = CELL_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S) -> Report:
+    """Grade one submission file; never raises for a problem of the submission (see Report.error)."""
+    report = Report(str(notebook))
+    try:
+        submission = read_notebook(notebook)
+        solution = solution or find_solution(submission, solutions_dir or ROOT / "solutions")
+        sol = read_notebook(solution)
+        plan = build_plan(sol, submission, Path(solution).name)
+    except GradeError as e:
+        report.error = str(e)
+        return report
+    report.exercise, report.version, report.manual, report.notes = plan.exercise, plan.version, plan.manual, plan.notes
+    claimed, _ = stamp(submission)
+    if claimed is not None and claimed != exercise_id(Path(solution)):
+        report.exercise = exercise_id(Path(solution))
+        report.notes.insert(0, f"the notebook says it is exercise {claimed!r}; it was graded against "
+                               f"{Path(solution).name}, as asked")
+    report.tests = grade_plan(plan, cell_timeout, run_timeout)
+    for t, spec in zip(report.tests, plan.tests):
+        if spec.saved_passing and t.outcome != "passed":
+            report.notes.append(f"the saved output of test cell {t.grade_id!r} shows it passing, but run again it "
+                                "does not: the notebook's outputs were stale (cells edited or run out of order)")
+    return report
+
+
+def grade_plan(plan: Plan, cell_timeout: float = CELL_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S) -> list[TestResult]:
+    """Run the plan's tests in as few kernels as possible: a fresh one after a test that hung or killed its kernel."""
+    deadline = time.monotonic() + run_timeout
+    outcomes: dict[int, RunOutcome] = {}
+    pending = list(plan.tests)
+    while pending:
+        if time.monotonic() >= deadline:
+            for t in pending:
+                outcomes[t.n] = RunOutcome("timeout", f"not run: the whole grading run exceeded {run_timeout:.0f} s")
+            break
+        wanted = {t.n for t in pending}
+        last = max(wanted)
+        cells = [c for c in plan.cells if (c["role"] != "test" and c["n"] < last) or c["n"] in wanted]
+        run = run_cells(cells, cell_timeout, deadline)
+        if run.setup_error:
+            for t in pending:
+                outcomes[t.n] = RunOutcome("not graded", run.setup_error)
+            break
+        outcomes.update({n: o for n, o in run.results.items() if n in wanted})
+        pending = [t for t in pending if t.n not in run.results]
+        if run.stop is None:
+            for t in pending:  # the kernel said it was done, yet these were never reported
+                outcomes[t.n] = RunOutcome("not graded", "the kernel finished without reporting this test")
+            break
+        stuck = run.stopped_at or {}
+        if stuck.get("role") == "test":  # that test alone hung or killed its kernel: go on in a fresh one
+            outcomes[stuck["n"]] = run.stop
+            pending = [t for t in pending if t.n != stuck["n"]]
+            continue
+        for t in pending:  # an answer or other cell before them hung or died: they would meet it again
+            word = "not run" if run.stop.outcome == "timeout" else run.stop.outcome
+            outcomes[t.n] = RunOutcome(word, f"not run: {run.stop.message}" if word == "not run" else run.stop.message,
+                                       run.stop.flags, run.stop.answer_errors)
+        break
+    results: list[TestResult] = []
+    for t in plan.tests:
+        out = outcomes[t.n]
+        flags = [f for i, fs in plan.flags.items() if i < t.n for f in fs]
+        flags += [f for i, fs in plan.reference.items() if i in t.depends for f in fs]
+        message = out.message
+        syntax = [plan.syntax[i] for i in sorted(plan.syntax) if i in t.depends or (i < t.n and not t.depends)]
+        context = syntax + [e for e in out.answer_errors
+                            if not any(f"answer cell {s.split(chr(39))[1]!r}" in e for s in syntax if chr(39) in s)]
+        if out.outcome != "passed" and context:
+            message = (message + "\n" if message else "") + "\n".join(f"(earlier: {c})" for c in context)
+        results.append(TestResult(t.grade_id, t.points, out.outcome, message, flags + out.flags))
     return results
 
 
-def grade_notebooks(jobs: list[tuple[object, Path]], cell_timeout: int = CELL_TIMEOUT_S) -> list[list[CellResult]]:
-    """Score each (notebook, folder) pair, all in one pytest run.
-
-    Each notebook runs as if it lived in its folder (its relative paths resolve
-    there): it is written there under a temporary hidden name and removed afterwards.
-    """
-    paths: list[Path] = []
+# --------------------------------------------------------------------------------------
+# Batch grading
+# --------------------------------------------------------------------------------------
+def grade_all(folder: Path, csv_path: Path, solutions_dir: Path | None = None, cell_timeout: float = CELL_TIMEOUT_S,
+              run_timeout: float = RUN_TIMEOUT_S, progress: bool = True) -> list[Report]:
+    files = sorted(p for p in Path(folder).rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
     try:
-        for nb, where in jobs:
-            Path(where).mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(prefix=".grading-", suffix=".ipynb", dir=where)
-            paths.append(Path(name))
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                nbformat.write(nb, f)
-        outcomes, error = run_nbval(paths, cell_timeout)
-    finally:
-        for path in paths:
-            path.unlink(missing_ok=True)
-    return [_score(nb, outcomes.get(path.name, {}), error) for (nb, _), path in zip(jobs, paths)]
-
-
-def grade_notebook(nb, where: Path, cell_timeout: int = CELL_TIMEOUT_S) -> list[CellResult]:
-    """Score one notebook as if it lived in folder `where`."""
-    return grade_notebooks([(nb, where)], cell_timeout)[0]
-
-
-def find_solution(notebook: Path) -> Path | None:
-    candidate = ROOT / "solutions" / notebook.name
-    return candidate if candidate.is_file() and candidate.resolve() != notebook.resolve() else None
-
-
-def grade(notebook: Path, solution: Path | None = None, as_is: bool = False,
-          cell_timeout: int = CELL_TIMEOUT_S) -> list[CellResult]:
-    """Grade one notebook file (restoring its tests from the solution unless `as_is`)."""
-    nb = nbformat.read(notebook, as_version=4)
-    if not as_is:
-        solution = solution or find_solution(notebook)
-        if solution is not None:
-            nb = restore_tests(nb, nbformat.read(solution, as_version=4))
-    return grade_notebook(nb, notebook.resolve().parent, cell_timeout)
-
-
-def summary(results: list[CellResult]) -> str:
-    width = max([len(r.grade_id) for r in results] + [8])
-    lines = [f"{'grade_id':<{width}}  {'points':>7}  result"]
-    for r in results:
-        got = r.points if r.passed else 0.0
-        note = "" if r.passed or not r.message else "  " + r.message.splitlines()[0][:100]
-        lines.append(f"{r.grade_id:<{width}}  {f'{got:g}/{r.points:g}':>7}  {r.outcome}{note}")
-    auto = [r for r in results if r.outcome != "manual"]
-    total = sum(r.points for r in auto if r.passed)
-    lines.append(f"score: {total:g} / {sum(r.points for r in auto):g} (autograded)")
-    return "\n".join(lines)
+        from tqdm import tqdm
+        it = tqdm(files, desc="grading", unit="notebook", disable=not progress)
+    except ImportError:
+        it = files
+    reports = []
+    for path in it:
+        reports.append(grade(path, solutions_dir=solutions_dir, cell_timeout=cell_timeout, run_timeout=run_timeout))
+    ids: list[str] = []
+    for rep in reports:
+        ids += [t.grade_id for t in rep.tests if t.grade_id not in ids]
+    with open(csv_path, "w", newline="", encoding="utf-8") as f:
+        out = csv.writer(f)
+        out.writerow(["file", "exercise", "status", "exit_code", "total", "possible", *ids, "flags", "reasons"])
+        for rep in reports:
+            scores = {t.grade_id: f"{t.score:g}" for t in rep.tests}
+            reasons = [rep.error] if rep.error else []
+            reasons += [f"{t.grade_id}: {t.outcome}: {t.message.splitlines()[0] if t.message else ''}".rstrip(": ")
+                        for t in rep.tests if t.outcome != "passed"]
+            out.writerow([os.path.relpath(rep.path, folder), rep.exercise, STATUS[rep.exit_code], rep.exit_code,
+                          f"{rep.total:g}", f"{rep.possible:g}", *[scores.get(g, "") for g in ids],
+                          " | ".join(rep.flags), " | ".join(reasons + rep.notes)])
+    return reports
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Grade an exercise notebook with pytest --nbval-lax.")
-    ap.add_argument("notebook", type=Path)
-    ap.add_argument("--solution", type=Path, help="solution notebook to restore tests from (default: solutions/<name>)")
-    ap.add_argument("--as-is", action="store_true", help="grade the notebook's own test cells")
-    ap.add_argument("--cell-timeout", type=int, default=CELL_TIMEOUT_S)
+    ap = argparse.ArgumentParser(description="Grade exercise notebooks against their solutions.")
+    ap.add_argument("notebook", nargs="?", type=Path, help="the submission to grade")
+    ap.add_argument("--all", type=Path, metavar="DIR", help="grade every notebook under DIR (a CSV gradebook)")
+    ap.add_argument("--csv", type=Path, help="gradebook path for --all (default: DIR/gradebook.csv)")
+    ap.add_argument("--solution", type=Path, help="grade against this solution, whatever the notebook's exercise id")
+    ap.add_argument("--solutions-dir", type=Path, default=ROOT / "solutions", help="where solutions are found by id")
+    ap.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S, help="seconds per cell")
+    ap.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds for one submission, all tests")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args(argv)
+    if args.all is not None:
+        if not args.all.is_dir():
+            print(f"error: no such folder: {args.all}", file=sys.stderr)
+            return EXIT_UNGRADABLE
+        reports = grade_all(args.all, args.csv or args.all / "gradebook.csv", args.solutions_dir, args.cell_timeout,
+                            args.timeout)
+        codes = [r.exit_code for r in reports]
+        for r in reports:
+            print(f"{STATUS[r.exit_code]:>20}  {r.total:g}/{r.possible:g}  {r.path}")
+        print(f"gradebook: {args.csv or args.all / 'gradebook.csv'} ({len(reports)} notebooks)")
+        for code in (EXIT_UNGRADABLE, EXIT_REVIEW, EXIT_FAILED):
+            if code in codes:
+                return code
+        return EXIT_FULL
+    if args.notebook is None:
+        ap.error("name a notebook, or --all DIR")
     if not args.notebook.is_file():
         print(f"error: no such notebook: {args.notebook}", file=sys.stderr)
-        return 2
-    results = grade(args.notebook, args.solution, args.as_is, args.cell_timeout)
-    if not results:
-        print(f"error: {args.notebook} has no graded cells (metadata.nbgrader.grade)", file=sys.stderr)
-        return 2
-    print(summary(results))
-    return 0 if all(r.passed or r.outcome == "manual" for r in results) else 1
+        return EXIT_UNGRADABLE
+    report = grade(args.notebook, args.solution, args.solutions_dir, args.cell_timeout, args.timeout)
+    print(json.dumps(report.as_dict(), indent=1) if args.json else report.text())
+    return report.exit_code
 
 
 if __name__ == "__main__":

@@ -3,16 +3,20 @@
     python tools/grading_selfcheck.py                       # every notebook in solutions/
     python tools/grading_selfcheck.py solutions/ex02_accept_reject.ipynb
 
-For each solution notebook, run it as it is (hidden tests included) and the exercise
-generated from it (as a learner receives it) with ``pytest --nbval-lax`` through
-tools/grade.py. A graded code cell that fails on the solution is a broken test; one
-that passes on the stub would give points for doing nothing. Both are reported, and
-so is a solution notebook with no autograded cell at all.
+For each solution notebook, tools/grade.py grades the solution itself (its answers,
+hidden tests included) and the exercise generated from it (as a learner receives it), each
+in its own sandboxed kernel, and reads the learner's copy of every test cell: one made of
+hidden tests only would pass there, unsolved. A graded code cell that fails on the solution is a
+broken test; one that passes on the stub would give points for doing nothing; a solution
+that the grader flags for review (tools/grade_scan.py) would flag honest learners too.
+All are reported, and so is a solution notebook with no autograded cell at all.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import json
 import sys
 from pathlib import Path
 
@@ -20,36 +24,52 @@ import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from grade import grade_notebooks  # noqa: E402
+from grade import GradeError, build_plan, grade_plan  # noqa: E402
 from make_exercises import make_exercise, notebooks_in  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def self_check(solution_path: Path, exercises_dir: Path | None = None) -> list[str]:
-    """Problems with one solution notebook's grading; an empty list means it grades correctly.
+def _plain(nb) -> dict:
+    return json.loads(nbformat.writes(nb))
 
-    The solution runs in its own folder and the stub in `exercises_dir` (default: the
-    exercises/ folder beside the solution's folder), where learners run it.
-    """
+
+def _has_code(source: str) -> bool:
+    try:
+        return bool(ast.parse(source).body)
+    except SyntaxError:
+        return True
+
+
+def self_check(solution_path: Path) -> list[str]:
+    """Problems with one solution notebook's grading; an empty list means it grades correctly."""
     solution_path = Path(solution_path).resolve()
-    exercises_dir = exercises_dir or solution_path.parent.parent / "exercises"
     name = solution_path.name
     solution = nbformat.read(solution_path, as_version=4)
     stub = make_exercise(solution, name)
-    on_solution, on_stub = grade_notebooks([(solution, solution_path.parent), (stub, Path(exercises_dir))])
+    try:
+        on_solution = grade_plan(build_plan(_plain(solution), _plain(solution), name))
+        on_stub = grade_plan(build_plan(_plain(solution), _plain(stub), name))
+    except GradeError as e:
+        return [f"{name}: {e}"]
     problems = []
-    auto = [r for r in on_solution if r.outcome != "manual"]
-    if not auto:
+    if not on_solution:
         problems.append(f"{name}: no autograded cell (metadata.nbgrader.grade on a code cell)")
-    for r in auto:
-        if not r.passed:
-            problems.append(f"{name}: graded cell {r.grade_id!r} (Cell {r.code_index}) does not pass on the "
-                            f"solution: {r.outcome} {r.message}".rstrip())
+    for r in on_solution:
+        if r.outcome != "passed":
+            problems.append(f"{name}: graded cell {r.grade_id!r} does not pass on the solution: "
+                            f"{r.outcome} {r.message}".rstrip())
+        for flag in r.flags:
+            problems.append(f"{name}: graded cell {r.grade_id!r} is flagged for review on the solution: {flag}")
     for r in on_stub:
-        if r.outcome != "manual" and r.passed:
-            problems.append(f"{name}: graded cell {r.grade_id!r} (Cell {r.code_index}) passes on the unsolved "
-                            "stub: it would give points for doing nothing")
+        if r.outcome == "passed":
+            problems.append(f"{name}: graded cell {r.grade_id!r} passes on the unsolved stub: it would give "
+                            "points for doing nothing")
+    for cell in stub.cells:  # the learner's own copy must fail until solved: a visible check in every test cell
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("grade") and not meta.get("solution") and cell.cell_type == "code" and not _has_code(cell.source):
+            problems.append(f"{name}: graded cell {meta.get('grade_id')!r} passes on the unsolved stub in the "
+                            "learner's copy (it holds hidden tests only): keep a visible check in every test cell")
     return problems
 
 

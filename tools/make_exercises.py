@@ -13,7 +13,9 @@ solutions/ is the single source. Markers are nbgrader's:
 
 Outputs, execution counts, per-cell timing metadata and saved widget state are
 cleared; cell ids and all other metadata (nbgrader's ``grade``, ``grade_id``,
-``points``) are kept. The output is a function of the solution alone: the same
+``points``) are kept. The notebook is stamped with ``metadata.specref = {"exercise":
+<the solution's file stem>, "version": <hash of its tests>}``: tools/grade.py finds the
+solution by that id, whatever the learner names the file, and notes an older version. The output is a function of the solution alone: the same
 bytes on every run, so CI can regenerate and compare.
 """
 
@@ -21,10 +23,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
+import json
 import sys
 from pathlib import Path
-
-import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -94,10 +96,28 @@ def check_grading_metadata(nb, name: str) -> None:
             raise MarkerError(f"{_where(name, i, cell)}: graded cell {gid!r} needs points >= 0, got {points!r}")
 
 
+def tests_version(solution) -> str:
+    """A short hash of what grading depends on: graded cells' ids, points, types and sources (hidden tests too).
+
+    tools/grade.py computes the same from the solution it grades with.
+    """
+    parts = [[c.get("metadata", {}).get("nbgrader", {}).get("grade_id"),
+              c.get("metadata", {}).get("nbgrader", {}).get("points"), c.get("cell_type"),
+              "".join(c.get("source", "")) if isinstance(c.get("source"), list) else c.get("source", "")]
+             for c in solution["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade")]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def make_exercise(solution, name: str = "notebook"):
-    """The exercise notebook for one solution notebook (a new NotebookNode; the input is untouched)."""
+    """The exercise notebook for one solution notebook (a new NotebookNode; the input is untouched).
+
+    `name` is the solution's file name (or a path): its stem is the exercise id stamped into the notebook.
+    """
+    import nbformat  # here, not at the top: tools/grade.py imports this module and must start fast
+
     nb = copy.deepcopy(solution)
     check_grading_metadata(nb, name)
+    nb.metadata["specref"] = {"exercise": Path(name).stem, "version": tests_version(solution)}
     for i, cell in enumerate(nb.cells):
         if cell.cell_type in ("code", "markdown"):
             cell.source = strip_regions(cell.source, cell.cell_type, _where(name, i, cell))
@@ -114,6 +134,8 @@ def make_exercise(solution, name: str = "notebook"):
 
 def to_bytes(nb) -> bytes:
     """Stable serialization: nbformat's sorted-key JSON plus a final newline."""
+    import nbformat  # here, not at the top: tools/grade.py imports this module and must start fast
+
     text = nbformat.writes(nb)
     return (text if text.endswith("\n") else text + "\n").encode("utf-8")
 
@@ -125,10 +147,12 @@ def notebooks_in(folder: Path) -> list[Path]:
 
 def expected_files(solutions: Path) -> dict[str, bytes]:
     """{exercise file name: bytes} for every solution notebook."""
+    import nbformat  # here, not at the top: tools/grade.py imports this module and must start fast
+
     out: dict[str, bytes] = {}
     for path in notebooks_in(solutions):
         nb = nbformat.read(path, as_version=nbformat.NO_CONVERT)
-        out[path.name] = to_bytes(make_exercise(nb, str(path.relative_to(solutions.parent))))
+        out[path.name] = to_bytes(make_exercise(nb, str(path.relative_to(solutions.parent))))  # id: the file stem
     return out
 
 

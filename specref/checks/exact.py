@@ -22,15 +22,13 @@ total volume is of the order of float64 rounding.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 
 import torch
 
 from .._validate import check_probs
-from ..rejection import residual, verify_chain
+from ..rejection import ChainRule, residual, verify_chain
 from .toy import MarkovChain, MisreportedDraft
 
-Rule = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # rule(draft_tokens, q, p, generator=None, u=None)
 
 # Evaluations per rule call: bounds memory (each row holds [2k+1, V] float64).
 _CHUNK = 60_000
@@ -63,7 +61,7 @@ def enumerate_step(
     q: torch.Tensor,  # [R, k, V] the q handed to the rule
     p: torch.Tensor,  # [R, k+1, V]
     weight: torch.Tensor,  # [R] probability of each row's drafts
-    rule: Rule = verify_chain,
+    rule: ChainRule = verify_chain,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [M, k+1] padded -1, probability [M]
     """Every outcome of one step of `rule` on each row, with its probability (see the module doc).
 
@@ -153,7 +151,7 @@ def _check_step(p: object, q: object) -> tuple[torch.Tensor, torch.Tensor, int]:
 def step_distribution(
     p: torch.Tensor,  # [k+1, V] target distribution at each position
     q: torch.Tensor,  # [k, V] draft distribution at each position
-    rule: Rule = verify_chain,
+    rule: ChainRule = verify_chain,
 ) -> dict[tuple[int, ...], float]:
     """Exact distribution of the tokens one step of `rule` emits, drafts x_i ~ q_i independently.
 
@@ -199,7 +197,7 @@ def step_distribution_formula(
 def one_step_distribution(
     p: torch.Tensor,  # [V]
     q: torch.Tensor,  # [V]
-    rule: Rule = verify_chain,
+    rule: ChainRule = verify_chain,
 ) -> torch.Tensor:  # [V]
     """P(the rule emits x) for one position: draft x ~ q, accept w.p. min(1, p/q), else residual.
 
@@ -240,7 +238,7 @@ def chain_step_distribution(
     draft: MarkovChain | MisreportedDraft,
     context_token: int,
     k: int,
-    rule: Rule = verify_chain,
+    rule: ChainRule = verify_chain,
 ) -> dict[tuple[int, ...], float]:
     """Exact distribution of one speculative step on toy chains, after `context_token`.
 
@@ -274,7 +272,7 @@ def generation_distribution(
     start_token: int,
     k: int,
     n: int,
-    rule: Rule = verify_chain,
+    rule: ChainRule = verify_chain,
 ) -> torch.Tensor:  # [V] * n
     """Exact joint distribution of the first n tokens speculative generation emits after start_token.
 

@@ -14,18 +14,16 @@ deliberately broken rules (negative controls) that the same test must flag.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.stats
 import torch
 
-from ..rejection import _check_chain, verify_chain
+from ..rejection import ChainRule, _check_chain, verify_chain
 from ..sampling import sample
 from .toy import MarkovChain, MisreportedDraft
 
-Rule = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # rule(draft_tokens, q, p, generator=None, u=None)
 
 ALPHA = 1e-3
 """Default significance level: a correct rule fails a fixed-seed test with probability about 2 * ALPHA."""
@@ -69,7 +67,7 @@ def simulate(
     n: int,
     runs: int,
     generator: torch.Generator,
-    rule: Rule = verify_chain,
+    rule: ChainRule = verify_chain,
 ) -> Simulation:
     """Generate the first n tokens after `start_token` in `runs` independent speculative runs.
 
@@ -180,7 +178,7 @@ def verify_bonus_off_by_one(
     return tokens.scatter(1, n_acc[:, None], final[:, None]), n_acc
 
 
-BROKEN_RULES: dict[str, Rule] = {
+BROKEN_RULES: dict[str, ChainRule] = {
     "skip_residual": verify_skip_residual,
     "always_accept": verify_always_accept,
     "bonus_off_by_one": verify_bonus_off_by_one,

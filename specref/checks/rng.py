@@ -5,7 +5,7 @@ A sampler draws its randomness through a small interface, `rng`:
     rng.uniform()          -> a number u ~ U[0, 1)
     rng.categorical(probs) -> an index i with probability probs[i]
 
-In real use `rng` is a `TorchRNG` wrapping a `torch.Generator`. `exact_distribution`
+In real use `rng` is a `specref.sampling.TorchRNG` wrapping a `torch.Generator`. `exact_distribution`
 instead passes a symbolic rng: `uniform()` returns an unknown u whose comparisons
 branch, `categorical` branches over every index, and a depth-first search re-runs
 the function once per branch path. Summing path probabilities gives the sampler's
@@ -28,79 +28,13 @@ from collections.abc import Callable, Hashable, Sequence
 import numpy as np
 import torch
 
-from ..sampling import sample
+from .._validate import _fmt  # noqa: F401  (graders format numbers the same way)
+from ..sampling import TorchRNG, as_distribution  # noqa: F401  (TorchRNG: the real rng, re-exported)
 
-
-def _fmt(x: object, digits: int = 4) -> str:
-    """Short, readable numbers for messages: nested lists rounded to `digits` significant figures."""
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu().tolist()
-    elif isinstance(x, np.ndarray):
-        x = x.tolist()
-    if isinstance(x, (list, tuple)):
-        return "[" + ", ".join(_fmt(v, digits) for v in x) + "]"
-    if isinstance(x, bool):
-        return str(x)
-    if isinstance(x, (int, np.integer)):
-        return str(int(x))
-    if isinstance(x, (float, np.floating)):
-        v = float(x)
-        if v == 0:
-            return "0"
-        return f"{v:.{digits}g}"
-    return repr(x)
-
-_PROB_SUM_TOL = 1e-6  # how far from 1 a distribution handed to rng.categorical may sum
 
 # --------------------------------------------------------------------------------------
-# The rng interface: real (TorchRNG) and symbolic (used by exact_distribution)
+# The rng interface: real (`specref.sampling.TorchRNG`) and symbolic (used by exact_distribution)
 # --------------------------------------------------------------------------------------
-
-
-def _as_probs(probs: object, who: str = "rng.categorical") -> torch.Tensor:  # [V] float64
-    """A 1-D probability vector as float64, or a ValueError/TypeError that says what is wrong."""
-    if isinstance(probs, torch.Tensor):
-        t = probs.detach().to("cpu", torch.float64)
-    elif isinstance(probs, (np.ndarray, list, tuple)):
-        try:
-            t = torch.as_tensor(np.asarray(probs, dtype=np.float64))
-        except (TypeError, ValueError) as e:
-            raise TypeError(f"{who} needs a 1-D vector of probabilities; could not read {probs!r} ({e})") from None
-    else:
-        raise TypeError(f"{who} needs a 1-D tensor (or list) of probabilities, got {type(probs).__name__}")
-    if t.dim() != 1 or t.numel() == 0:
-        raise ValueError(f"{who} needs a 1-D vector of probabilities [V], got shape {tuple(t.shape)}")
-    if not torch.isfinite(t).all():
-        raise ValueError(
-            f"{who} got non-finite probabilities {_fmt(t)}: a division by zero? "
-            "(e.g. normalizing a residual whose mass is 0)"
-        )
-    if (t < 0).any():
-        raise ValueError(
-            f"{who} got negative probabilities {_fmt(t)}: probabilities must be >= 0 "
-            "(the residual is max(0, p - q), clamped before normalizing)"
-        )
-    total = float(t.sum())
-    if abs(total - 1) > _PROB_SUM_TOL:
-        raise ValueError(f"{who} got probabilities {_fmt(t)} that sum to {total:.6g}, not 1: normalize them first")
-    return t
-
-
-class TorchRNG:
-    """The rng a learner's sampler uses for real: uniforms and categorical draws from one torch.Generator."""
-
-    def __init__(self, generator: torch.Generator) -> None:
-        if not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-        self.generator = generator
-
-    def uniform(self) -> float:
-        """u ~ U[0, 1)."""
-        return float(torch.rand((), generator=self.generator, dtype=torch.float64))
-
-    def categorical(self, probs: object) -> int:
-        """An index i drawn with probability probs[i] (probs: [V], summing to 1)."""
-        return int(sample(_as_probs(probs), generator=self.generator))
 
 
 class _Enumerator:
@@ -169,7 +103,7 @@ class _SymbolicRNG:
         return SymbolicUniform(_UniformState(self._engine))
 
     def categorical(self, probs: object) -> int:
-        t = _as_probs(probs)
+        t = as_distribution(probs, "rng.categorical")
         return self._engine.branch((t / t.sum()).tolist(), "rng.categorical")
 
 

@@ -6,9 +6,13 @@ joint of the first n tokens is a product of transition entries (chain rule), so
 speculative generation on chains can be checked against the target exactly
 (`specref.checks.exact`) and by sampling (`specref.checks.montecarlo`).
 
-Chains speak the draft/target interface the real models use:
+Chains have their own small draft/target interface, for the toy sampler
+(`specref.checks.montecarlo.simulate`) and the notebooks' examples:
 `draft.propose(context, k, generator) -> (tokens [B, k], q [B, k, V])` and
 `target.score(context, draft_tokens) -> p [B, k+1, V]`.
+This is not the `specref.drafts.Draft` protocol the decoding loop talks to: a chain
+is stateless (no begin/rollback), reads the context itself rather than a token
+buffer with per-row lengths, and its q is already processed (see `processed`).
 """
 
 from __future__ import annotations
@@ -17,16 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .._validate import check_probs, check_tensor, check_tokens
+from .._validate import check_int, check_probs, check_tensor, check_tokens
 from ..sampling import process_logits, sample
-
-
-def _check_k(k: object) -> int:
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"k must be an int >= 0, got {k!r}")
-    if k < 0:
-        raise ValueError(f"k must be >= 0 (drafted tokens per step), got {k}")
-    return k
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,8 +59,11 @@ class MarkovChain:
         k: int,
         generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, k], q [B, k, V]
-        """Draft k tokens autoregressively, returning each token's distribution q."""
-        k = _check_k(k)
+        """Draft k tokens autoregressively after each row's context; q[b, i] is what x_i was drawn from.
+
+        The toy interface (see the module docstring), not `specref.drafts.Draft.propose`.
+        """
+        k = check_int("k", k, 0, "drafted tokens per step")
         q_i = self.probs(_check_context(context))  # [B, V]
         tokens, qs = [], []
         for _ in range(k):

@@ -152,7 +152,7 @@ def check_assets() -> Check:
     try:
         import torch
 
-        from ..models.pretrained import load_pair
+        from ..models.pair import load_pair
     except Exception as e:
         return Check("assets", FAIL, f"cannot import the model code ({type(e).__name__}: {e})")
     try:

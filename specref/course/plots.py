@@ -247,3 +247,75 @@ def plot_jensen(alphas: ArrayLike, weights: ArrayLike | None, k: int, ax=None):
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3)
     return ax
+
+
+def roofline_view(
+    weight_bytes: float,  # bytes of weights one pass reads (specref.perf.costs.weight_bytes)
+    flops_per_token: float,  # FLOPs one pass spends per token scored (specref.perf.costs.forward_flops(model, 1))
+    bandwidth: float,  # bytes/s (specref.perf.costs.memory_bandwidth)
+    peak_flops: float,  # FLOP/s (specref.perf.costs.peak_matmul_flops)
+    token_counts: ArrayLike,  # [n] tokens scored per pass
+    measured: ArrayLike | None = None,  # [n] measured seconds per pass
+) -> dict[str, np.ndarray | float]:
+    """What the roofline model predicts for one pass over T tokens, next to what was measured.
+
+    memory time = weight_bytes / bandwidth (the same for every T: the weights are read
+    once per pass), compute time = T * flops_per_token / peak_flops, and the roofline
+    time is the larger of the two: a pass can go no faster than its memory traffic or
+    its arithmetic allows. Whatever a measured pass takes beyond that is neither:
+    fixed per-pass overhead (dispatch, small kernels, bookkeeping).
+    Keys: `tokens`, `memory_time` (float), `compute_time`, `roofline`, and with
+    `measured`: `measured`, `overhead` (measured - roofline) and `explained`
+    (roofline / measured, the share of the measured time the roofline accounts for).
+    """
+    for name, v in (("weight_bytes", weight_bytes), ("flops_per_token", flops_per_token),
+                    ("bandwidth", bandwidth), ("peak_flops", peak_flops)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not v > 0:
+            raise ValueError(f"{name} must be a number > 0, got {v!r}")
+    tokens = np.asarray(token_counts, dtype=np.float64)
+    if tokens.ndim != 1 or tokens.size == 0 or not (tokens >= 1).all():
+        raise ValueError(f"token_counts must be a non-empty 1-D list of counts >= 1, got {token_counts!r}")
+    memory_time = float(weight_bytes) / float(bandwidth)
+    compute_time = tokens * float(flops_per_token) / float(peak_flops)
+    view: dict[str, np.ndarray | float] = {
+        "tokens": tokens,
+        "memory_time": memory_time,
+        "compute_time": compute_time,
+        "roofline": np.maximum(memory_time, compute_time),
+    }
+    if measured is not None:
+        m = np.asarray(measured.detach().cpu() if isinstance(measured, torch.Tensor) else measured, dtype=np.float64)
+        if m.shape != tokens.shape or not (m > 0).all():
+            raise ValueError(f"measured must hold one time > 0 per token count, shape {tokens.shape}, got {m.tolist()}")
+        view.update(measured=m, overhead=m - view["roofline"], explained=view["roofline"] / m)
+    return view
+
+
+def plot_roofline(view: dict, ax=None, unit: float = 1e-3):
+    """Measured time per pass against tokens, over the roofline prediction (memory floor, compute line).
+
+    `view` is what `roofline_view` returns; times are drawn in units of `unit` seconds
+    (milliseconds by default). The dashed grey line is what the cost would be if every
+    token cost as much as a one-token pass. Returns the Axes.
+    """
+    ax = _axes(ax)
+    T = view["tokens"]
+    ax.plot(T, view["roofline"] / unit, "s-", color="#2a9d3f", label="roofline: max(memory, compute)")
+    ax.plot(T, np.full(T.shape, view["memory_time"]) / unit, ":", color="#2a9d3f", linewidth=1,
+            label="memory: weight bytes / bandwidth")
+    ax.plot(T, view["compute_time"] / unit, "--", color="#2a9d3f", linewidth=1, label="compute: FLOPs / peak")
+    if "measured" in view:
+        m = view["measured"]
+        ax.plot(T, m / unit, "o-", color="#3b75af", label="measured")
+        ax.plot(T, m[0] * T / T[0] / unit, "--", color="grey", linewidth=1, label="if every token cost a full pass")
+        top = float(m.max())
+    else:
+        top = float(view["roofline"].max())
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(T, [str(int(t)) for t in T])
+    ax.set_ylim(0, 1.5 * max(top, float(view["roofline"].max())) / unit)
+    ax.set_xlabel("new tokens scored in one pass")
+    ax.set_ylabel("time per pass (ms)" if unit == 1e-3 else f"time per pass ({unit:g} s)")
+    ax.legend(fontsize=7, loc="upper right")
+    ax.grid(alpha=0.3)
+    return ax

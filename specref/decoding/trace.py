@@ -1,8 +1,7 @@
-"""One speculative step, opened up: every draft, its q and p, and what the rule decided.
+"""One speculative step, opened up: every draft, its q and p, and what the rule decided (chapter 4).
 
-`trace_step` runs exactly the pieces `speculative_generate` runs (the draft's
-`propose`, one target pass, `verify_chain` or `verify_chain_greedy`, the cache
-truncation) for one sequence, and records them for display.
+`trace_step` runs `speculative_step`, the very step `speculative_generate` loops
+over, for one sequence, and records what it did for display.
 """
 
 from __future__ import annotations
@@ -13,7 +12,8 @@ import torch
 
 from ..drafts import ModelDraft
 from ..sampling import SamplingParams
-from ..rejection import verify_chain, verify_chain_greedy
+from .chain import speculative_step
+from .loop import Sequences, SpecStats, check_inputs, prefill
 
 
 @dataclass
@@ -46,42 +46,43 @@ def trace_step(
     generator: torch.Generator | None = None,
 ) -> StepTrace:
     """Run one speculative step after `input_ids` and record every decision."""
-    if input_ids.dim() != 1 or input_ids.numel() < 2:
-        raise ValueError(f"input_ids must be a [T] tensor with T >= 2, got shape {tuple(input_ids.shape)}")
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 1 or input_ids.numel() < 2:
+        raise ValueError(f"input_ids must be a [T] tensor with T >= 2, got shape {tuple(getattr(input_ids, 'shape', ()))}")
     params = SamplingParams(temperature)
-    ids = input_ids[None].to(target.device)  # [1, T]
+    ids = check_inputs(target, input_ids, k + 1, "the target")  # [1, T]
     T = ids.shape[1]
-    lengths = torch.tensor([T], device=ids.device)
-
-    drafter = ModelDraft(draft)
+    drafter = _Watched(draft)
     drafter.begin(1)
-    d0 = int(drafter.cache.lengths[0])
-    drafts, q = drafter.propose(ids, lengths, k, params, generator)  # [1, k], [1, k, V]
-    d1 = int(drafter.cache.lengths[0])
-
     cache = target.new_cache(1)
-    target(ids[:, :-1], cache=cache)  # everything but the last token, as in speculative_generate
-    t0 = int(cache.lengths[0])
-    logits = target(torch.cat([ids[:, -1:], drafts], 1), cache=cache)  # [1, k+1, V]
-    t1 = int(cache.lengths[0])
-    p = params.probs(logits)
-    if params.greedy:
-        out, n_acc = verify_chain_greedy(drafts[0], logits[0])
-    else:
-        out, n_acc = verify_chain(drafts[0], q[0], p[0], generator)
-    cache.truncate(T - 1 + n_acc + 1)  # context + accepted drafts; the emitted token is fed next step
-    drafter.rollback(torch.tensor([T + n_acc], device=ids.device))
+    seqs = Sequences(ids, max_new_tokens=k + 1)  # room for every draft and the bonus
+    stats = SpecStats(k=k)
+    prefill(target, ids, cache, stats)  # everything but the last token, as in speculative_generate
+    t0, d0 = int(cache.lengths[0]), int(drafter.cache.lengths[0])
+    step = speculative_step(target, drafter, seqs, cache, k, params, generator, stats=stats)
 
-    x = drafts[0]
+    x = step.drafts[0]
     rows = torch.arange(k, device=x.device)
+    p = params.probs(step.logits[0])  # [k+1, V]
+    n_acc = step.n_accepted[0]
     return StepTrace(
         context_len=T,
         drafts=x.tolist(),
-        q_of_draft=q[0, rows, x].tolist(),
-        p_of_draft=p[0, rows, x].tolist(),
-        p_argmax=logits[0].argmax(-1).tolist(),
-        n_accepted=int(n_acc),
-        emitted=out.tolist(),
-        target_cache_len=(t0, t1, int(cache.lengths[0])),
-        draft_cache_len=(d0, d1, int(drafter.cache.lengths[0])),
+        q_of_draft=step.q[0, rows, x].tolist(),
+        p_of_draft=p[rows, x].tolist(),
+        p_argmax=step.logits[0].argmax(-1).tolist(),
+        n_accepted=n_acc,
+        emitted=step.out[0, : step.kept[0]].tolist(),
+        target_cache_len=(t0, int(step.target_cache_scored[0]), int(cache.lengths[0])),
+        draft_cache_len=(d0, drafter.proposed_len, int(drafter.cache.lengths[0])),
     )
+
+
+class _Watched(ModelDraft):
+    """A ModelDraft that remembers its cache length right after proposing (for the trace only)."""
+
+    proposed_len = -1
+
+    def propose(self, *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        out = super().propose(*args, **kwargs)
+        self.proposed_len = int(self.cache.lengths[0])
+        return out

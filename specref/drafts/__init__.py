@@ -1,10 +1,24 @@
-"""Drafts: anything that proposes k tokens with the q it drew them from (chapter 5).
+"""Drafts: anything that proposes tokens with the q it drew them from (chapters 4-6).
 
 `base.Draft` is the one protocol the decoding loop talks to; `model.ModelDraft` is a
-smaller language model with its own KV cache.
+smaller language model with its own KV cache, `model.TreeModelDraft` the same model
+growing a tree; `shapes` holds the tree shapes (`TreeShape`, `DynamicTree`) and
+`grow_trees`. New drafts go here.
 """
 
 from .base import Draft
-from .model import ModelDraft, as_draft
+from .model import ModelDraft, TreeModelDraft, as_draft, as_tree_draft
+from .shapes import DynamicTree, TreeShape, as_tree_spec, build_tree, grow_trees
 
-__all__ = ["Draft", "ModelDraft", "as_draft"]
+__all__ = [
+    "Draft",
+    "DynamicTree",
+    "ModelDraft",
+    "TreeModelDraft",
+    "TreeShape",
+    "as_draft",
+    "as_tree_draft",
+    "as_tree_spec",
+    "build_tree",
+    "grow_trees",
+]

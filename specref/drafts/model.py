@@ -1,11 +1,14 @@
-"""A smaller language model as the draft: k autoregressive steps with its own KV cache."""
+"""A smaller language model as the draft, with its own KV cache: a chain of k tokens (`ModelDraft`) or a tree
+(`TreeModelDraft`) per step (chapters 4-6)."""
 
 from __future__ import annotations
 
 import torch
 
 from ..sampling import SamplingParams, sample
+from ..trees import ROOT, Tree, stack_tree_masks
 from .base import Draft
+from .shapes import DynamicTree, TreeShape, grow_trees
 
 
 class ModelDraft(Draft):
@@ -42,11 +45,7 @@ class ModelDraft(Draft):
         dev = tokens.device
         if k == 0:
             return tokens.new_zeros((B, 0)), torch.zeros((B, 0, V), device=dev)
-        width = int((lengths - self.fed).max().clamp(min=1))
-        start = lengths - width  # [B]
-        self.cache.truncate(start)
-        chunk = tokens.gather(1, start[:, None] + torch.arange(width, device=dev))  # [B, width]
-        logits = self.model(chunk, cache=self.cache, logits_to_keep=1)[:, -1]  # [B, V]
+        logits = self._catch_up(tokens, lengths)  # [B, V]
         drafts, qs = [], []
         for i in range(k):
             if params.greedy:  # q is one-hot on the argmax; build it once, after the loop
@@ -64,6 +63,18 @@ class ModelDraft(Draft):
             return x, torch.nn.functional.one_hot(x, V).to(logits.dtype)
         return x, torch.stack(qs, 1)
 
+    def _catch_up(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:  # [B, L], [B] -> [B, V]
+        """Feed each row's tokens the cache has not seen, in one pass: the logits after the whole context.
+
+        Rows needing fewer re-feed their last cached tokens, which rewrites identical K/V
+        and keeps the batch rectangular without padding tokens.
+        """
+        width = int((lengths - self.fed).max().clamp(min=1))
+        start = lengths - width  # [B]
+        self.cache.truncate(start)
+        chunk = tokens.gather(1, start[:, None] + torch.arange(width, device=tokens.device))  # [B, width]
+        return self.model(chunk, cache=self.cache, logits_to_keep=1)[:, -1]
+
     def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
         if self.fed is None:
             raise RuntimeError("call begin(batch_size) before rollback")
@@ -78,3 +89,83 @@ def as_draft(draft: object) -> Draft:
     if isinstance(draft, torch.nn.Module) and hasattr(draft, "new_cache"):
         return ModelDraft(draft)
     raise TypeError(f"draft must be a Draft or a GPT2-like model with new_cache(), got {type(draft).__name__}")
+
+
+class TreeModelDraft(ModelDraft):
+    """A smaller language model that grows one draft tree per row, with its own KV cache.
+
+    At each step the cache is brought up to the context (tokens not yet fed are fed
+    in one pass, which gives q after the context), then each depth is one pass that
+    feeds the tree's nodes needed so far (the ancestors of the nodes being expanded)
+    with the tree mask, after the context. `rollback` forgets all tree entries.
+    It shares `ModelDraft`'s cache bookkeeping (`begin`, `rollback`); only `propose`
+    differs: it grows a tree instead of a chain.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        if not (isinstance(model, torch.nn.Module) and hasattr(model, "new_cache")):
+            raise TypeError(f"the tree draft must be a GPT2-like model with new_cache(), got {type(model).__name__}")
+        super().__init__(model)
+        self.passes = 0
+
+    @torch.no_grad()
+    def propose(
+        self,
+        tokens: torch.Tensor,  # [B, L] buffer; row b holds lengths[b] valid tokens
+        lengths: torch.Tensor,  # [B]
+        spec: TreeShape | DynamicTree,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+        max_depth: int | None = None,
+        max_nodes: int | None = None,
+    ) -> list[Tree]:
+        """One tree per row after its context, grown by `grow_trees` (one draft pass per depth)."""
+        if self.cache is None or self.fed is None:
+            raise RuntimeError("call begin(batch_size) before propose")
+        dev = tokens.device
+        root_logits = self._catch_up(tokens, lengths)[:, None]  # [B, 1, V]
+        self.passes += 1
+        self.fed = lengths.clone()
+        context = lengths.clone()
+        # The draft's room: context + fed nodes must fit its window.
+        room = self.model.config.n_positions - int(context.max())
+        max_nodes = room if max_nodes is None else min(max_nodes, room)
+
+        def draft_logits(trees: list[Tree], frontier: list[list[int]]) -> torch.Tensor:  # [B, n, V]
+            if all(f == [ROOT] for f in frontier):
+                return root_logits
+            # Feed the ancestors-closed set of the frontier; the cache is reset to the context first,
+            # because cached entries are visible to every new token and siblings must not see each other.
+            subtrees, index = [], []
+            for t, f in zip(trees, frontier):
+                need = sorted({a for n in f for a in t.path(n)})
+                subtrees.append(t.subtree(need))
+                index.append([need.index(n) for n in f])
+            self.cache.truncate(context)
+            mask, pos = stack_tree_masks(subtrees, (context - 1).tolist(), with_root=False)  # [B, T, T], [B, T]
+            self.cache.check_room(pos.shape[1], "the draft tree")
+            ids = torch.zeros(pos.shape, dtype=torch.long, device=dev)
+            for b, s in enumerate(subtrees):
+                ids[b, : s.n_nodes] = torch.tensor(s.tokens, device=dev)
+            logits = self.model(ids, cache=self.cache, position_ids=pos.to(dev), attention_mask=mask.to(dev))
+            self.passes += 1
+            rows = torch.tensor(index, device=dev)  # [B, n]
+            return logits.gather(1, rows[..., None].expand(-1, -1, logits.shape[-1]))
+
+        trees = grow_trees(spec, draft_logits, tokens.shape[0], params, generator,
+                           max_depth=max_depth, max_nodes=max_nodes)
+        self.cache.truncate(context)
+        return trees
+
+
+def as_tree_draft(draft: object) -> TreeModelDraft:
+    """A `TreeModelDraft` over the draft's model: pass one through, wrap a `ModelDraft`'s model or a bare model."""
+    if isinstance(draft, TreeModelDraft):
+        return draft
+    if isinstance(draft, ModelDraft):
+        return TreeModelDraft(draft.model)
+    if isinstance(draft, torch.nn.Module) and hasattr(draft, "new_cache"):
+        return TreeModelDraft(draft)
+    raise TypeError(
+        f"tree drafting needs a draft model (a GPT2-like module or a ModelDraft), got {type(draft).__name__}"
+    )

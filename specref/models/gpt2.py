@@ -391,18 +391,6 @@ class GPT2(nn.Module):
         self.lm_head.weight = self.transformer.wte.weight  # keep the tie even with assign=True
         return result
 
-    @classmethod
-    def from_pretrained(
-        cls,
-        name_or_path: str,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> "GPT2":
-        """Load an HF-layout GPT-2 checkpoint (local folder or HF cache); see ``specref.models.pretrained``."""
-        from .pretrained import from_pretrained
-
-        return from_pretrained(name_or_path, device=device, dtype=dtype)
-
 
 def normalize_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """HF GPT-2 state dict -> ``GPT2`` keys: add the ``transformer.`` prefix where absent, drop buffers.

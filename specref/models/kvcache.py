@@ -106,9 +106,14 @@ class KVCache:
                              f"got {new.tolist()}")
         self.lengths = new
 
-    def reset(self) -> None:
-        """Forget everything (all lengths to 0)."""
-        self.lengths = torch.zeros_like(self.lengths)
+    def check_room(self, n_new: int, what: str) -> None:
+        """Raise unless every sequence can take `n_new` more tokens (`what` names them in the message)."""
+        longest = int(self.lengths.max())
+        if longest + n_new > self.max_len:
+            raise ValueError(
+                f"{what} needs {n_new} new cache slots after {longest} cached tokens, but the cache holds "
+                f"at most max_len={self.max_len}: use a smaller tree near the end of the window"
+            )
 
     def compact(self, kept_slots: Sequence[Sequence[int] | torch.Tensor]) -> None:
         """Keep only ``kept_slots[b]`` of each sequence ``b``, moved to slots ``0..len-1`` in order.

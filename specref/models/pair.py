@@ -1,12 +1,27 @@
-"""Held-out prompts for the bundled pair: code the models never saw in training."""
+"""The bundled pair (chapter 4): target, draft and tokenizer, their training record, and held-out prompts
+(code the models never saw in training).
+
+No network is needed: everything is read from ``specref/assets`` through
+``importlib.resources``, so it works from an installed package too.
+"""
 
 from __future__ import annotations
 
 import importlib.resources
 import json
+from typing import Any
 
-from .pretrained import assets_dir
+import torch
+from tokenizers import Tokenizer
+
+from .gpt2 import GPT2
+from .pretrained import load_folder
 from .tokenizer import BPETokenizer, load_tokenizer
+
+
+def assets_dir() -> Any:
+    """The bundled assets folder (an importlib.resources Traversable)."""
+    return importlib.resources.files("specref").joinpath("assets")
 
 
 def heldout_texts() -> list[str]:
@@ -34,3 +49,32 @@ def heldout_prompts(n: int = 8, n_tokens: int = 64) -> list[list[int]]:
             raise ValueError(f"a prompt has only {len(ids)} tokens; ask for n_tokens <= {len(ids)}")
         out.append(ids[:n_tokens])
     return out
+
+
+def load_pair(
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> tuple[GPT2, GPT2, BPETokenizer]:
+    """The bundled ``(target, draft, tokenizer)``: two GPT-2s trained on Python source, one tokenizer.
+
+    Both models are in eval mode, on ``device`` (default CPU) in ``dtype``
+    (default float32).  See ``specref/assets/TRAINING.md`` for how they were made.
+    """
+    assets = assets_dir()
+    needed = ["target/config.json", "target/model.safetensors", "draft/config.json",
+              "draft/model.safetensors", "tokenizer.json"]
+    missing = [f for f in needed if not assets.joinpath(*f.split("/")).is_file()]
+    if missing:
+        raise FileNotFoundError(f"the bundled assets are missing {missing} in {assets}; "
+                                "run `python tools/train_pair.py` to create them")
+    target = load_folder(assets.joinpath("target"), device, dtype)
+    draft = load_folder(assets.joinpath("draft"), device, dtype)
+    tokenizer = BPETokenizer(Tokenizer.from_str(assets.joinpath("tokenizer.json").read_text()))
+    if target.config.vocab_size != draft.config.vocab_size or target.config.vocab_size != tokenizer.vocab_size:
+        raise ValueError("bundled target, draft and tokenizer disagree on the vocabulary size")
+    return target, draft, tokenizer
+
+
+def training_record() -> dict[str, Any]:
+    """The bundled pair's training record (``TRAINING.json``): corpus, sizes, perplexities, alpha."""
+    return json.loads(assets_dir().joinpath("TRAINING.json").read_text())

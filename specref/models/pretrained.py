@@ -1,4 +1,4 @@
-"""Loading GPT-2 checkpoints in Hugging Face's layout, and the bundled target/draft pair.
+"""Loading and saving GPT-2 checkpoints in Hugging Face's layout.
 
 An HF GPT-2 folder holds ``config.json`` and the weights as ``model.safetensors``
 (or the older ``pytorch_model.bin``, which we read only with
@@ -10,14 +10,11 @@ An HF GPT-2 folder holds ``config.json`` and the weights as ``model.safetensors`
    ``~/.cache/huggingface/hub``), e.g. ``models--gpt2/snapshots/<rev>/``;
 3. on the hub through ``huggingface_hub`` if it is installed and not offline.
 
-No network is needed for the bundled pair: ``load_pair()`` reads
-``specref/assets`` through ``importlib.resources``, so it works from an
-installed package too.
+The bundled pair is loaded by ``specref.models.pair.load_pair`` (no network).
 """
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 import os
 from pathlib import Path
@@ -25,12 +22,10 @@ from typing import Any
 
 import torch
 from safetensors.torch import load as load_safetensors_bytes
-from tokenizers import Tokenizer
 
 from .gpt2 import GPT2, GPT2Config
-from .tokenizer import BPETokenizer, load_tokenizer
 
-__all__ = ["from_pretrained", "save_pretrained", "load_pair", "load_tokenizer", "hub_cache_dir"]
+__all__ = ["from_pretrained", "save_pretrained", "load_folder", "hub_cache_dir"]
 
 # Short hub names and the organisation-prefixed names they now redirect to.
 HUB_ALIASES: dict[str, tuple[str, ...]] = {
@@ -146,7 +141,7 @@ def _read_state_dict(folder: Any) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {folder}")
 
 
-def _load_folder(folder: Any, device: torch.device | str | None, dtype: torch.dtype | None) -> GPT2:
+def load_folder(folder: Any, device: torch.device | str | None, dtype: torch.dtype | None) -> GPT2:
     config = GPT2Config.from_dict(json.loads(folder.joinpath("config.json").read_text()))
     model = GPT2(config)
     sd = _read_state_dict(folder)
@@ -169,7 +164,7 @@ def from_pretrained(
         raise TypeError(f"name_or_path must be a str or path, got {type(name_or_path).__name__}")
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-    return _load_folder(_resolve(name_or_path), device, dtype)
+    return load_folder(_resolve(name_or_path), device, dtype)
 
 
 def save_pretrained(model: GPT2, folder: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
@@ -184,37 +179,3 @@ def save_pretrained(model: GPT2, folder: str | os.PathLike, dtype: torch.dtype |
           for k, v in model.state_dict().items() if k != "lm_head.weight"}
     save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
-
-
-def assets_dir() -> Any:
-    """The bundled assets folder (an importlib.resources Traversable)."""
-    return importlib.resources.files("specref").joinpath("assets")
-
-
-def load_pair(
-    device: torch.device | str | None = None,
-    dtype: torch.dtype | None = None,
-) -> tuple[GPT2, GPT2, BPETokenizer]:
-    """The bundled ``(target, draft, tokenizer)``: two GPT-2s trained on Python source, one tokenizer.
-
-    Both models are in eval mode, on ``device`` (default CPU) in ``dtype``
-    (default float32).  See ``specref/assets/TRAINING.md`` for how they were made.
-    """
-    assets = assets_dir()
-    needed = ["target/config.json", "target/model.safetensors", "draft/config.json",
-              "draft/model.safetensors", "tokenizer.json"]
-    missing = [f for f in needed if not assets.joinpath(*f.split("/")).is_file()]
-    if missing:
-        raise FileNotFoundError(f"the bundled assets are missing {missing} in {assets}; "
-                                "run `python tools/train_pair.py` to create them")
-    target = _load_folder(assets.joinpath("target"), device, dtype)
-    draft = _load_folder(assets.joinpath("draft"), device, dtype)
-    tokenizer = BPETokenizer(Tokenizer.from_str(assets.joinpath("tokenizer.json").read_text()))
-    if target.config.vocab_size != draft.config.vocab_size or target.config.vocab_size != tokenizer.vocab_size:
-        raise ValueError("bundled target, draft and tokenizer disagree on the vocabulary size")
-    return target, draft, tokenizer
-
-
-def training_record() -> dict[str, Any]:
-    """The bundled pair's training record (``TRAINING.json``): corpus, sizes, perplexities, alpha."""
-    return json.loads(assets_dir().joinpath("TRAINING.json").read_text())

@@ -16,27 +16,41 @@ from collections.abc import Callable
 
 import torch
 
-
-def sync(device: torch.device | str) -> None:
-    """Wait for queued GPU work, so a timer measures the work and not its launch."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
+from ..decoding.loop import sync
 
 
-def median_time(fn: Callable[[], object], device: torch.device | str, repeats: int = 20, warmup: int = 3) -> float:
-    """Median wall time of fn() in seconds (median: robust to a busy machine's outliers)."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+def repeat_times(
+    fn: Callable[[], object], device: torch.device | str, repeats: int = 20, warmup: int = 3, clock: str = "wall"
+) -> list[float]:
+    """Seconds of each of `repeats` calls of fn(), after `warmup` untimed calls.
+
+    clock="wall" is elapsed time; clock="cpu" is this process's CPU time (all its threads):
+    on a CPU shared with other jobs it leaves out the time the process waited for a core,
+    so it stays stable where wall time swings (with one torch thread, cpu = wall on an idle machine).
+    """
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    if clock not in _CLOCKS:
+        raise ValueError(f"clock must be one of {sorted(_CLOCKS)}, got {clock!r}")
+    now = _CLOCKS[clock]
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
         sync(device)
-        t0 = time.perf_counter()
+        t0 = now()
         fn()
         sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        times.append(now() - t0)
+    return times
+
+
+_CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def median_time(fn: Callable[[], object], device: torch.device | str, repeats: int = 20, warmup: int = 3) -> float:
+    """Median wall time of fn() in seconds (median: robust to a busy machine's outliers)."""
+    return statistics.median(repeat_times(fn, device, repeats, warmup))
 
 
 @torch.no_grad()
@@ -53,6 +67,20 @@ def forward_time(
     Each repeat rolls the cache back to context_len, exactly what a verifier does
     after a step, so every pass sees the same cache.
     """
+    return statistics.median(pass_times(model, n_new, context_len, batch_size, repeats, generator))
+
+
+@torch.no_grad()
+def pass_times(
+    model: torch.nn.Module, n_new: int, context_len: int = 64, batch_size: int = 1, repeats: int = 20,
+    generator: torch.Generator | None = None, max_len: int | None = None, clock: str = "wall", warmup: int = 3,
+) -> list[float]:
+    """Seconds of each repeat of one pass over [batch_size, n_new] new tokens after a warm cache of context_len.
+
+    `max_len` is the cache's allocated length (default n_positions, what `generate` allocates):
+    it matters, because attention reads a slice of each row's slots and a longer
+    allocation spreads that slice over more memory.
+    """
     for name, v in (("n_new", n_new), ("context_len", context_len), ("batch_size", batch_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -63,14 +91,14 @@ def forward_time(
     if generator is None:
         generator = torch.Generator().manual_seed(0)  # token ids barely matter for timing; keep them fixed
     ids = torch.randint(0, V, (batch_size, context_len + n_new), generator=generator).to(dev)
-    cache = model.new_cache(batch_size)
+    cache = model.new_cache(batch_size, max_len=max_len)
     model(ids[:, :context_len], cache=cache)
 
     def step() -> None:
         cache.truncate(context_len)
         model(ids[:, context_len:], cache=cache)
 
-    return median_time(step, dev, repeats=repeats)
+    return repeat_times(step, dev, repeats=repeats, warmup=warmup, clock=clock)
 
 
 def weight_bytes(model: torch.nn.Module) -> int:

@@ -19,8 +19,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .costs import sync
-from ..decoding.chain import SpecStats, generate, speculative_generate
+from ..decoding.loop import sync
+from ..decoding.chain import generate, speculative_generate
+from ..decoding.loop import SpecStats
 from ..theory import expected_tokens_per_step, speedup
 
 

@@ -42,8 +42,17 @@ WORKED_P = (0.6, 0.3, 0.1)
 WORKED_Q = (0.3, 0.6, 0.1)
 
 
-def check_worked_example(beta: object, residual: object, emit: object) -> None:
-    """Grade beta, the residual and P(emit x) for p = (0.6, 0.3, 0.1), q = (0.3, 0.6, 0.1)."""
+def check_worked_example(
+    beta: object, residual: object, emit_parts: Callable[[torch.Tensor, torch.Tensor], object],
+    n_cases: int = 40, seed: int = 0,
+) -> None:
+    """Grade beta and the residual for p = (0.6, 0.3, 0.1), q = (0.3, 0.6, 0.1), and
+    emit_parts(p, q) -> (accepted, replaced) on the worked case and on random pairs.
+
+    accepted[x] = P(x is drafted and accepted) = q(x) min(1, p(x)/q(x)) = min(p(x), q(x));
+    replaced[x] = P(a rejection, then x from the residual) = (1 - beta) residual(x) = max(0, p(x) - q(x)).
+    Their sum is P(emit x), which is p(x): the two parts are what must be computed.
+    """
     g = "check_worked_example"
     p = torch.tensor(WORKED_P, dtype=torch.float64)
     q = torch.tensor(WORKED_Q, dtype=torch.float64)
@@ -79,32 +88,55 @@ def check_worked_example(beta: object, residual: object, emit: object) -> None:
             hint,
         )
 
-    e = _as_vector(emit)
-    if e is None or e.shape != (3,):
-        shape = None if e is None else tuple(e.shape)
-        raise _fail(g, "emit must be a vector of 3 probabilities.", inputs + [f"got {emit!r} (shape {shape})"])
+    rng = np.random.default_rng(seed + 7)
+    cases: list[tuple[str, np.ndarray, np.ndarray]] = [("worked example", np.array(WORKED_P), np.array(WORKED_Q))]
+    while len(cases) < n_cases:
+        cases += _distribution_pairs(rng, int(rng.integers(2, 7)))
+    cases = cases[:n_cases]
+    for n, (label, p_np, q_np) in enumerate(cases, 1):
+        pc, qc = torch.tensor(p_np), torch.tensor(q_np)
+        where = f"emit_parts is wrong on case {n} of {len(cases)} ({label})."
+        case_inputs = [f"p = {_fmt(pc)}", f"q = {_fmt(qc)}"]
+        p_in, q_in = pc.clone(), qc.clone()
+        out = _call(g, where, case_inputs, emit_parts, p_in, q_in)
+        if not (torch.equal(p_in, pc) and torch.equal(q_in, qc)):
+            raise _fail(g, where, case_inputs, "emit_parts changed p or q in place; compute on new tensors instead.")
+        parts = [_as_vector(x) for x in out] if isinstance(out, (tuple, list)) and len(out) == 2 else None
+        if parts is None or any(x is None or x.shape != pc.shape for x in parts):
+            raise _fail(g, where, case_inputs + [f"got {out!r}"],
+                        f"return a pair (accepted, replaced) of two vectors of shape {tuple(pc.shape)}.")
+        accepted, replaced = parts
+        want_acc = torch.minimum(pc, qc)
+        want_rep = (pc - qc).clamp(min=0)  # = (1 - beta) * residual
+        beta_c = float(want_acc.sum())
+        if not torch.allclose(accepted, want_acc, atol=1e-9, rtol=0):
+            hint = "accepted[x] = q(x) * min(1, p(x) / q(x)): x is drafted (q), then kept; that is min(p(x), q(x))."
+            if torch.allclose(accepted, pc, atol=1e-9):
+                hint = ("that is p, the total P(emit x); accepted is only the part where x was drafted and kept, "
+                        "min(p(x), q(x)). The rest comes from replacements.")
+            elif torch.allclose(accepted, qc, atol=1e-9):
+                hint = "q(x) is the chance x is drafted; multiply by the chance it is then kept, min(1, p(x)/q(x))."
+            elif not torch.isfinite(accepted).all():
+                hint = "where q(x) = 0 the draft x never occurs: its accepted mass is 0, not p(x)/0."
+            raise _fail(g, where, case_inputs + [f"expected accepted = {_fmt(want_acc)}",
+                                                 f"got      accepted = {_fmt(accepted)}"], hint)
+        if not torch.allclose(replaced, want_rep, atol=1e-9, rtol=0):
+            hint = "replaced[x] = P(rejection) * residual(x) = (1 - beta) * residual(x)."
+            res_c = _ref_residual(pc, qc)
+            if not torch.isfinite(replaced).all():
+                hint = ("p == q here, so max(0, p - q) has zero mass: a rejection never happens (1 - beta = 0) and "
+                        "replaced is all zeros. Do not divide by that zero mass.")
+            elif beta_c < 1 and torch.allclose(replaced, res_c, atol=1e-9):
+                hint = "weight the residual by the probability of a rejection, 1 - beta: it is sampled only after one."
+            elif torch.allclose(replaced, pc, atol=1e-9) or torch.allclose(replaced, (1 - beta_c) * pc, atol=1e-9):
+                hint = "after a rejection the replacement is drawn from the residual max(0, p - q) normalized, not from p."
+            raise _fail(g, where, case_inputs + [f"beta = {beta_c:.4g}", f"expected replaced = {_fmt(want_rep)}",
+                                                 f"got      replaced = {_fmt(replaced)}"], hint)
     kept = torch.minimum(p, q)
-    if not torch.allclose(e, p, atol=1e-6, rtol=0):
-        hint = (
-            "P(emit x) = min(p(x), q(x)) (drafted and accepted) + (1 - beta) * residual(x) (rejected, then replaced)."
-        )
-        if torch.allclose(e, kept, atol=1e-6):
-            hint = (
-                "that is only the accepted mass min(p, q); add the replacements after a rejection, "
-                "(1 - beta) * residual."
-            )
-        elif torch.allclose(e, kept + want_res, atol=1e-6):
-            hint = "weight the residual by the probability of a rejection, 1 - beta: it is sampled only after one."
-        raise _fail(
-            g,
-            "emit is wrong.",
-            inputs + [f"expected emit = {_fmt(p)} (= p: the rule is exact)", f"got      emit = {_fmt(e)}"],
-            hint,
-        )
     _passed(
         g,
-        f"beta = {want_beta:.2g}, residual = {_fmt(want_res)}, "
-        f"P(emit a) = {kept[0]:.1f} + {(1 - want_beta) * want_res[0]:.1f} = {p[0]:.1f}",
+        f"beta = {want_beta:.2g}, residual = {_fmt(want_res)}, P(emit a) = {kept[0]:.1f} accepted + "
+        f"{(1 - want_beta) * want_res[0]:.1f} replaced = {p[0]:.1f}; emit_parts right on {len(cases)} pairs",
     )
 
 

@@ -1,92 +1,567 @@
-"""Graders for the notebook-04 exercises: greedy chain verification on the GPT-2 pair.
+"""Graders for exercise 4: a KV-cached, temperature-sampled speculative decoder on the bundled GPT-2 pair.
 
-Each check compares the learner's function with specref's reference and raises
-AssertionError with the failing input, the expected and the received output,
-and a hint. The end-to-end check demands token-for-token equality with the
-target's own greedy decoding, and that the learner really speculated (one
-target pass per step, not per token).
+The learner writes three functions with this contract (the exercise states it):
+
+    propose(draft, draft_cache, seq, k, temperature, top_k, generator) -> (drafts, q)
+        drafts: k token ids; q: [k, V], q[i] the processed distribution drafts[i] was sampled from.
+        On entry draft_cache holds a prefix seq[:m] (m <= len(seq) - 1); the draft is fed seq[m:]
+        and then its own drafts, one call each.
+    speculative_step(target, draft, seq, target_cache, draft_cache, k, temperature, top_k, generator)
+        -> the emitted tokens (1 to k + 1), seq unchanged.
+        On entry target_cache holds seq[:-1]. ONE target call over [seq[-1], drafts]. On exit, with
+        new = seq + emitted: target_cache holds new[:-1]; draft_cache holds new[:m'] with
+        m' = len(new) - 1, or len(new) - 2 when every draft was accepted (the last draft was never fed).
+    speculative_decode(target, draft, prompt, k, max_new_tokens, temperature, top_k, generator)
+        -> exactly max_new_tokens new token ids.
+
+What is graded, all on float64 copies of the pair, so no verdict depends on a CPU's float32 rounding:
+
+* `check_propose`: q equals the draft's processed distributions recomputed from scratch, every draft
+  lies in q's support, the draft cache holds seq + drafts[:-1] and equals a recompute, k draft calls;
+* `check_speculative_step`: (b) one target pass per step; (d) after a step both caches hold what a
+  recompute from scratch of the kept tokens gives, at the lengths above; greedy steps emit what the
+  greedy rule emits; (c) the first two tokens of sampled generation follow the target's exact
+  distribution (`distribution_test`), with power shown against broken decoders at the same N;
+* `check_speculative_decode`: (a) greedy output equals the target's greedy output token for token;
+  (b) at most one target pass per step plus one for the prompt.
+
+Every `check_*` function raises AssertionError with the input, the expected and the received
+answer and a hint, or returns None and prints one line on success.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
+import math
 from collections.abc import Callable
 
 import torch
 
-from ...decoding.chain import generate, speculative_generate
-from ...rejection import verify_chain_greedy
+from ...checks.exact import enumerate_step
+from ...checks.montecarlo import ALPHA, distribution_test, verify_skip_residual
+from ...rejection import verify_chain
+from ...models import heldout_prompts, load_pair
+from ...models.kvcache import KVCache
+from ...sampling import process_logits
+from .report import _fail, _passed
+
+# --------------------------------------------------------------------------------------
+# The graded pair, in float64, and a model wrapper that counts and remembers passes
+# --------------------------------------------------------------------------------------
 
 
-def _cases(n: int, seed: int) -> list[tuple[list[int], torch.Tensor]]:
-    """Random (drafts, logits) pairs where the drafts match the argmax for a random prefix."""
-    g = torch.Generator().manual_seed(seed)
+@functools.lru_cache(maxsize=1)
+def _pair64() -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The bundled pair converted to float64 (read-only for the graders: learners get wrappers)."""
+    target, draft, _ = load_pair()
+    return copy.deepcopy(target).double().eval(), copy.deepcopy(draft).double().eval()
+
+
+class _Memo(torch.nn.Module):
+    """A model seen through a counter and a memo of its cached forward passes.
+
+    `calls` counts forward calls. A call `model(ids, cache=c)` on one sequence, with a cache this
+    wrapper made (it records which token sits in each slot), is remembered by (tokens in the cache,
+    new tokens): a repeat writes the remembered K/V into the cache and returns the remembered logits,
+    exactly what the model would compute (same shapes, same float64 arithmetic). The sampling check
+    runs thousands of steps over a handful of distinct inputs; the memo makes that fast. Anything
+    else (no cache, masks, a cache the wrapper does not know) runs the real model.
+    """
+
+    def __init__(self, model: torch.nn.Module, memo: dict | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.config = model.config
+        self.calls = 0
+        self.inputs: list[int] = []  # the number of new tokens of each call
+        self._memo: dict = {} if memo is None else memo
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    def new_cache(self, batch_size: int, max_len: int | None = None, device=None, dtype=None) -> KVCache:
+        cache = self.model.new_cache(batch_size, max_len, device, dtype)
+        if batch_size == 1:
+            cache._grader_tokens = []
+        return cache
+
+    def forward(self, input_ids, cache=None, position_ids=None, attention_mask=None, return_hidden=False,
+                logits_to_keep=0):
+        self.calls += 1
+        known = getattr(cache, "_grader_tokens", None)
+        plain = (
+            known is not None and position_ids is None and attention_mask is None and not return_hidden
+            and isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] == 1
+            and not input_ids.is_floating_point() and input_ids.dtype != torch.bool and input_ids.shape[1] > 0
+            and isinstance(logits_to_keep, int) and not isinstance(logits_to_keep, bool) and logits_to_keep >= 0
+        )
+        if not plain:
+            if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2:
+                self.inputs.append(int(input_ids.shape[1]))
+            if cache is not None and hasattr(cache, "_grader_tokens"):
+                del cache._grader_tokens  # slots written by a call we did not follow
+            return self.model(input_ids, cache, position_ids, attention_mask, return_hidden, logits_to_keep)
+        n, T = int(cache.lengths[0]), int(input_ids.shape[1])
+        self.inputs.append(T)
+        new = tuple(input_ids[0].tolist())
+        if len(known) < n or n + T > cache.max_len:
+            del cache._grader_tokens
+            return self.model(input_ids, cache=cache, logits_to_keep=logits_to_keep)
+        key = (tuple(known[:n]), new, logits_to_keep)
+        if key in self._memo:
+            logits, k_new, v_new = self._memo[key]
+            cache.k[:, 0, :, n : n + T] = k_new
+            cache.v[:, 0, :, n : n + T] = v_new
+            cache.lengths = cache.lengths + T
+        else:
+            logits = self.model(input_ids, cache=cache, logits_to_keep=logits_to_keep)
+            self._memo[key] = (logits, cache.k[:, 0, :, n : n + T].clone(), cache.v[:, 0, :, n : n + T].clone())
+        cache._grader_tokens = list(key[0]) + list(new)
+        return logits.clone()
+
+
+def _graded_pair(memo: tuple[dict, dict] | None = None) -> tuple[_Memo, _Memo]:
+    target, draft = _pair64()
+    return _Memo(target, memo[0] if memo else None), _Memo(draft, memo[1] if memo else None)
+
+
+def _prefilled(model: _Memo, tokens: list[int], room: int) -> KVCache:
+    """A cache of `model` holding `tokens`, with room for `room` more."""
+    cache = model.new_cache(1, max_len=len(tokens) + room)
+    if tokens:
+        with torch.no_grad():
+            model(torch.tensor([tokens]), cache=cache)
+    return cache
+
+
+def _clone(cache: KVCache) -> KVCache:
+    out = cache.clone()
+    if hasattr(cache, "_grader_tokens"):
+        out._grader_tokens = list(cache._grader_tokens)
+    return out
+
+
+def _cache_error(model: torch.nn.Module, cache: object, tokens: list[int], name: str) -> str | None:
+    """Why `cache` does not hold exactly `tokens` (checked against a recompute from scratch), or None."""
+    if not isinstance(cache, KVCache):
+        return f"{name} is not a KVCache (got {type(cache).__name__})"
+    n = int(cache.lengths[0])
+    if n != len(tokens):
+        return f"{name} holds {n} tokens; it should hold {len(tokens)}"
+    if n == 0:
+        return None
+    fresh = model.new_cache(1, max_len=n)
+    with torch.no_grad():
+        model(torch.tensor([tokens]), cache=fresh)
+    for what, got, want in (("keys", cache.k, fresh.k), ("values", cache.v, fresh.v)):
+        got = got[:, 0, :, :n].to(torch.float64)
+        want = want[:, 0, :, :n]
+        if not torch.allclose(got, want, rtol=1e-7, atol=1e-9):
+            bad = (got - want).abs().amax(dim=(0, 1, 3))  # [n] worst difference per slot
+            slot = int(torch.nonzero(bad > 1e-9)[0])
+            return (f"{name}'s {what} at slot {slot} differ from a recompute of the kept tokens "
+                    f"(slot {slot} should hold token {tokens[slot]} after {tokens[:slot][-3:]}...)")
+    return None
+
+
+def _as_token_list(out: object) -> list[int] | None:
+    if isinstance(out, torch.Tensor):
+        if out.is_floating_point() or out.dim() != 1:
+            return None
+        return [int(t) for t in out.tolist()]
+    if isinstance(out, (list, tuple)):
+        try:
+            items = [t.item() if isinstance(t, torch.Tensor) and t.numel() == 1 else t for t in out]
+        except (TypeError, ValueError):
+            return None
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+            return list(items)
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Exercise 4.1: drafting with the draft's own KV cache
+# --------------------------------------------------------------------------------------
+
+PROPOSE_CASES = (  # (prompt index, prompt tokens, k, temperature, top_k, tokens already in the draft cache)
+    (0, 24, 4, 0.0, None, 23),  # greedy: q one-hot
+    (1, 24, 3, 1.0, None, 23),  # full vocabulary
+    (2, 20, 2, 0.7, 5, 18),  # two tokens to catch up on (the state after a step that accepted every draft)
+)
+
+
+def check_propose(fn: Callable[..., object], cases=PROPOSE_CASES, seed: int = 0) -> None:
+    """Grade propose(draft, draft_cache, seq, k, temperature, top_k, generator) -> (drafts, q)."""
+    g = "check_propose"
+    _, draft_real = _pair64()
+    for n, (pi, n_tok, k, temp, top_k, m) in enumerate(cases, 1):
+        seq = heldout_prompts(n=pi + 1, n_tokens=n_tok)[pi]
+        _, draft = _graded_pair()
+        cache = _prefilled(draft, seq[:m], room=len(seq) - m + k + 1)
+        draft.calls = 0
+        draft.inputs = []
+        where = f"wrong answer on case {n} of {len(cases)}."
+        inputs = [f"len(seq) = {len(seq)}, draft_cache holds seq[:{m}], k = {k}, temperature = {temp}, top_k = {top_k}"]
+        gen = torch.Generator().manual_seed(seed + n)
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + n)
+            try:
+                out = fn(draft, cache, list(seq), k, temp, top_k, gen)
+            except NotImplementedError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the learner's error, shown with its input
+                raise _fail(g, where, inputs + [f"your function raised {type(e).__name__}: {e}"]) from e
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise _fail(g, where, inputs + [f"got {type(out).__name__}"], "return a pair (drafts, q).")
+        drafts = _as_token_list(out[0])
+        q = out[1]
+        if drafts is None or len(drafts) != k:
+            raise _fail(g, where, inputs + [f"got drafts = {out[0]!r}"], f"drafts must be {k} int token ids.")
+        V = draft.config.vocab_size
+        if not isinstance(q, torch.Tensor) or tuple(q.shape) != (k, V):
+            shape = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
+            raise _fail(g, where, inputs + [f"got q of shape {shape}"], f"q must be a [k, V] = [{k}, {V}] tensor.")
+        with torch.no_grad():
+            logits = draft_real(torch.tensor([seq + drafts]))[0, len(seq) - 1 : len(seq) - 1 + k]  # [k, V]
+        want = process_logits(logits, temp, top_k)
+        got = q.detach().to(torch.float64)
+        if not torch.allclose(got, want, rtol=1e-6, atol=1e-9):
+            i = int(((got - want).abs().amax(-1) > 1e-9).nonzero()[0])
+            hint = (f"q[{i}] must be process_logits(logits, temperature, top_k) of the draft's logits after "
+                    f"seq + drafts[:{i}]: the distribution drafts[{i}] was sampled from.")
+            raw = torch.softmax(logits[i], -1)
+            if torch.allclose(got[i], raw, atol=1e-9) and not torch.allclose(want[i], raw, atol=1e-9):
+                hint += " Yours looks unprocessed (a plain softmax): process q exactly as p will be."
+            raise _fail(g, where, inputs + [f"q[{i}] differs from the draft's processed distribution"], hint)
+        for i, x in enumerate(drafts):
+            if not 0 <= x < V or float(want[i, x]) <= 0:
+                raise _fail(g, where, inputs + [f"drafts = {drafts}"],
+                            f"drafts[{i}] = {x} has probability 0 under q[{i}]: sample each draft from its q.")
+        err = _cache_error(draft_real, cache, seq + drafts[:-1], "the draft cache")
+        if err:
+            raise _fail(g, where, inputs + [err],
+                        "feed the draft the tokens its cache lacks, seq[m:], then each draft but the last (the "
+                        "target scores the last one); never recompute the whole sequence.")
+        if draft.calls > k:
+            raise _fail(g, where, inputs + [f"{draft.calls} draft calls for k = {k}"],
+                        "one call for the tokens the cache lacks (all at once), then one per draft after the first.")
+    _passed(g, f"{len(cases)} cases: q, drafts, the draft cache and {sum(c[2] for c in cases)} draft calls")
+
+
+# --------------------------------------------------------------------------------------
+# Exercise 4.2: one speculative step, with rollback of both caches
+# --------------------------------------------------------------------------------------
+
+# The sampling check. The setting is chosen for power, not realism: after held-out prompt 15 cut to
+# 30 tokens, at temperature 0.7 and top-k 3, the target's first token has three possible values
+# (about 0.50, 0.41, 0.09) and the draft disagrees on half the mass: beta = sum min(p, q) = 0.50. The
+# first two tokens then take 9 cells. `sampling_power` computes the effect sizes exactly (float64,
+# by enumerating the broken rules) and tests/test_grading_pair.py holds them to these numbers: per
+# sample, the chi-square non-centrality of the first token alone is 0.25 for skipping the residual and
+# 0.53 for a q handed to the rule unprocessed (softmax at temperature 1, no top-k). At N = 2000 that
+# is 500 and 1060, against a critical value of 26.1 (chi-square, 8 dof, level 1e-3): each is flagged
+# with probability 1 - 1e-30 or so. In TV, the bugs move the first token by 0.25 and 0.36; the test's
+# TV bound at N = 2000 over 9 cells is 0.057 (over the full 4096-token vocabulary it would be 0.84).
+# A target cache never rolled back changes the second token after every rejected first draft (half the
+# runs) and is flagged too; the greedy and cache checks catch it first. A correct decoder fails with
+# probability about 2e-3 at a given seed; the grader's seeds are fixed, so its verdict is too.
+# The hidden setting (prompt 31, 9 tokens, top-k 4, k = 1): beta 0.50, TV 0.25 and 0.30, 16 cells.
+SAMPLING = {"prompt": 15, "n_tokens": 30, "k": 2, "temperature": 0.7, "top_k": 3, "n": 2000}
+SAMPLING_HIDDEN = {"prompt": 31, "n_tokens": 9, "k": 1, "temperature": 0.7, "top_k": 4, "n": 2000}
+
+
+def exact_first_two(target: torch.nn.Module, prompt: list[int], temperature: float, top_k: int | None
+                    ) -> dict[tuple[int, int], float]:
+    """P(first two generated tokens = (y1, y2)) = p1(y1) p2(y2 | y1), processed target distributions, float64."""
+    with torch.no_grad():
+        p1 = process_logits(target(torch.tensor([prompt]))[0, -1].double(), temperature, top_k)
+        first = torch.nonzero(p1 > 0).flatten().tolist()
+        rows = torch.tensor([prompt + [y] for y in first])
+        p2 = process_logits(target(rows)[:, -1].double(), temperature, top_k)  # [len(first), V]
+    return {(y1, y2): float(p1[y1] * p2[i, y2]) for i, y1 in enumerate(first) for y2 in torch.nonzero(p2[i] > 0).flatten().tolist()}
+
+
+def _greedy_reference_step(prompt: list[int], k: int) -> list[int]:
+    """What a greedy step emits after `prompt`: the draft's greedy drafts, then the greedy rule."""
+    target, draft = _pair64()
+    seq = list(prompt)
+    drafts: list[int] = []
+    with torch.no_grad():
+        for _ in range(k):
+            drafts.append(int(draft(torch.tensor([seq + drafts]))[0, -1].argmax()))
+        best = target(torch.tensor([seq + drafts]))[0, len(seq) - 1 :].argmax(-1).tolist()
+    out = []
+    for i, x in enumerate(drafts):
+        if x != best[i]:
+            break
+        out.append(x)
+    return out + [best[len(out)]]
+
+
+def _step_cases() -> list[tuple[str, list[int], int, float, int | None, int]]:
+    """(label, seq, k, temperature, top_k, seed): a greedy step rejecting its first draft, one accepting
+    all of them, and sampled steps (full vocabulary and top-k) started from several prompts."""
+    prompts = heldout_prompts(n=12, n_tokens=24)
     cases = []
-    for i in range(n):
-        k = 1 + i % 8
-        V = int(torch.randint(3, 40, (1,), generator=g))
-        logits = torch.randn(k + 1, V, generator=g, dtype=torch.float64)
-        best = logits.argmax(-1)
-        n_match = int(torch.randint(0, k + 1, (1,), generator=g))  # reject at each depth, or accept all
-        drafts = best[:k].clone()
-        for j in range(n_match, k):
-            wrong = int(torch.randint(0, V - 1, (1,), generator=g))
-            drafts[j] = wrong if wrong < best[j] else wrong + 1  # any token but the argmax
-        cases.append((drafts.tolist(), logits))
+    reject = next(p for p in prompts if len(_greedy_reference_step(p, 3)) == 1)
+    accept = next(p for p in prompts if len(_greedy_reference_step(p, 2)) == 3)
+    cases.append(("greedy, the first draft is rejected", reject, 3, 0.0, None, 0))
+    cases.append(("greedy, every draft is accepted", accept, 2, 0.0, None, 0))
+    for i, (temp, top_k) in enumerate([(1.0, None), (0.7, 3), (1.0, 5), (0.8, None)] * 2):
+        cases.append((f"sampled, temperature {temp}, top_k {top_k}", prompts[i + 2], 4, temp, top_k, i + 1))
     return cases
 
 
-def check_greedy_verify(fn: Callable[[list[int], torch.Tensor], list[int]], n_cases: int = 300) -> None:
-    """fn(draft_tokens, target_logits [k+1, V]) must return the emitted tokens of the greedy rule."""
-    for drafts, logits in _cases(n_cases, seed=4):
-        expected, n_acc = verify_chain_greedy(torch.tensor(drafts), logits)
-        got = fn(list(drafts), logits.clone())
-        got = [int(t) for t in (got.tolist() if isinstance(got, torch.Tensor) else got)]
-        if got != expected.tolist():
-            k = len(drafts)
-            hint = (
-                "after a mismatch, emit the target's argmax at that position and stop"
-                if n_acc < k
-                else "all drafts matched: add the bonus token, the argmax of the last row (position k)"
-            )
-            raise AssertionError(
-                f"greedy_verify is wrong for k={k}:\n  drafts         {drafts}\n"
-                f"  target argmax  {logits.argmax(-1).tolist()}\n"
-                f"  expected       {expected.tolist()}\n  got            {got}\nhint: {hint}"
-            )
+def _run_step(fn, target, draft, seq, tc, dc, k, temp, top_k, gen, g, where, inputs):
+    seq_in = list(seq)
+    before = target.calls
+    try:
+        with torch.no_grad():
+            out = fn(target, draft, seq_in, tc, dc, k, temp, top_k, gen)
+    except NotImplementedError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the learner's error, shown with its input
+        raise _fail(g, where, inputs + [f"your step raised {type(e).__name__}: {e}"]) from e
+    emitted = _as_token_list(out)
+    if seq_in != list(seq):
+        raise _fail(g, where, inputs, "your step changed `seq`; return the emitted tokens and let the loop append them.")
+    if emitted is None or not 1 <= len(emitted) <= k + 1:
+        raise _fail(g, where, inputs + [f"got {out!r}"],
+                    f"return the emitted tokens as a list of 1 to k + 1 = {k + 1} ints.")
+    if target.calls - before != 1:
+        raise _fail(g, where, inputs + [f"your step called the target {target.calls - before} times"],
+                    "score [seq[-1], x_1, ..., x_k] in ONE target call on the target cache: it gives p_1 .. p_{k+1}.")
+    return emitted
 
 
-def check_greedy_speculative(
-    fn: Callable[[torch.nn.Module, torch.nn.Module, list[int], int, int], list[int]],
-    target: torch.nn.Module,
-    draft: torch.nn.Module,
-    prompts: list[list[int]],
+def _check_caches(target_real, draft_real, seq, emitted, drafts_fed_all, tc, dc, g, where, inputs) -> None:
+    new = list(seq) + emitted
+    err = _cache_error(target_real, tc, new[:-1], "the target cache")
+    if err:
+        hint = ("after the step the target cache must hold every token but the last emitted one: truncate it to "
+                "len(seq) + n_accepted (the rejected drafts' entries go; the correction or bonus is fed next step).")
+        raise _fail(g, where, inputs + [f"emitted {emitted}", err], hint)
+    m = int(dc.lengths[0]) if isinstance(dc, KVCache) else -1
+    ok_lengths = {len(new) - 1} | ({len(new) - 2} if drafts_fed_all else set())
+    if m not in ok_lengths:
+        raise _fail(g, where, inputs + [f"emitted {emitted}", f"the draft cache holds {m} tokens; it should hold "
+                                        f"{' or '.join(str(x) for x in sorted(ok_lengths))}"],
+                    "roll the draft cache back too: keep seq and the accepted drafts that were fed to it, drop the "
+                    "rejected ones (truncate to min(its length, len(seq) + n_accepted)).")
+    err = _cache_error(draft_real, dc, new[:m], "the draft cache")
+    if err:
+        raise _fail(g, where, inputs + [f"emitted {emitted}", err], "the draft cache must hold a prefix of seq + emitted.")
+
+
+def check_speculative_step(fn: Callable[..., object], sampling: dict | None = None, seed: int = 0) -> None:
+    """Grade speculative_step: one target pass, both caches against a recompute, greedy steps, and the
+    exact distribution of the first two sampled tokens (see SAMPLING for the power argument)."""
+    n_cases = _step_caches(fn, seed)
+    n = _first_two_tokens(fn, sampling, seed)
+    _passed("check_speculative_step", f"{n_cases} steps match a recompute of both caches, one target pass each; "
+                                      f"{n} sampled generations follow the target's exact distribution")
+
+
+def check_step_caches(fn: Callable[..., object], seed: int = 0) -> None:
+    """(b) one target pass per step and (d) both caches equal a recompute after the step; greedy steps emit
+    what the greedy rule emits."""
+    n = _step_caches(fn, seed)
+    _passed("check_step_caches", f"{n} steps match a recompute of both caches, one target pass each")
+
+
+def _step_caches(fn: Callable[..., object], seed: int) -> int:
+    g = "check_speculative_step"
+    target_real, draft_real = _pair64()
+    V = target_real.config.vocab_size
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        cases = _step_cases()
+        for n, (label, seq, k, temp, top_k, case_seed) in enumerate(cases, 1):
+            target, draft = _graded_pair()
+            tc = _prefilled(target, seq[:-1], room=k + 2)
+            dc = _prefilled(draft, seq[:-1], room=k + 2)
+            where = f"wrong answer on step case {n} of {len(cases)} ({label})."
+            inputs = [f"len(seq) = {len(seq)}, k = {k}, temperature = {temp}, top_k = {top_k}",
+                      "both caches hold seq[:-1]"]
+            gen = torch.Generator().manual_seed(seed * 1000 + case_seed)
+            emitted = _run_step(fn, target, draft, seq, tc, dc, k, temp, top_k, gen, g, where, inputs)
+            if any(not 0 <= t < V for t in emitted):
+                raise _fail(g, where, inputs + [f"emitted {emitted}"], f"token ids lie in [0, {V}).")
+            if temp == 0:
+                want = _greedy_reference_step(seq, k)
+                if emitted != want:
+                    raise _fail(g, where, inputs + [f"expected {want}", f"got      {emitted}"],
+                                "greedy (temperature 0): p and q are one-hot on the argmax; accept drafts while they "
+                                "equal the target's argmax, then emit the target's argmax.")
+            _check_caches(target_real, draft_real, seq, emitted, len(emitted) == k + 1, tc, dc, g, where, inputs)
+    return len(cases)
+
+
+def check_first_two_tokens(fn: Callable[..., object], sampling: dict | None = None, seed: int = 0) -> None:
+    """(c) the first two tokens of N sampled generations, each started from the same prefilled caches,
+    against their exact distribution (`distribution_test`, level 1e-3)."""
+    n = _first_two_tokens(fn, sampling, seed)
+    _passed("check_first_two_tokens", f"{n} sampled generations follow the target's exact distribution")
+
+
+def _first_two_tokens(fn: Callable[..., object], sampling: dict | None, seed: int) -> int:
+    g = "check_speculative_step"
+    s = dict(SAMPLING if sampling is None else sampling)
+    target_real, _ = _pair64()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        prompt = heldout_prompts(n=s["prompt"] + 1, n_tokens=s["n_tokens"])[s["prompt"]]
+        k, temp, top_k, N = s["k"], s["temperature"], s["top_k"], s["n"]
+        exact = exact_first_two(target_real, prompt, temp, top_k)
+        cells = {c: i for i, c in enumerate(sorted(exact))}
+        expected = torch.tensor([exact[c] for c in sorted(exact)] + [0.0], dtype=torch.float64)
+        target, draft = _graded_pair()
+        tc0 = _prefilled(target, prompt[:-1], room=2 * (k + 1) + 2)
+        dc0 = _prefilled(draft, prompt[:-1], room=2 * (k + 1) + 2)
+        gen = torch.Generator().manual_seed(seed + 1)
+        counts = torch.zeros(len(expected), dtype=torch.long)
+        where = f"the first two sampled tokens do not follow the target's distribution ({N} generations)."
+        inputs = [f"held-out prompt {s['prompt']} ({s['n_tokens']} tokens), k = {k}, temperature = {temp}, top_k = {top_k}"]
+        for _ in range(N):
+            seq, tc, dc, out = list(prompt), _clone(tc0), _clone(dc0), []
+            while len(out) < 2:
+                emitted = _run_step(fn, target, draft, seq, tc, dc, k, temp, top_k, gen, g,
+                                    "running the sampling check.", inputs)
+                out += emitted
+                seq += emitted
+            counts[cells.get(tuple(out[:2]), len(expected) - 1)] += 1
+        test = distribution_test(expected, counts=counts)
+        if not test.passed:
+            rows = [f"  {c}: expected {exact[c]:.4f}, observed {int(counts[i]) / N:.4f}" for c, i in cells.items()]
+            if counts[-1]:
+                rows.append(f"  outside the support: observed {int(counts[-1])} (expected 0)")
+            raise _fail(g, where, inputs + ["P(first two tokens):"] + rows + [str(test)],
+                        "p and q must be processed the same way (temperature, then top-k) before the rule; q must be "
+                        "the distribution each draft was sampled from; after a rejection sample the residual "
+                        "max(0, p - q) normalized; if all k drafts pass, the bonus comes from p_{k+1}.")
+    return N
+
+
+def sampling_power(sampling: dict | None = None) -> dict[str, float]:
+    """What the sampling check can see, exactly (float64): the first token's distribution under the rule and
+    under two broken decoders, each enumerated by `specref.checks.exact.enumerate_step`, their TV from p_1 and
+    chi-square non-centrality per sample, next to the test's TV bound at N over the two tokens' cells.
+
+    `skip_residual` runs `verify_skip_residual`; `q_unprocessed` runs `verify_chain` on drafts sampled from the
+    processed q but handed softmax(draft logits) (temperature 1, no top-k).
+    """
+    s = dict(SAMPLING if sampling is None else sampling)
+    target, draft = _pair64()
+    prompt = heldout_prompts(n=s["prompt"] + 1, n_tokens=s["n_tokens"])[s["prompt"]]
+    with torch.no_grad():
+        lt, ld = target(torch.tensor([prompt]))[0, -1], draft(torch.tensor([prompt]))[0, -1]
+    p, q = process_logits(lt, s["temperature"], s["top_k"]), process_logits(ld, s["temperature"], s["top_k"])
+    q_raw = torch.softmax(ld, -1)
+    # Enumerate on the tokens p or q can give, plus one cell holding the rest of q_raw's mass: no draft and
+    # no output lands there, so the rules behave exactly as on the full vocabulary, and the enumeration stays small.
+    keep = (p > 0) | (q > 0)
+    p, q = torch.cat([p[keep], p.new_zeros(1)]), torch.cat([q[keep], q.new_zeros(1)])
+    q_raw = torch.cat([q_raw[keep], q_raw[~keep].sum(0, keepdim=True)])
+    xs = torch.nonzero(q > 0)  # [R, 1]: every draft with its probability q(x)
+    R = xs.shape[0]
+    rows_p = p.expand(R, 2, -1)
+
+    def first_token(q_rule: torch.Tensor, rule) -> torch.Tensor:  # [V']
+        tokens, prob = enumerate_step(xs, q_rule.expand(R, 1, -1), rows_p, q[xs[:, 0]], rule)
+        return torch.zeros_like(p).index_add_(0, tokens[:, 0], prob)
+
+    out = {"beta": float(torch.minimum(p, q).sum()), "n": s["n"]}
+    support = p > 0
+    for name, dist in (("correct", first_token(q, verify_chain)), ("skip_residual", first_token(q, verify_skip_residual)),
+                       ("q_unprocessed", first_token(q_raw, verify_chain))):
+        out[f"tv_{name}"] = 0.5 * float((dist - p).abs().sum())
+        out[f"ncp_{name}"] = float(((dist - p)[support] ** 2 / p[support]).sum()) + (math.inf if float(dist[~support].sum()) > 0 else 0.0)
+    m = len(exact_first_two(target, prompt, s["temperature"], s["top_k"]))
+    out["cells"] = m
+    out["tv_bound"] = math.sqrt((m * math.log(2) + math.log(1 / ALPHA)) / (2 * s["n"]))
+    out["tv_bound_full_vocabulary"] = math.sqrt((target.config.vocab_size * math.log(2) + math.log(1 / ALPHA)) / (2 * s["n"]))
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Exercise 4.3: the decoder
+# --------------------------------------------------------------------------------------
+
+
+def _greedy_steps(prompt: list[int], k: int, max_new_tokens: int, expected: list[int]) -> int:
+    """Target passes a greedy speculative decoder needs after the prompt's pass (draft runs from scratch)."""
+    _, draft = _pair64()
+    steps, pos = 0, 0
+    with torch.no_grad():
+        while pos < max_new_tokens:
+            seq, drafts = list(prompt) + expected[:pos], []
+            for _ in range(k):
+                drafts.append(int(draft(torch.tensor([seq + drafts]))[0, -1].argmax()))
+            n_acc = 0
+            while n_acc < k and pos + n_acc < len(expected) and drafts[n_acc] == expected[pos + n_acc]:
+                n_acc += 1
+            pos += n_acc + 1
+            steps += 1
+    return steps
+
+
+def check_speculative_decode(
+    fn: Callable[..., object],
+    n_prompts: int = 2,
+    first_prompt: int = 0,
     ks: tuple[int, ...] = (1, 3, 5),
     max_new_tokens: int = 24,
 ) -> None:
-    """fn(target, draft, prompt, k, max_new_tokens) must equal the target's greedy output, speculatively."""
+    """Grade speculative_decode: greedy output equals the target's, token for token, and the target
+    is called once per step plus once for the prompt; a sampled run returns max_new_tokens tokens."""
+    g = "check_speculative_decode"
+    target_real, _ = _pair64()
+    prompts = heldout_prompts(n=first_prompt + n_prompts, n_tokens=24)[first_prompt:]
     for prompt in prompts:
-        ids = torch.tensor([prompt], device=target.device)
-        expected = generate(target, ids, max_new_tokens, temperature=0)[0, len(prompt) :].tolist()
+        ids = torch.tensor([prompt])
+        expected = []
+        with torch.no_grad():
+            cache = target_real.new_cache(1)
+            logits = target_real(ids, cache=cache)[0, -1]
+            for i in range(max_new_tokens):
+                expected.append(int(logits.argmax()))
+                if i < max_new_tokens - 1:
+                    logits = target_real(torch.tensor([[expected[-1]]]), cache=cache)[0, -1]
         for k in ks:
-            calls: list[int] = []
-            handle = target.register_forward_hook(lambda *_: calls.append(1))
+            target, draft = _graded_pair()
+            where = f"k = {k}, greedy (temperature 0), {max_new_tokens} new tokens."
+            inputs = [f"prompt: {len(prompt)} tokens of a held-out file"]
             try:
-                got = fn(target, draft, list(prompt), k, max_new_tokens)
-            finally:
-                handle.remove()
-            got = [int(t) for t in (got.tolist() if isinstance(got, torch.Tensor) else got)]
+                with torch.no_grad():
+                    out = fn(target, draft, list(prompt), k, max_new_tokens, 0.0, None, torch.Generator().manual_seed(0))
+            except NotImplementedError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                raise _fail(g, where, inputs + [f"your decoder raised {type(e).__name__}: {e}"]) from e
+            got = _as_token_list(out)
             if got != expected:
-                first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
-                raise AssertionError(
-                    f"k={k}: the output differs from the target's greedy decoding at new token {first}\n"
-                    f"  expected {expected}\n  got      {got}\n"
-                    "hint: return exactly max_new_tokens new tokens (not the prompt); after each step append the "
-                    "accepted drafts and the target's token, and never more than the budget"
-                )
-            _, stats = speculative_generate(target, draft, ids, k=k, max_new_tokens=max_new_tokens, temperature=0)
-            steps = stats.target_passes - 1  # the reference also runs one prefill pass
-            if len(calls) > steps + 1:
-                raise AssertionError(
-                    f"k={k}: your decoder called the target {len(calls)} times for {max_new_tokens} tokens; "
-                    f"speculative decoding needs about {steps} (one pass per step, scoring all k drafts at once)"
-                )
+                first = None if got is None else next(
+                    (i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+                raise _fail(g, where, inputs + [f"expected {expected}", f"got      {out!r}",
+                                                f"first difference at new token {first}"],
+                            "return exactly max_new_tokens new tokens (not the prompt); after each step append the "
+                            "emitted tokens, never more than the budget.")
+            steps = _greedy_steps(prompt, k, max_new_tokens, expected)
+            if target.calls > steps + 1:
+                raise _fail(g, where, inputs + [f"your decoder called the target {target.calls} times"],
+                            f"speculative decoding needs {steps} passes here, one per step, plus one for the prompt.")
+    # A sampled run: the right number of valid tokens.
+    target, draft = _graded_pair()
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        out = fn(target, draft, list(prompts[0]), 3, 10, 0.8, 5, torch.Generator().manual_seed(1))
+    got = _as_token_list(out)
+    if got is None or len(got) != 10 or any(not 0 <= t < target.config.vocab_size for t in got):
+        raise _fail(g, "sampled run (temperature 0.8, top_k 5, k = 3, 10 new tokens).", [f"got {out!r}"],
+                    "return exactly max_new_tokens token ids.")
+    _passed(g, f"{len(prompts)} prompts x k = {ks}: the target's greedy output, one target pass per step")

@@ -12,6 +12,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from ...checks.montecarlo import simulate
+from ...checks.toy import MarkovChain, mixture, random_chain, toy_pair
+from ...rejection import acceptance_probability
 from ...theory import expected_tokens_per_step as _ref_expected
 from ...theory import optimal_k as _ref_optimal_k
 from ...theory import speedup as _ref_speedup
@@ -226,3 +229,117 @@ def check_optimal_k(fn: Callable[[float, float, int], object], n_cases: int = 60
                 hint,
             )
     _passed(g, f"{len(cases)} cases, k = 0 allowed")
+
+
+# --------------------------------------------------------------------------------------
+# Exercise 3.6: tokens per step measured on toy chains, and which alpha the formula needs
+# --------------------------------------------------------------------------------------
+
+
+def _toy_cases(n_cases: int, seed: int) -> list[tuple[str, object, object, int]]:
+    """(label, target, draft, k): random toy pairs the learner has not seen, and a chain whose contexts persist."""
+    gen = torch.Generator().manual_seed(1000 + seed)
+    cases: list[tuple[str, object, object, int]] = []
+    # A two-topic chain (the text stays in its topic with probability 0.9; the draft knows one topic well):
+    # here the step starts are far from uniform over the states, so the two alphas differ a lot.
+    a, b = random_chain(3, 2.0, gen), random_chain(3, 2.0, gen)
+    T = torch.full((6, 6), 0.1 / 3, dtype=torch.float64)
+    T[:3, :3], T[3:, 3:] = 0.9 * a.transition, 0.9 * b.transition
+    topics = MarkovChain(T)
+    noise = random_chain(6, 2.0, gen)
+    good, poor = mixture(topics, noise, 0.95), mixture(topics, noise, 0.3)
+    cases.append(("two-topic chain, k = 3", topics, MarkovChain(torch.cat([good.transition[:3], poor.transition[3:]])), 3))
+    while len(cases) < n_cases:
+        V = int(torch.randint(3, 9, (1,), generator=gen))
+        sharp = float(torch.empty(()).uniform_(1.0, 3.0, generator=gen))
+        weight = float(torch.empty(()).uniform_(0.3, 0.9, generator=gen))
+        k = int(torch.randint(1, 6, (1,), generator=gen))
+        target, draft = toy_pair(gen, vocab_size=V, sharpness=sharp, draft_weight=weight)
+        cases.append((f"random toy pair, V = {V}, sharpness {sharp:.2f}, draft weight {weight:.2f}, k = {k}",
+                      target, draft, k))
+    return cases[:n_cases]
+
+
+def _ratio_and_se(num: torch.Tensor, den: torch.Tensor) -> tuple[float, float]:
+    """sum(num) / sum(den) over independent runs, and its delta-method standard error per run count."""
+    r = float(num.sum() / den.sum())
+    resid = (num - r * den).double()
+    return r, float(resid.pow(2).mean().sqrt() / den.double().mean())  # divide by sqrt(runs) for the SE
+
+
+def toy_reference(target, draft, k: int, n: int, runs: int, generator: torch.Generator) -> dict[str, float]:
+    """What `measure_toy` should return, from `simulate` on `runs` runs, with the per-run spread of each mean.
+
+    Per run r: T_r = tokens its steps emitted (accepted drafts + 1, every step until it has n tokens, the last
+    one counted whole), S_r = its steps, B_r = the sum of beta(c) over its steps' start contexts c. The
+    measured tokens per step is sum T / sum S and alpha over steps is sum B / sum S; runs are independent, so
+    each ratio's standard error is sd_r(T_r - R S_r) / (mean S_r sqrt(runs)) (delta method). For alpha the
+    larger of that and the spread of the share of steps accepting their first draft is returned.
+    """
+    sim = simulate(target, draft, start_token=0, k=k, n=n, runs=runs, generator=generator)
+    beta = acceptance_probability(target.transition, draft.transition)  # [V]
+    active = sim.active.double()  # [S, N]
+    steps = active.sum(0)  # [N]
+    tokens = ((sim.n_accepted + 1).double() * active).sum(0)
+    betas = (beta[sim.context] * active).sum(0)
+    firsts = ((sim.n_accepted >= 1).double() * active).sum(0)  # steps accepting their first draft
+    tps, tps_spread = _ratio_and_se(tokens, steps)
+    alpha_steps, alpha_spread = _ratio_and_se(betas, steps)
+    # The share of steps that accept their first draft estimates the same alpha (P(accept | c) = beta(c)) with
+    # more noise; the tolerance allows for it, so a learner who measures alpha that way is not failed by chance.
+    alpha_spread = max(alpha_spread, _ratio_and_se(firsts, steps)[1])
+    return {"tokens_per_step": tps, "tokens_per_step_spread": tps_spread, "alpha_states": float(beta.mean()),
+            "alpha_steps": alpha_steps, "alpha_steps_spread": alpha_spread}
+
+
+TOY_RUNS, TOY_N = 2000, 60
+_REF_RUNS = 20000
+_Z = 5.0  # tolerance in standard errors: a correct measurement fails with probability about 6e-7
+
+
+def check_toy_measurement(fn: Callable[..., object], n_cases: int = 3, seed: int = 0) -> None:
+    """Grade measure_toy(target, draft, k, runs, n, generator) -> (tokens_per_step, alpha_states, alpha_steps).
+
+    On toy pairs the learner has not seen: alpha_states (the unweighted mean of beta over the states) exactly;
+    the two simulated means against the grader's own simulation on 10 times as many runs, within 5 standard
+    errors of their difference, each standard error computed from the per-run spread (see `toy_reference`).
+    At TOY_RUNS = 2000 runs of TOY_N = 60 tokens, that tolerance is 0.004 to 0.05 tokens per step and 0.004
+    to 0.016 in alpha (it allows for alpha measured as the share of steps accepting their first draft): far below an off-by-one (1 token per step). The gap between the two alphas exceeds
+    twice the tolerance on at least one pair of the visible cases and of the hidden ones (tests/test_grading.py
+    holds both to that), so returning the unweighted mean for alpha_steps is flagged.
+    """
+    g = "check_toy_measurement"
+    for n, (label, target, draft, k) in enumerate(_toy_cases(n_cases, seed), 1):
+        where = f"wrong answer on case {n} of {n_cases} ({label})."
+        inputs = [f"k = {k}, runs = {TOY_RUNS}, n = {TOY_N}, start token 0"]
+        ref = toy_reference(target, draft, k, TOY_N, _REF_RUNS, torch.Generator().manual_seed(seed * 100 + n))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + n)
+            out = _call(g, where, inputs, fn, target, draft, k, TOY_RUNS, TOY_N, torch.Generator().manual_seed(seed + n))
+        vals = [_as_float(x) for x in out] if isinstance(out, (tuple, list)) and len(out) == 3 else None
+        if vals is None or any(v is None or not math.isfinite(v) for v in vals):
+            raise _fail(g, where, inputs + [f"got {out!r}"], "return three numbers: (tokens_per_step, alpha_states, alpha_steps).")
+        tps, a_states, a_steps = vals
+        if not _close(a_states, ref["alpha_states"], rel=1e-9):
+            hint = "alpha_states is the plain mean of beta(c) = sum_x min(p(x | c), q(x | c)) over the V states c."
+            if abs(a_states - ref["alpha_steps"]) < abs(a_states - ref["alpha_states"]):
+                hint = "that looks weighted by the steps; alpha_states weighs every state equally: beta.mean()."
+            raise _fail(g, where, inputs + [f"expected alpha_states = {ref['alpha_states']:.6f}",
+                                            f"got      alpha_states = {a_states:.6f}"], hint)
+        scale = math.sqrt(1 / TOY_RUNS + 1 / _REF_RUNS)
+        tol_t, tol_a = _Z * ref["tokens_per_step_spread"] * scale, _Z * ref["alpha_steps_spread"] * scale
+        if abs(tps - ref["tokens_per_step"]) > tol_t:
+            hint = ("tokens per step: the mean of (accepted drafts + 1) over the steps every run takes until it has "
+                    "n tokens (active steps only; the last one counted whole).")
+            if abs(tps + 1 - ref["tokens_per_step"]) <= tol_t:
+                hint = "you counted accepted drafts only; every step also emits one more token (correction or bonus)."
+            raise _fail(g, where, inputs + [f"expected tokens per step {ref['tokens_per_step']:.4f} +- {tol_t:.4f}",
+                                            f"got      {tps:.4f}"], hint)
+        if abs(a_steps - ref["alpha_steps"]) > tol_a:
+            hint = ("alpha_steps: beta(c) of each step's start context c (the run's last token before the step), "
+                    "averaged over the active steps.")
+            if _close(a_steps, ref["alpha_states"], rel=1e-9):
+                hint = "that is the unweighted mean over states; weight beta by how often steps start in each state."
+            raise _fail(g, where, inputs + [f"expected alpha_steps {ref['alpha_steps']:.5f} +- {tol_a:.5f}",
+                                            f"got      {a_steps:.5f}"], hint)
+    _passed(g, f"{n_cases} toy pairs you had not seen, within 5 standard errors of a 10x larger simulation")

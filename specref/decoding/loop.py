@@ -1,0 +1,273 @@
+"""What every decoding loop shares: the stats, the token buffer, prefill, finish, the input checks, one timer.
+
+The chain step (`chain.speculative_step`) and the tree step (`tree.tree_step`) both
+write into a `Sequences` buffer and count into a `SpecStats`; only what they draft
+and how they verify differ.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .._validate import check_probs, check_tokens
+from ..sampling import SamplingParams
+
+
+@dataclass
+class SpecStats:
+    """What one speculative generation did, counted over active rows and steps."""
+
+    k: int
+    target_passes: int = 0
+    draft_passes: int = 0
+    steps: int = 0  # row-steps: one per active sequence per target pass
+    accepted_hist: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # [k+1]
+    proposed: int = 0  # drafts proposed
+    examined: int = 0  # drafts the rule looked at: min(accepted + 1, k) per step
+    accepted: int = 0
+    emitted: int = 0
+    time_target: float = 0.0  # the target's passes (prefill included)
+    time_draft: float = 0.0  # the draft's proposals, its own sampling included
+    time_verify: float = 0.0  # the acceptance rule: logits check, p = process_logits, verify
+    time_total: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.accepted_hist.shape != (self.k + 1,):
+            self.accepted_hist = np.zeros(self.k + 1, dtype=np.int64)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """alpha: accepted drafts / examined drafts (see `theory.estimate_alpha`)."""
+        return self.accepted / max(self.examined, 1)
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean number of accepted drafts per step."""
+        return self.accepted / max(self.steps, 1)
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens emitted per target pass and sequence (1 to k+1)."""
+        return self.emitted / max(self.steps, 1)
+
+    @property
+    def time_overhead(self) -> float:
+        """The loop's own work: wall time outside the passes and the acceptance rule (bookkeeping)."""
+        return self.time_total - self.time_target - self.time_draft - self.time_verify
+
+    def count_step(self, n_acc: list[int], emitted: int, proposed: int, examined: int, hist: bool = True) -> None:
+        """Add one step: n_acc holds the accepted counts of the rows that were still active."""
+        self.steps += len(n_acc)
+        self.proposed += proposed
+        self.examined += examined
+        self.accepted += sum(n_acc)
+        self.emitted += emitted
+        if hist:
+            for n in n_acc:
+                self.accepted_hist[n] += 1
+
+    def as_dict(self) -> dict[str, float | int | list[int]]:
+        return {
+            "k": self.k,
+            "target_passes": self.target_passes,
+            "draft_passes": self.draft_passes,
+            "steps": self.steps,
+            "accepted_hist": self.accepted_hist.tolist(),
+            "proposed": self.proposed,
+            "examined": self.examined,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted": self.mean_accepted,
+            "tokens_per_step": self.tokens_per_step,
+            "time_target": self.time_target,
+            "time_draft": self.time_draft,
+            "time_verify": self.time_verify,
+            "time_overhead": self.time_overhead,
+            "time_total": self.time_total,
+        }
+
+
+# -- timing ------------------------------------------------------------------------------------
+
+
+def sync(device: torch.device | str) -> None:
+    """Wait for queued GPU work, so a timer measures the work and not its launch."""
+    if (device.type if isinstance(device, torch.device) else torch.device(device).type) == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextmanager
+def timed(stats: SpecStats, name: str, device: torch.device) -> Iterator[None]:
+    """Add the block's wall time to `stats.<name>`, waiting for the device before and after it."""
+    sync(device)
+    t0 = time.perf_counter()
+    yield
+    sync(device)
+    setattr(stats, name, getattr(stats, name) + time.perf_counter() - t0)
+
+
+# -- checks ------------------------------------------------------------------------------------
+
+
+def check_inputs(model: torch.nn.Module, input_ids: object, max_new_tokens: object, name: str = "model") -> torch.Tensor:
+    """input_ids as a [B, T] long tensor on the model's device; T + max_new_tokens must fit the window."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a [B, T] torch.Tensor of token ids, got {type(input_ids).__name__}")
+    if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool or input_ids.is_complex():
+        raise TypeError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if input_ids.dim() != 2 or input_ids.shape[0] == 0:
+        raise ValueError(f"input_ids must have shape [B, T] with B >= 1, got {tuple(input_ids.shape)}")
+    if input_ids.shape[1] == 0:
+        raise ValueError("input_ids is an empty prompt: give at least one token")
+    check_tokens("input_ids", input_ids, model.config.vocab_size)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    n_ctx = model.config.n_positions
+    if input_ids.shape[1] + max_new_tokens > n_ctx:
+        raise ValueError(
+            f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+            f"{name}'s context window n_positions={n_ctx}"
+        )
+    return input_ids.to(model.device, torch.long)
+
+
+def check_pair(target: torch.nn.Module, draft: object) -> None:
+    """Draft and target must share one vocabulary and one device."""
+    if draft.vocab_size != target.config.vocab_size:
+        raise ValueError(f"draft and target vocabularies differ ({draft.vocab_size} vs "
+                         f"{target.config.vocab_size}): they must share one tokenizer")
+    draft_device = getattr(getattr(draft, "model", None), "device", target.device)
+    if draft_device != target.device:
+        raise ValueError(f"target is on {target.device} but the draft is on {draft_device}: put both on one device")
+
+
+def check_proposal(drafts: object, q: object, B: int, k: int, V: int, greedy: bool) -> None:  # [B, k], [B, k, V]
+    """A draft's proposal must be k token ids per row and, when sampling, k distributions q per row."""
+    if not isinstance(drafts, torch.Tensor) or tuple(drafts.shape) != (B, k):
+        raise ValueError(f"the draft must propose a [B, k] = [{B}, {k}] tensor of token ids, "
+                         f"got {tuple(getattr(drafts, 'shape', ())) or type(drafts).__name__}")
+    check_tokens("draft tokens", drafts, V)
+    if not greedy:
+        if not isinstance(q, torch.Tensor) or tuple(q.shape) != (B, k, V):
+            raise ValueError(f"the draft must return q of shape [B, k, V] = [{B}, {k}, {V}], "
+                             f"got {tuple(getattr(q, 'shape', ())) or type(q).__name__}")
+        check_probs("the draft's q", q)
+
+
+def check_logits(logits: torch.Tensor, params: SamplingParams) -> None:  # [..., V]
+    """The target's logits may hold -inf (masked tokens) but no NaN or +inf, and no row that is all -inf."""
+    # One reduction: NaN or +inf anywhere makes the sum NaN or +inf. A -inf sum (masked
+    # tokens) takes the full check, which also refuses a row that is all -inf.
+    total = float(logits.sum())
+    if math.isnan(total) or total == math.inf:
+        raise ValueError("the target's logits contain NaN or +inf")
+    if total == -math.inf:
+        params.probs(logits)
+
+
+# -- the token buffer ----------------------------------------------------------------------------
+
+
+class Sequences:
+    """The batch being decoded: a token buffer [B, T + max_new] holding the prompt, each row's length, done flags.
+
+    Lengths and done flags live on the host as Python ints: a step needs them as ints,
+    and one list beats a dozen tiny tensor ops (and device syncs). `lengths` holds the
+    same lengths on the device.
+    """
+
+    def __init__(self, input_ids: torch.Tensor, max_new_tokens: int) -> None:  # [B, T]
+        B, T = input_ids.shape
+        self.tokens = torch.zeros((B, T + max_new_tokens), dtype=torch.long, device=input_ids.device)
+        self.tokens[:, :T] = input_ids
+        self.lengths = torch.full((B,), T, dtype=torch.long, device=input_ids.device)  # [B]
+        self.lengths_h = [T] * B
+        self.done_h = [max_new_tokens == 0] * B
+        self.end = T + max_new_tokens  # a row is done at this length, or after EOS
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.lengths_h)
+
+    @property
+    def done(self) -> bool:
+        return all(self.done_h)
+
+    def room(self) -> int:
+        """The most tokens an unfinished row may still emit."""
+        return max((self.end - n for n, d in zip(self.lengths_h, self.done_h) if not d), default=0)
+
+    def last_tokens(self) -> torch.Tensor:  # [B, 1]
+        """Each row's last token: not yet in the target's cache, it is fed first at the next pass."""
+        return self.tokens.gather(1, (self.lengths - 1)[:, None])
+
+    def commit(
+        self,
+        out: torch.Tensor,  # [B, W] row b: its accepted drafts, then the target's token
+        n_acc: list[int],  # [B] accepted drafts per row
+        eos_token_id: int | None,
+        out_h: list[list[int]] | None = None,  # out as lists, if the caller has them
+    ) -> tuple[list[int], torch.Tensor]:  # kept [B], n_valid [B]
+        """Append out[b, :n_b] to each unfinished row, n_b = n_acc[b] + 1 cut by the budget and after EOS.
+
+        Returns how many tokens each row kept (0: it was already done) and n_valid [B]
+        on the device: how many leading tokens of each row are still what the draft
+        saw (context + accepted drafts), for its rollback.
+        """
+        B, W = out.shape
+        width = self.tokens.shape[1]
+        if eos_token_id is not None and out_h is None:
+            out_h = out.tolist()
+        kept, n_valid, src, dst = [0] * B, list(self.lengths_h), [], []
+        for b in range(B):
+            if self.done_h[b]:
+                continue
+            n = min(n_acc[b] + 1, self.end - self.lengths_h[b])
+            if out_h is not None and eos_token_id in out_h[b][:n]:
+                n = out_h[b].index(eos_token_id) + 1
+                self.done_h[b] = True
+            src += range(b * W, b * W + n)
+            dst += range(b * width + self.lengths_h[b], b * width + self.lengths_h[b] + n)
+            # The draft saw [context, x_1..x_{k-1}]; the buffer now agrees with it up to here.
+            n_valid[b] += min(n_acc[b], n)
+            kept[b] = n
+            self.lengths_h[b] += n
+            self.done_h[b] = self.done_h[b] or self.lengths_h[b] >= self.end
+        # One copy to the device carries the write's indices, the new lengths and the draft's rollback.
+        host = torch.tensor(src + dst + self.lengths_h + n_valid, dtype=torch.long, device=self.tokens.device)
+        src_t, dst_t, self.lengths, n_valid_t = host.split([len(src), len(src), B, B])
+        self.tokens.view(-1)[dst_t] = out.reshape(-1)[src_t]  # row b gets out[b, :n] at lengths[b]..
+        return kept, n_valid_t
+
+    def finish(self, eos_token_id: int | None) -> torch.Tensor:  # [B, T + max_new]
+        """The buffer, each row filled with EOS after its last emitted token (see `finish`)."""
+        return finish(self.tokens, self.lengths, eos_token_id)
+
+
+def finish(
+    tokens: torch.Tensor,  # [B, T + max_new]
+    lengths: torch.Tensor,  # [B]
+    eos_token_id: int | None,
+) -> torch.Tensor:  # [B, T + max_new]
+    """Fill each row after its last emitted token with EOS (rows that stopped early)."""
+    if eos_token_id is None:
+        return tokens
+    pos = torch.arange(tokens.shape[1], device=tokens.device)
+    return torch.where(pos[None] < lengths[:, None], tokens, torch.full_like(tokens, eos_token_id))
+
+
+def prefill(target: torch.nn.Module, input_ids: torch.Tensor, cache, stats: SpecStats) -> None:  # [B, T]
+    """Cache every prompt token but the last: each step feeds the last one first, then the drafts."""
+    with timed(stats, "time_target", target.device):
+        if input_ids.shape[1] > 1:
+            target(input_ids[:, :-1], cache=cache, logits_to_keep=1)  # only the cache is needed
+            stats.target_passes += 1

@@ -1,0 +1,501 @@
+"""tools/grade.py against a learner who wants marks without solving (issue 11).
+
+Every test grades a small toy exercise built here (pure Python, no torch: each kernel
+starts in a fraction of a second). Each class of attack is tried on the UNSOLVED stub:
+the grade must be 0 for the attacked task, or the task must be flagged "needs review"
+(exit 3, points withheld). The honest solution must still get full marks.
+
+The grader runs as a CLI (``python tools/grade.py ... --json``), as an instructor runs it.
+GRADE_PY=path/to/another/grade.py runs the same tests against another grader (e.g. the one
+of commit 108d398, which fails them).
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+GRADE_PY = Path(os.environ.get("GRADE_PY", REPO / "tools" / "grade.py"))
+sys.path.insert(0, str(REPO / "tools"))
+
+from make_exercises import make_exercise as _make_exercise  # noqa: E402
+
+AS_ROOT = os.geteuid() == 0
+SETUP = '''import math
+
+def check_double(fn, xs=(1, 2.5, -3)):
+    """The exercise's grader for double()."""
+    for x in xs:
+        got = fn(x)
+        assert isinstance(got, (int, float)) and math.isclose(got, 2 * x), (
+            f"double({x}) returned {got!r}, expected {2 * x}\\nHint: multiply by two, do not add.")
+    print("check_double: passed")'''
+
+
+def _meta(grade_id, points, solution, graded=True):
+    return {"nbgrader": {"grade": graded, "grade_id": grade_id, "points": points, "solution": solution,
+                         "locked": not solution, "schema_version": 3}}
+
+
+def _code(source, meta=None, cid=None):
+    return {"cell_type": "code", "execution_count": None, "id": cid, "metadata": meta or {}, "outputs": [],
+            "source": source}
+
+
+def toy_solution() -> dict:
+    """Two tasks: double() (2 points, hidden tests) and pair() (1 point), one hand-graded answer."""
+    cells = [
+        {"cell_type": "markdown", "id": "intro", "metadata": {}, "source": "# Toy"},
+        _code(SETUP, cid="setup"),
+        _code("def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION",
+              _meta("double_answer", 0, True, graded=False), "a1"),
+        _code("check_double(double)\n### BEGIN HIDDEN TESTS\ncheck_double(double, xs=(10, -7.5))\n"
+              "### END HIDDEN TESTS", _meta("double_check", 2, False), "t1"),
+        _code("def pair(xs):\n    ### BEGIN SOLUTION\n    return sorted(xs)\n    ### END SOLUTION",
+              _meta("pair_answer", 0, True, graded=False), "a2"),
+        _code("assert pair([3, 1]) == [1, 3], 'pair([3, 1]) should be [1, 3]'\n"
+              "xs = [5, 4]\nassert pair(xs) == sorted(xs), 'pair([5, 4]) should be [4, 5]'", _meta("pair_check", 1, False), "t2"),
+        {"cell_type": "markdown", "id": "m1", "metadata": _meta("why", 1, True),
+         "source": "Why?\n\n### BEGIN SOLUTION\nBecause.\n### END SOLUTION"},
+    ]
+    return {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                        "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}
+
+
+def make_exercise(solution: dict, name: str = "ex_toy.ipynb") -> dict:
+    import nbformat
+    nb = json.loads(nbformat.writes(_make_exercise(nbformat.from_dict(copy.deepcopy(solution)), name)))
+    for c in nb["cells"]:
+        c["source"] = "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+    return nb
+
+
+def solved(toy) -> dict:
+    """The solution as a learner would hand it in: solved, and stamped with the exercise id."""
+    nb = toy_solution()
+    nb["metadata"]["specref"] = copy.deepcopy(toy[2]["metadata"]["specref"])
+    return nb
+
+
+def answer(nb: dict, grade_id: str) -> dict:
+    return next(c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+@pytest.fixture
+def toy(tmp_path):
+    """(solutions folder, submissions folder, the exercise as handed out)."""
+    sol_dir, sub_dir = tmp_path / "solutions", tmp_path / "submissions"
+    sol_dir.mkdir()
+    sub_dir.mkdir()
+    sol = toy_solution()
+    (sol_dir / "ex_toy.ipynb").write_text(json.dumps(sol), encoding="utf-8")
+    return sol_dir, sub_dir, make_exercise(sol)
+
+
+def grade(nb: dict | str, toy, name: str = "alice.ipynb", *args: str, timeout: float = 120) -> tuple[int, dict, str]:
+    """Write the submission and grade it with the CLI; (exit status, JSON report or {}, output)."""
+    sol_dir, sub_dir, _ = toy
+    path = sub_dir / name
+    path.write_text(nb if isinstance(nb, str) else json.dumps(nb), encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(GRADE_PY), str(path), "--solutions-dir", str(sol_dir), "--json", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=sub_dir)
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        report = {}
+    return proc.returncode, report, proc.stdout + proc.stderr
+
+
+def scores(report: dict) -> dict[str, float]:
+    return {t["grade_id"]: t["score"] for t in report.get("tests", [])}
+
+
+def attacked(exercise: dict, code: str, grade_id: str = "double_answer") -> dict:
+    """The unsolved exercise with `code` added to an answer cell, after its stub."""
+    nb = copy.deepcopy(exercise)
+    cell = answer(nb, grade_id)
+    cell["source"] = cell["source"] + "\n" + code
+    return nb
+
+
+def assert_no_marks_silently(code: int, report: dict, task: str = "double_check") -> None:
+    """The attacked task scores 0, or the whole submission is flagged (exit 3) / ungradable (exit 2)."""
+    assert report, "the grader gave no JSON report"
+    assert scores(report)[task] == 0, report
+    assert code in (1, 2, 3), report
+    if code == 1:
+        assert report["total"] < report["possible"]
+
+
+# -- the honest baseline -------------------------------------------------------------------------
+def test_the_honest_solution_gets_full_marks(toy):
+    code, report, out = grade(solved(toy), toy)
+    assert code == 0, out
+    assert scores(report) == {"double_check": 2, "pair_check": 1}
+    assert report["flags"] == [] and report["status"] == "full marks"
+
+
+def test_the_unsolved_stub_gets_zero_and_says_why(toy):
+    code, report, out = grade(toy[2], toy)
+    assert code == 1, out
+    assert scores(report) == {"double_check": 0, "pair_check": 0}
+    assert all("NotImplementedError" in t["message"] for t in report["tests"])
+
+
+def test_a_solved_exercise_copy_gets_full_marks_whatever_its_file_name(toy):
+    nb = copy.deepcopy(toy[2])
+    answer(nb, "double_answer")["source"] = "def double(x):\n    return x + x"
+    answer(nb, "pair_answer")["source"] = "def pair(xs):\n    return [min(xs), max(xs)]"
+    code, report, out = grade(nb, toy, "renamed by the student.ipynb")
+    assert code == 0, out
+    assert report["exercise"] == "ex_toy"
+
+
+# -- 1. scored from the solution only ------------------------------------------------------------
+def test_test_cells_turned_into_markdown_still_run(toy):
+    nb = copy.deepcopy(toy[2])
+    for c in nb["cells"]:
+        if c["metadata"].get("nbgrader", {}).get("grade_id", "").endswith("_check"):
+            c["cell_type"] = "markdown"
+            c.pop("outputs", None)
+            c.pop("execution_count", None)
+    code, report, out = grade(nb, toy)
+    assert code == 1 and report["possible"] == 3 and report["total"] == 0, out
+
+
+def test_an_extra_graded_cell_and_edited_points_are_ignored_and_listed(toy):
+    nb = copy.deepcopy(toy[2])
+    nb["cells"].append(_code("pass", _meta("bonus", 100, False), "bonus"))
+    answer(nb, "double_check")["metadata"]["nbgrader"]["points"] = 50
+    answer(nb, "double_check")["source"] = "pass"
+    dup = copy.deepcopy(answer(nb, "pair_check"))
+    dup["id"], dup["source"] = "dup", "pass"
+    nb["cells"].insert(0, dup)
+    code, report, out = grade(nb, toy)
+    assert code == 1 and report["possible"] == 3 and report["total"] == 0, out
+    notes = " ".join(report["notes"])
+    assert "'bonus' is not part of the exercise" in notes and "edited grading metadata" in notes
+    assert "2 cells claim test grade_id 'pair_check'" in notes
+    nb = solved(toy)
+    nb["cells"].append(_code("pass", _meta("bonus", 100, False), "bonus"))
+    answer(nb, "pair_check")["metadata"]["nbgrader"]["points"] = 50
+    code, report, out = grade(nb, toy)
+    assert code == 0 and (report["total"], report["possible"]) == (3, 3), out
+
+
+def test_deleted_and_moved_test_cells_still_grade(toy):
+    nb = solved(toy)
+    nb["cells"] = [c for c in nb["cells"] if c.get("id") != "t1"]
+    nb["cells"].reverse()
+    code, report, out = grade(nb, toy)
+    assert code == 0 and report["total"] == 3, out
+
+
+def test_a_renamed_file_is_graded_by_its_exercise_id_with_the_hidden_tests(toy):
+    nb = copy.deepcopy(toy[2])
+    answer(nb, "double_check")["source"] = "pass"
+    answer(nb, "double_answer")["source"] = "def double(x):\n    return 2 * x if x != 10 else 0"
+    code, report, out = grade(nb, toy, "something_else.ipynb")
+    assert code == 1 and scores(report)["double_check"] == 0, out
+    assert "double(10) returned 0, expected 20" in out  # the hidden test ran
+
+
+def test_no_exercise_id_means_exit_2_unless_the_solution_is_named(toy):
+    nb = solved(toy)
+    nb["metadata"].pop("specref", None)
+    code, report, out = grade(nb, toy, "x.ipynb")
+    assert code == 2 and "exercise id" in report["error"], out
+    code, report, out = grade(nb, toy, "x.ipynb", "--solution", str(toy[0] / "ex_toy.ipynb"))
+    assert code == 0, out
+
+
+def test_an_older_exercise_version_is_graded_with_todays_tests(toy):
+    nb = solved(toy)
+    nb["metadata"]["specref"] = {"exercise": "ex_toy", "version": "0123456789ab"}
+    code, report, out = grade(nb, toy)
+    assert code == 0, out
+    assert any("older version" in n and "0123456789ab" in n for n in report["notes"])
+
+
+# -- 2. isolation ---------------------------------------------------------------------------------
+def test_files_beside_the_notebook_are_not_imported(toy):
+    sub_dir = toy[1]
+    (sub_dir / "conftest.py").write_text("import pytest\n@pytest.hookimpl(tryfirst=True)\n"
+                                         "def pytest_runtest_makereport(item, call):\n    call.excinfo = None\n")
+    (sub_dir / "pytest.py").write_text("raise SystemExit(0)\n")
+    (sub_dir / "math.py").write_text("def isclose(*a, **k):\n    return True\n")
+    (sub_dir / "sitecustomize.py").write_text("import builtins\nbuiltins.AssertionError = Warning\n")
+    (sub_dir / "specref").mkdir()
+    (sub_dir / "specref" / "__init__.py").write_text("residual = lambda p, q: p\n")
+    nb = attacked(toy[2], "import math")
+    nb = attacked(nb, "double = lambda x: 0")
+    code, report, out = grade(nb, toy)
+    assert_no_marks_silently(code, report)
+    assert scores(report)["double_check"] == 0
+
+
+def _tree_hash(*folders: Path) -> str:
+    h = hashlib.sha256()
+    for folder in folders:
+        for p in sorted(folder.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts:
+                h.update(str(p).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="the kernel is confined to an unprivileged uid only when grading as root")
+def test_the_kernel_cannot_write_the_repository_the_solutions_or_other_submissions(toy):
+    sol_dir, sub_dir, exercise = toy
+    other = sub_dir / "bob.ipynb"
+    other.write_text(json.dumps(toy_solution()))
+    # New files only in the repository (a grader that lets them through must not damage it); appends to
+    # the toy solution and to another learner's submission.
+    targets = [REPO / "solutions" / "zz_attack.ipynb", REPO / "specref" / "zz_attack.py",
+               sol_dir / "ex_toy.ipynb", other, REPO / ".venv" / "zz_attack"]
+    before = (_tree_hash(REPO / "solutions", REPO / "specref"), sol_dir.joinpath("ex_toy.ipynb").read_bytes(),
+              other.read_bytes())
+    code_ = "import os\nfor t in %r:\n    try:\n        open(t, 'a').write('x')\n    except OSError:\n        pass\n" % (
+        [str(t) for t in targets],)
+    nb = attacked(exercise, code_)
+    try:
+        code, report, out = grade(nb, toy)
+        after = (_tree_hash(REPO / "solutions", REPO / "specref"), sol_dir.joinpath("ex_toy.ipynb").read_bytes(),
+                 other.read_bytes())
+        assert after == before, "the kernel changed files it must not touch"
+        assert not any(t.exists() for t in targets[:2] + [targets[-1]])
+        assert_no_marks_silently(code, report)
+        assert code == 3  # open() is flagged
+    finally:
+        for t in targets[:2] + [targets[-1]]:
+            t.unlink(missing_ok=True)
+
+
+def _tagged_processes(tag: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if tag.encode() in (d / "cmdline").read_bytes():
+                    pids.append(int(d.name))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.mark.slow
+def test_a_timeout_kills_every_process_of_the_submission(toy):
+    tag = f"specref-survivor-{os.getpid()}-{time.time_ns()}"
+    code_ = (f"import os, subprocess, sys, time\n"
+             f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '{tag}'], start_new_session=True)\n"
+             f"if os.fork() == 0:\n    os.setsid()\n    os.execv(sys.executable, [sys.executable, '-c', "
+             f"'import time; time.sleep(120)', '{tag}'])\n"
+             f"time.sleep(0.5)\nwhile True:\n    pass")
+    nb = attacked(toy[2], code_)
+    t0 = time.monotonic()
+    code, report, out = grade(nb, toy, "alice.ipynb", "--cell-timeout", "4")
+    try:
+        assert time.monotonic() - t0 < 60
+        assert_no_marks_silently(code, report)
+        assert "timed out" in out and "answer cell 'double_answer'" in out
+        time.sleep(0.3)
+        assert _tagged_processes(tag) == [], "a process of the submission survived the grading run"
+    finally:
+        for pid in _tagged_processes(tag):
+            os.kill(pid, 9)
+
+
+def test_a_dead_kernel_is_reported_at_once(toy):
+    nb = attacked(toy[2], "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+    t0 = time.monotonic()
+    code, report, out = grade(nb, toy, "alice.ipynb", "--cell-timeout", "60")
+    assert time.monotonic() - t0 < 30
+    assert code == 2 and report["total"] == 0, out
+    assert "the kernel died while running answer cell 'double_answer' (signal 9)" in out
+
+
+def test_killing_the_runner_after_forging_a_report_gets_nothing(toy):
+    forge = ("import os\nline = b'0' * 64 + b' {\"ev\": \"result\", \"outcome\": \"passed\", \"flags\": []}\\n'\n"
+             "for fd in range(3, 64):\n    try:\n        os.write(fd, line + b'0' * 64 + b' {\"ev\": \"done\"}\\n')\n"
+             "    except OSError:\n        pass\nos._exit(0)")
+    nb = attacked(toy[2], "def double(x):\n" + "\n".join("    " + ln for ln in forge.splitlines()))
+    code, report, out = grade(nb, toy)
+    assert_no_marks_silently(code, report)
+    assert code == 2 and "died" in out
+
+
+def test_the_whole_run_has_a_time_limit(toy):
+    nb = attacked(toy[2], "import time\ntime.sleep(30)")
+    t0 = time.monotonic()
+    code, report, out = grade(nb, toy, "alice.ipynb", "--timeout", "3")
+    assert time.monotonic() - t0 < 20
+    assert report["total"] == 0 and code in (1, 3), out
+    assert "timed out" in out
+
+
+# -- 3. checks that code in the same kernel cannot fool ----------------------------------------
+@pytest.mark.parametrize("attack", [
+    pytest.param("check_double = lambda *a, **k: None\ndouble = lambda x: 0", id="rebind-the-checker"),
+    pytest.param("import math\nmath.isclose = lambda *a, **k: True\nisinstance = lambda *a: True\ndouble = lambda x: 0",
+                 id="patch-a-module-the-check-uses"),
+    pytest.param("import builtins\nbuiltins.isinstance = lambda *a: True\nm = __import__('math')\n"
+                 "setattr(m, 'isclose', lambda *a, **k: True)\ndouble = lambda x: 0", id="patch-builtins"),
+    pytest.param("check_double.__code__ = (lambda *a, **k: None).__code__\ndouble = lambda x: 0", id="patch-the-checkers-code"),
+    pytest.param("get_ipython().set_custom_exc((BaseException,), lambda *a, **k: None)", id="ipython-custom-exc"),
+    pytest.param("get_ipython().events.register('post_run_cell', lambda r: setattr(r, 'error_in_exec', None))",
+                 id="ipython-events"),
+    pytest.param("import sys\nsys.excepthook = lambda *a: None\nsys.settrace(lambda *a: None)\ndouble = lambda x: 0",
+                 id="sys-hooks"),
+    pytest.param("import threading, time, math\ndef later():\n    time.sleep(0.2)\n    math.isclose = lambda *a, **k: True\n"
+                 "threading.Thread(target=later, daemon=True).start()\ndef double(x):\n    time.sleep(0.5)\n    return 0",
+                 id="a-thread-patches-later"),
+    pytest.param("class Number(float):\n    def __eq__(self, other):\n        return True\n    __hash__ = float.__hash__\n"
+                 "def double(x):\n    import math\n    math.isclose = lambda *a, **k: True\n    return Number(0)",
+                 id="patch-from-inside-the-called-function"),
+    pytest.param("def double(x):\n    raise SystemExit(0)", id="system-exit-during-the-check"),
+    pytest.param("def double(x):\n    raise KeyboardInterrupt", id="keyboard-interrupt-during-the-check"),
+])
+def test_in_kernel_tampering_never_passes_silently(toy, attack):
+    code, report, out = grade(attacked(toy[2], attack), toy)
+    assert_no_marks_silently(code, report)
+
+
+@pytest.mark.parametrize("attack", [
+    pytest.param("class Yes(list):\n    def __eq__(self, other):\n        return True\n    __hash__ = None\n"
+                 "def pair(xs):\n    return Yes()", id="list-that-equals-anything"),
+    pytest.param("class Yes:\n    def __eq__(self, other):\n        return True\n"
+                 "def pair(xs):\n    return Yes()", id="object-that-equals-anything"),
+    pytest.param("def pair(xs):\n    return type('Yes', (list,), {'__eq__': lambda s, o: True})()", id="dynamic-class"),
+    pytest.param("def pair(xs):\n    return [1, 3]", id="answers-a-single-case"),
+])
+def test_objects_that_lie_in_comparisons_do_not_pass(toy, attack):
+    code, report, out = grade(attacked(toy[2], attack, "pair_answer"), toy)
+    assert_no_marks_silently(code, report, "pair_check")
+
+
+def test_a_function_that_changes_its_inputs_is_flagged(toy):
+    """The check compares with sorted(xs) AFTER the call: emptying xs in place would make [] right."""
+    attack = "def pair(xs):\n    if xs == [3, 1]:\n        return [1, 3]\n    xs.clear()\n    return []"
+    code, report, out = grade(attacked(toy[2], attack, "pair_answer"), toy)
+    assert_no_marks_silently(code, report, "pair_check")
+    assert code == 3 and "changed an object that the check passed in" in out, out
+
+
+# -- 4. the reference implementation as the answer ------------------------------------------------
+def test_using_specref_in_an_answer_is_flagged_for_that_task_only(toy):
+    nb = solved(toy)
+    answer(nb, "double_answer")["source"] = ("def double(x):\n    if x is None:\n        from specref import residual\n"
+                                             "    return 2 * x")
+    code, report, out = grade(nb, toy)
+    assert code == 3, out
+    assert scores(report) == {"double_check": 0, "pair_check": 1}
+    flags = {t["grade_id"]: t["flags"] for t in report["tests"]}
+    assert any("specref" in f for f in flags["double_check"]) and flags["pair_check"] == []
+
+
+# -- 5. honest failures explain themselves --------------------------------------------------------
+def test_a_failed_check_shows_its_whole_message_with_the_hint(toy):
+    nb = copy.deepcopy(toy[2])
+    answer(nb, "double_answer")["source"] = "def double(x):\n    return x + 2"
+    code, report, out = grade(nb, toy)
+    assert code == 1
+    msg = next(t["message"] for t in report["tests"] if t["grade_id"] == "double_check")
+    assert "double(1) returned 3, expected 2" in msg and "Hint: multiply by two, do not add." in msg
+
+
+def test_a_syntax_error_is_named_with_its_cell(toy):
+    nb = copy.deepcopy(toy[2])
+    answer(nb, "double_answer")["source"] = "def double(x)\n    return 2 * x"
+    code, report, out = grade(nb, toy)
+    assert code == 1 and "syntax error in answer cell 'double_answer', line 1" in out, out
+
+
+def test_stale_saved_outputs_are_named(toy):
+    nb = copy.deepcopy(toy[2])
+    answer(nb, "double_check")["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "check_double: passed\n"}]
+    answer(nb, "double_check")["execution_count"] = 7
+    code, report, out = grade(nb, toy)
+    assert code == 1 and any("stale" in n for n in report["notes"]), out
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("{not json", "not valid JSON"),
+    (json.dumps({"cells": "nope"}), "not a notebook"),
+    (json.dumps({"cells": [{"cell_type": "code", "source": "x", "metadata": []}], "metadata": {}}), "broken metadata"),
+    (json.dumps({"cells": [{"cell_type": "code", "source": 3, "metadata": {}}], "metadata": {}}), "broken source"),
+])
+def test_a_broken_notebook_means_exit_2_with_a_reason(toy, text, reason):
+    code, report, out = grade(text, toy)
+    assert code == 2 and reason in report["error"], out
+
+
+# -- 6. make grade and batch grading --------------------------------------------------------------
+def test_make_grade_passes_the_file_name_to_no_shell(toy, tmp_path):
+    weird = tmp_path / "a dir; $(touch pwned1) 'q\" `touch pwned2`"
+    weird.mkdir()
+    nb_path = weird / "$(shell touch pwned3) ';\" $$HOME.ipynb"
+    nb_path.write_text(json.dumps(toy_solution()))
+    proc = subprocess.run(["make", "-s", "--no-print-directory", "-C", str(REPO), "grade", f"NB={nb_path}",
+                           f"SOLUTION={toy[0] / 'ex_toy.ipynb'}"], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert str(nb_path) in proc.stdout
+    assert not any((d / f"pwned{i}").exists() for d in (tmp_path, REPO, weird) for i in (1, 2, 3))
+
+
+@pytest.mark.slow
+def test_grade_all_writes_a_gradebook_of_isolated_runs(toy, tmp_path):
+    sol_dir, sub_dir, exercise = toy
+    second = toy_solution()
+    answer(second, "pair_check")["metadata"]["nbgrader"]["points"] = 5
+    (sol_dir / "ex_other.ipynb").write_text(json.dumps(second))
+    honest = solved(toy)
+    (sub_dir / "honest.ipynb").write_text(json.dumps(honest))
+    (sub_dir / "stub.ipynb").write_text(json.dumps(exercise))
+    (sub_dir / "other.ipynb").write_text(json.dumps(make_exercise(second, "ex_other.ipynb")))
+    (sub_dir / "patcher.ipynb").write_text(json.dumps(attacked(exercise, "import math\nmath.isclose = lambda *a, **k: True\n"
+                                                                         "double = lambda x: 0")))
+    (sub_dir / "broken.ipynb").write_text("{")
+    out_csv = tmp_path / "book.csv"
+    proc = subprocess.run([sys.executable, str(GRADE_PY), "--all", str(sub_dir), "--csv", str(out_csv),
+                           "--solutions-dir", str(sol_dir)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr  # one notebook could not be graded
+    rows = {r["file"]: r for r in csv.DictReader(out_csv.open())}
+    assert set(rows) == {"honest.ipynb", "stub.ipynb", "other.ipynb", "patcher.ipynb", "broken.ipynb"}
+    assert (rows["honest.ipynb"]["total"], rows["honest.ipynb"]["double_check"], rows["honest.ipynb"]["status"]) == (
+        "3", "2", "full marks")
+    assert rows["stub.ipynb"]["total"] == "0" and "NotImplementedError" in rows["stub.ipynb"]["reasons"]
+    assert rows["other.ipynb"]["exercise"] == "ex_other" and rows["other.ipynb"]["possible"] == "7"
+    assert rows["patcher.ipynb"]["status"] == "NEEDS REVIEW" and "math.isclose" in rows["patcher.ipynb"]["flags"]
+    assert rows["broken.ipynb"]["status"] == "could not be graded" and "JSON" in rows["broken.ipynb"]["reasons"]
+
+
+def test_forging_a_signed_report_by_reading_the_kernels_memory_is_flagged(toy):
+    """The kernel runs the learner's code, so code that walks its frames can find the key and sign a
+    forged result. That cannot be prevented in-process; it is flagged before it runs (exit 3, no marks)."""
+    forge = '''import hashlib, hmac, json, os, sys
+def double(x):
+    f = sys._getframe()
+    while "_SECRET" not in f.f_globals:
+        f = f.f_back
+    g = f.f_globals
+    for t, gid in ((3, "double_check"), (5, "pair_check")):
+        for ev in ({"ev": "result", "n": t, "grade_id": gid, "outcome": "passed", "message": "", "flags": []},):
+            data = json.dumps(ev)
+            os.write(g["_FD"], (hmac.new(g["_SECRET"], data.encode(), hashlib.sha256).hexdigest() + " " + data + "\\n").encode())
+    data = json.dumps({"ev": "done"})
+    os.write(g["_FD"], (hmac.new(g["_SECRET"], data.encode(), hashlib.sha256).hexdigest() + " " + data + "\\n").encode())
+    os._exit(0)'''
+    code, report, out = grade(attacked(toy[2], forge), toy)
+    assert code == 3 and report["total"] == 0, out
+    flags = " ".join(report["flags"])
+    assert "f_back" in flags and "imports os" in flags

@@ -1,0 +1,167 @@
+"""Read an answer cell before it runs: what in it needs an instructor's eyes.
+
+An answer to these exercises is arithmetic on tensors, lists and numbers. Code that
+reaches for the machinery around it (the interpreter, frames, files, processes, the
+grader's objects, private or dunder attributes, other modules' attributes) is not needed
+for that, and it is how a submission would tamper with the checks that run in the same
+process. Such code is reported as "needs review" (it still runs; the instructor decides).
+
+Using the reference implementation (specref) in an answer is reported too, per task:
+an answer may use a name from the exercise's setup that comes from specref only where the
+solution's own answer uses it (e.g. ``residual`` in chapter 6).
+"""
+
+from __future__ import annotations
+
+import ast
+
+# Modules an answer may import. Anything else (os, sys, subprocess, ctypes, gc, inspect,
+# importlib, builtins, threading, signal, io, pickle, ...) is flagged.
+ALLOWED_IMPORTS = {"torch", "numpy", "math", "cmath", "random", "itertools", "functools", "collections",
+                   "typing", "dataclasses", "heapq", "bisect", "fractions", "statistics", "enum", "copy",
+                   "decimal", "numbers", "string", "re", "time", "__future__", "abc"}
+# torch/numpy parts that load or run code, write files, or change how every call behaves.
+RISKY_SUBMODULES = {"utils", "hub", "jit", "ops", "multiprocessing", "distributed", "package", "library",
+                    "overrides", "fx", "export", "compiler", "_dynamo", "_C", "ctypeslib", "lib", "testing",
+                    "f2py", "distutils", "backends", "classes", "_inductor"}
+RISKY_NAMES = {"exec", "eval", "compile", "open", "getattr", "setattr", "delattr", "vars", "globals", "locals",
+               "breakpoint", "input", "help", "exit", "quit", "memoryview", "__import__", "__builtins__",
+               "get_ipython", "super_setattr"}
+RISKY_ATTRS = {"load", "save", "loadtxt", "savetxt", "fromfile", "tofile", "memmap", "DataSource", "compile",
+               "gi_frame", "gi_code", "cr_frame", "ag_frame", "f_back", "f_globals", "f_locals", "f_builtins",
+               "f_code", "tb_frame", "tb_next", "co_code", "mro", "register_forward_hook",
+               "register_forward_pre_hook", "register_full_backward_hook", "register_hook",
+               "set_default_dtype", "set_default_tensor_type", "set_grad_enabled", "manual_seed", "seed",
+               "set_printoptions", "set_num_threads", "setstate", "set_rng_state", "with_traceback"}
+ALLOWED_DUNDERS = {"__init__", "__repr__", "__str__", "__name__", "__doc__", "__len__", "__iter__",
+                   "__post_init__", "__future__"}
+
+
+class Finding:
+    """One reason for review: `kind` is "interference" (touches the checks) or "reference" (uses specref)."""
+
+    def __init__(self, kind: str, line: int, text: str):
+        self.kind, self.line, self.text = kind, line, text
+
+    def __repr__(self) -> str:
+        return f"Finding({self.kind!r}, {self.line}, {self.text!r})"
+
+
+def _root(node: ast.AST) -> ast.AST:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node
+
+
+def _dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__") and len(name) > 4
+
+
+def scan(source: str, specref_names: set[str] = frozenset(), allowed_specref: set[str] = frozenset()) -> list[Finding]:
+    """Findings in one answer cell; raises SyntaxError when it does not parse.
+
+    specref_names: names the exercise's setup imports from specref; allowed_specref: those of
+    them that the solution's answer itself uses.
+    """
+    tree = ast.parse(source)
+    found: list[Finding] = []
+
+    def add(kind: str, node: ast.AST, text: str) -> None:
+        line = getattr(node, "lineno", 0)
+        if not any(f.text == text for f in found):
+            found.append(Finding(kind, line, text))
+
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and node.level:
+                add("interference", node, "a relative import")
+            for m in mods:
+                top = m.split(".")[0]
+                if top == "specref":
+                    add("reference", node, f"imports {m} (the reference implementation)")
+                elif top not in ALLOWED_IMPORTS:
+                    add("interference", node, f"imports {m}")
+                elif any(part in RISKY_SUBMODULES for part in m.split(".")[1:]):
+                    add("interference", node, f"imports {m}")
+            if isinstance(node, ast.ImportFrom):
+                for a in node.names:
+                    if a.name in RISKY_SUBMODULES or a.name in RISKY_ATTRS or a.name in RISKY_NAMES or a.name == "*":
+                        add("interference", node, f"imports {a.name} from {node.module}")
+        elif isinstance(node, ast.Name):
+            if node.id == "specref":
+                add("reference", node, "uses specref (the reference implementation)")
+            elif node.id in RISKY_NAMES or (_dunder(node.id) and node.id not in ALLOWED_DUNDERS):
+                add("interference", node, f"uses {node.id}")
+            elif node.id in specref_names and node.id not in allowed_specref and isinstance(node.ctx, ast.Load):
+                add("reference", node, f"calls {node.id} from specref (the reference implementation or the grader)")
+        elif isinstance(node, ast.Attribute):
+            if _dunder(node.attr) and node.attr not in ALLOWED_DUNDERS:
+                add("interference", node, f"uses the attribute {node.attr}")
+            elif node.attr.startswith("_") and not _dunder(node.attr):
+                add("interference", node, f"uses the private attribute .{node.attr}")
+            elif node.attr in RISKY_ATTRS or node.attr in RISKY_SUBMODULES:
+                add("interference", node, f"uses .{node.attr}")
+            if isinstance(node.ctx, (ast.Store, ast.Del)):
+                root = _root(node)
+                if not (isinstance(root, ast.Name) and root.id in ("self", "cls")):
+                    add("interference", node, f"assigns to an attribute (.{node.attr}) of an object it did not create")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if _dunder(node.name) and node.name not in ALLOWED_DUNDERS:
+                add("interference", node, f"defines the special method {node.name} (an object can lie in comparisons)")
+        elif isinstance(node, ast.ClassDef):
+            if node.bases or node.keywords:
+                add("interference", node, f"defines a class {node.name} that derives from another class")
+        elif isinstance(node, (ast.Global, ast.Nonlocal)) and isinstance(node, ast.Global):
+            add("interference", node, f"declares global {', '.join(node.names)}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            v = node.value
+            if "specref" in v:
+                add("reference", node, "names specref in a string")
+            elif _dunder(v.strip()) or v.strip() in RISKY_ATTRS or v.strip() in RISKY_NAMES:
+                add("interference", node, f"names {v.strip()!r} in a string")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type" and len(node.args) == 3:
+            add("interference", node, "creates a class with type(name, bases, dict)")
+    return found
+
+
+def imported_specref_names(sources: list[str]) -> set[str]:
+    """Names that code cells bind to something from specref (``from specref... import x``, ``import specref``)."""
+    names: set[str] = set()
+    for src in sources:
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "specref":
+                names |= {a.asname or a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                names |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] == "specref"}
+    return names
+
+
+def names_used(source: str) -> set[str]:
+    try:
+        return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
+    except SyntaxError:
+        return set()
+
+
+def names_bound(source: str) -> set[str]:
+    """Top-level names a cell binds (functions, classes, assignments, imports)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    out: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        else:
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    out.add(sub.id)
+    return out
