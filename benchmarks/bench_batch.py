@@ -7,9 +7,19 @@
    greedy and at temperature 1: tokens per second over the whole batch (wall time of the
    whole call, its cache allocation and prompt pass included), the speedup per (B, k)
    and the crossover B*(k), the smallest B where the speedup drops below 1.
-3. `CostModel` fitted to the passes (both forms; the better is kept, both errors printed),
-   its predicted speedup per run next to the measured one, and the k that
-   `choose_k` picks at each B, with the throughput that k measured.
+3. The cost model. The target's `PassModel` is fitted to the grid (both forms; the better
+   is kept, both errors printed). Decoding also spends time outside the target's passes:
+   the draft's steps cost more than its isolated passes (its sampling, a first wider
+   pass, caches evicted by the other model), the acceptance rule and bookkeeping grow
+   with B x (k + 1), and a verification pass inside decoding is slower than alone (the
+   draft evicts the target's weights; rows attend over the longest row). Those three
+   come from the speculative runs' own SpecStats (never from their total times or from
+   the plain runs), so the `CostModel` per temperature is: the grid's target passes
+   (x verify_factor when verifying) + the in-loop draft step + the rule. A batch waits for
+   its slowest row, so a run takes `batch_steps` steps, more than new_tokens / E.
+   Printed: the predicted / measured speedup per run (also with grid passes only, and
+   with decoding's own step counts), and the k that `choose_k` picks at each B with the
+   throughput that k measured.
 
 Goals (printed as met / NOT met): predicted / measured speedup within 0.85-1.15 over the
 grid; the policy's throughput >= the best fixed k's at every B within noise (the larger
@@ -46,8 +56,8 @@ FULL = dict(batch_sizes=[1, 2, 4, 8, 16, 32, 64, 128, 256], tokens=list(range(1,
             ks=[0, 1, 2, 4, 8], prompt_tokens=32, new_tokens=64)
 QUICK = dict(batch_sizes=[1, 2, 4], tokens=[1, 2], contexts=[8, 16], ks=[0, 1, 2], prompt_tokens=8, new_tokens=6)
 NOISE_FLOOR = 0.02  # "within noise" is never stricter than 2 %
-STAT_SUMS = ("accepted", "examined", "emitted", "steps", "target_passes", "draft_passes", "time_draft", "time_verify",
-             "time_overhead")  # SpecStats fields summed over a run's repeats
+STAT_SUMS = ("accepted", "examined", "emitted", "steps", "target_passes", "draft_passes", "time_target", "time_draft",
+             "time_verify", "time_overhead")  # SpecStats fields summed over a run's repeats
 
 
 def spread(times: list[float]) -> float:
@@ -55,12 +65,19 @@ def spread(times: list[float]) -> float:
     return (max(times) - min(times)) / statistics.median(times)
 
 
-def time_passes(model, name: str, batch_sizes, tokens, contexts, repeats: int, clock: str) -> list[dict]:
+def cache_len(model, context: int, run_len: int, slack: int) -> int:
+    """The cache decoding allocates for a run that reaches `context`: its own length + k, else the window."""
+    return min(model.config.n_positions, max(run_len, context + slack))
+
+
+def time_passes(model, name: str, batch_sizes, tokens, contexts, repeats: int, clock: str, run_len: int,
+                slack: int) -> list[dict]:
     rows = []
     for S in contexts:
+        max_len = cache_len(model, S, run_len, slack)
         for B in batch_sizes:
-            for T in tokens:
-                ts = pass_times(model, T, S, B, repeats=repeats, clock=clock, warmup=1)
+            for T, ts in pass_times(model, list(tokens), S, B, repeats=repeats, clock=clock, warmup=1,
+                                    max_len=max_len).items():
                 rows.append(dict(model=name, batch_size=B, n_tokens=T, context=S, median_s=statistics.median(ts),
                                  min_s=min(ts), max_s=max(ts), spread=spread(ts), times_s=ts))
     return rows
@@ -126,19 +143,24 @@ def time_runs(target, draft, batch_sizes, ks, P: int, n: int, repeats: int, cloc
     return out
 
 
-def in_loop_model(grid_model: CostModel, runs: list[dict]) -> CostModel:
-    """The grid's target passes, with the draft step and the loop's own cost as decoding measured them.
+def in_loop_model(grid_model: CostModel, runs: list[dict], P: int) -> CostModel:
+    """The grid's target passes, with the draft step, the rule and the verification as decoding measured them.
 
     From the speculative runs' SpecStats (never from their total times or the plain runs):
-    draft seconds per draft pass (its sampling and first, wider pass included), and the
-    acceptance rule plus bookkeeping per verification, as functions of B and B x (k + 1).
+    draft seconds per draft pass (its sampling and first, wider pass included); the
+    acceptance rule plus bookkeeping per step, as a function of B x (k + 1); and
+    verify_factor, the median ratio of a verification pass in decoding to the grid's.
     """
     spec = [r for r in runs if r["k"] > 0]
     S = grid_model.context
+    steps = [max(r["target_passes"] - r["run_repeats"], 1) for r in spec]
     draft = PassModel.fit([(r["batch_size"], 1, S, r["time_draft"] / r["draft_passes"]) for r in spec])
-    loop = PassModel.fit([(r["batch_size"], r["k"] + 1, S, (r["time_verify"] + r["time_overhead"])
-                           / max(r["target_passes"] - r["run_repeats"], 1)) for r in spec])
-    return CostModel(grid_model.target, draft, S, loop)
+    loop = PassModel.fit([(r["batch_size"], r["k"] + 1, S, (r["time_verify"] + r["time_overhead"]) / m)
+                          for r, m in zip(spec, steps)])
+    factor = statistics.median(
+        (r["time_target"] - r["run_repeats"] * grid_model.target(r["batch_size"], P, 0)) / m
+        / grid_model.pass_time(r["batch_size"], r["k"] + 1) for r, m in zip(spec, steps))
+    return CostModel(grid_model.target, draft, S, loop, verify_factor=max(factor, 0.5))  # a floor for tiny runs
 
 
 def analyse(runs: list[dict], grid_model: CostModel, ks, P: int, n: int) -> tuple[dict, list[dict], dict]:
@@ -147,7 +169,7 @@ def analyse(runs: list[dict], grid_model: CostModel, ks, P: int, n: int) -> tupl
     for temperature in sorted({r["temperature"] for r in runs}):
         sel = [r for r in runs if r["temperature"] == temperature]
         name = "greedy" if temperature == 0 else f"temperature {temperature:g}"
-        model = models[name] = in_loop_model(grid_model, sel)
+        model = models[name] = in_loop_model(grid_model, sel, P)
         by = {(r["batch_size"], r["k"]): r for r in sel}
         pooled = [r for r in sel if r["k"] > 0]
         alpha = sum(r["accepted"] for r in pooled) / max(sum(r["examined"] for r in pooled), 1)
@@ -167,6 +189,9 @@ def analyse(runs: list[dict], grid_model: CostModel, ks, P: int, n: int) -> tupl
                 spec = (model.predict_time(a, k, B, P, n) + (r["measured_steps"] - r["model_steps"])
                         * replace(model, context=P + n // 2).step_time(k, B))
                 r["costs_only_over_measured"] = model.predict_time(a, 0, B, P, n) / spec / r["speedup"]
+                # the target's verification pass inside decoding (its prompt pass taken out, as the grid predicts it)
+                verify = (r["time_target"] / r["run_repeats"] - model.target(B, P, 0)) / r["measured_steps"]
+                r["verify_in_loop_over_grid"] = verify / replace(model, context=P + n // 2).pass_time(B, k + 1)
         batch_sizes = sorted({r["batch_size"] for r in sel})
         for k in ks:
             if k == 0:
@@ -199,7 +224,8 @@ def main() -> None:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=None)
     ap.add_argument("--k", type=int, nargs="+", default=None, help="k values; 0 (plain) is always added")
     ap.add_argument("--clock", default="wall", choices=["wall", "cpu"],
-                    help="cpu: process CPU time, steadier on a shared CPU (needs --threads 1 and --device cpu)")
+                    help="cpu: process CPU time for the passes and runs, steadier on a shared CPU (needs --threads 1 "
+                         "and --device cpu); SpecStats' in-loop times stay wall time, so use it to explore only")
     args = ap.parse_args()
     t_start = time.perf_counter()
     grid = dict(QUICK if args.quick else FULL)
@@ -221,13 +247,17 @@ def main() -> None:
           f"device {args.device}, dtype {args.dtype}, threads {torch.get_num_threads()}, clock {args.clock}, "
           f"load average {load0}")
     print(f"pair: target {target.config.n_layer}x{target.config.n_embd}, draft {draft.config.n_layer}x"
-          f"{draft.config.n_embd}; caches of n_positions = {target.config.n_positions} slots (as decoding allocates)")
+          f"{draft.config.n_embd}; target caches as decoding allocates them (prompt + new tokens + k slots, "
+          f"context + {max(grid['ks']) + max(grid['tokens'])} past the run), draft caches of the full window")
 
     print(f"\n1. one target pass, ms (median of {repeats}), rows B, columns T; S = cached tokens")
-    passes = time_passes(target, "target", grid["batch_sizes"], grid["tokens"], grid["contexts"], repeats, args.clock)
+    run_len, slack = P + n + max(grid["ks"]), max(grid["ks"]) + max(grid["tokens"])
+    passes = time_passes(target, "target", grid["batch_sizes"], grid["tokens"], grid["contexts"], repeats, args.clock,
+                         run_len, slack)
     print_passes(passes, grid["tokens"])
     print("one draft pass, ms")
-    draft_passes = time_passes(draft, "draft", grid["batch_sizes"], [1, 2], grid["contexts"], repeats, args.clock)
+    draft_passes = time_passes(draft, "draft", grid["batch_sizes"], [1, 2], grid["contexts"], repeats, args.clock,
+                               draft.config.n_positions, 0)  # ModelDraft.begin allocates the full window
     print_passes(draft_passes, [1, 2])
 
     target_fit = PassModel.fit(passes)
@@ -247,7 +277,8 @@ def main() -> None:
         print(f"{name}, measured in the loop: draft step {m.draft_time(1) * 1e3:.2f} ms at B = 1, "
               f"{m.draft_time(grid['batch_sizes'][-1]) * 1e3:.2f} ms at B = {grid['batch_sizes'][-1]} (grid: "
               f"{model.draft_time(1) * 1e3:.2f}, {model.draft_time(grid['batch_sizes'][-1]) * 1e3:.2f}); "
-              f"rule + bookkeeping per step {m.loop_time(1, 2) * 1e3:.2f} ms at B x (k+1) = 1 x 2")
+              f"rule + bookkeeping per step {m.loop_time(1, 2) * 1e3:.2f} ms at B x (k+1) = 1 x 2; "
+              f"verification pass / grid {m.verify_factor:.2f} (median)")
     for name, cross in crossover.items():
         temperature = 0.0 if name == "greedy" else 1.0
         print(f"\n{name} (pooled alpha {cross['alpha']:.3f}): tokens/s over the batch; speedup and "
@@ -262,6 +293,8 @@ def main() -> None:
         big = [r for r in runs if r["temperature"] == temperature and r["k"] and r["batch_size"] == B_max]
         print(f"steps per run at B = {grid['batch_sizes'][-1]}, measured / model (slowest of B independent rows): "
               + ", ".join(f"k={r['k']}: {r['measured_steps']:.1f} / {r['model_steps']:.1f}" for r in big))
+        print(f"target verification pass inside decoding / grid model at B = {B_max}: "
+              + ", ".join(f"k={r['k']}: {r['verify_in_loop_over_grid']:.2f}" for r in big))
         print("crossover B*(k), the first B with speedup < 1: "
               + ", ".join(f"k={k}: measured {cross['measured'][k]}, model {cross['predicted'][k]}"
                           for k in grid["ks"][1:]))
@@ -296,7 +329,8 @@ def main() -> None:
                       torch=torch.__version__, device=args.device, dtype=args.dtype, threads=torch.get_num_threads(),
                       clock=args.clock, repeats=repeats, run_repeats=run_repeats, quick=args.quick,
                       prompt_tokens=P, new_tokens=n, contexts=grid["contexts"], ks=grid["ks"],
-                      batch_sizes=grid["batch_sizes"], tokens=grid["tokens"], cache_len=target.config.n_positions,
+                      batch_sizes=grid["batch_sizes"], tokens=grid["tokens"],
+                      cache_len={str(S): cache_len(target, S, run_len, slack) for S in grid["contexts"]},
                       load_average=[load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
                       date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), wall_s=wall),
             passes=passes, draft_passes=draft_passes, grid_model=model.as_dict(),

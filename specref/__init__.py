@@ -31,7 +31,9 @@ checks, perf
     checks.exact        exact enumeration of chain steps                       (nb 02, 03)
     checks.exact_trees  exact enumeration of tree steps, broken tree rules     (nb 06)
     checks.montecarlo   vectorized sampler, distribution test, broken rules    (nb 02)
+    checks.broken       broken drafts: negative controls on real models        (nb 04)
     perf.costs, perf.measure   timing and the roofline                         (nb 01, 04)
+    perf.costmodel      PassModel, CostModel, choose_k, batch_steps, crossover, the H100 example
 course
     course.grading.*, course.plots, course.widgets, course.doctor  (the exercises and views)
 """
@@ -44,6 +46,7 @@ from .decoding.loop import SpecStats
 from .decoding.tree import tree_generate
 from .drafts import Draft, DynamicTree, ModelDraft, TreeShape, build_tree
 from .models.pair import load_pair
+from .perf.costmodel import CostModel, PassModel, batch_steps, choose_k, crossover_batch, h100_worked_example
 from .rejection import acceptance_probability, residual, verify_chain, verify_chain_greedy
 from .sampling import SamplingParams, process_logits, sample
 from .theory import estimate_alpha, expected_tokens_per_step, optimal_k, speedup
@@ -53,22 +56,28 @@ __version__ = "0.1.0"
 
 
 __all__ = [
+    "CostModel",
     "DistributionTest",
     "Draft",
     "DynamicTree",
     "MarkovChain",
     "ModelDraft",
+    "PassModel",
     "SamplingParams",
     "SpecStats",
     "Tree",
     "TreeShape",
     "acceptance_probability",
+    "batch_steps",
     "build_tree",
+    "choose_k",
+    "crossover_batch",
     "distribution_test",
     "estimate_alpha",
     "expected_tokens_per_step",
     "generate",
     "generation_distribution",
+    "h100_worked_example",
     "load_pair",
     "mixture",
     "one_step_distribution",

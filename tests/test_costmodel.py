@@ -54,6 +54,13 @@ def test_predict_speedup_is_theory_speedup_when_verification_costs_one_step():
         assert model.v(k, B) == pytest.approx(1.0)
 
 
+def test_verify_factor_and_loop_count_in_verification_only():
+    model = CostModel(flat(0.01), draft=0.0, loop=PassModel(overhead=0.002), verify_factor=1.5)
+    assert model.plain_time(4) == pytest.approx(0.01)
+    assert model.v(3, 4) == pytest.approx((1.5 * 0.01 + 0.002) / 0.01)
+    assert model.predict_speedup(1.0, 3, 4) == pytest.approx(4 / 1.7)
+
+
 def test_verification_cost_grows_past_the_ridge():
     model = CostModel(PassModel(weights=10e-3, per_token=1e-4, form="roofline"), draft=0.05)  # ridge 100 tokens
     assert model.v(4, 8) == pytest.approx(1.0)  # 40 tokens: memory-bound
@@ -118,7 +125,7 @@ def test_h100_worked_example_reproduces_the_chapter():
 
 def test_cost_model_round_trips_through_a_dict():
     target = PassModel.fit(rows_from(PassModel(overhead=2e-3, per_token=1e-4)))
-    model = CostModel(target, PassModel(overhead=1e-4), context=96, loop=PassModel(per_token=1e-6))
+    model = CostModel(target, PassModel(overhead=1e-4), context=96, loop=PassModel(per_token=1e-6), verify_factor=1.2)
     again = CostModel.from_dict(model.as_dict())
     assert again == model
     assert CostModel.from_dict(CostModel(flat(), 0.1).as_dict()).draft == 0.1
@@ -147,6 +154,7 @@ def test_predict_time_counts_the_prompt_pass_and_the_steps():
     (lambda m: PassModel(form="cubic"), ValueError),
     (lambda m: CostModel(flat(), draft=-0.1), ValueError),
     (lambda m: CostModel("target", draft=0.1), TypeError),
+    (lambda m: CostModel(flat(), draft=0.1, verify_factor=0.0), ValueError),
     (lambda m: h100_cost_model(efficiency=1.5), ValueError),
     (lambda m: m.target(0, 1, 64), ValueError),
     (lambda m: batch_steps(0.8, 4, 8, 0), ValueError),

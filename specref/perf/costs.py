@@ -72,33 +72,40 @@ def forward_time(
 
 @torch.no_grad()
 def pass_times(
-    model: torch.nn.Module, n_new: int, context_len: int = 64, batch_size: int = 1, repeats: int = 20,
+    model: torch.nn.Module, n_new: int | list[int], context_len: int = 64, batch_size: int = 1, repeats: int = 20,
     generator: torch.Generator | None = None, max_len: int | None = None, clock: str = "wall", warmup: int = 3,
-) -> list[float]:
+) -> list[float] | dict[int, list[float]]:
     """Seconds of each repeat of one pass over [batch_size, n_new] new tokens after a warm cache of context_len.
 
-    `max_len` is the cache's allocated length (default n_positions, what `generate` allocates):
-    it matters, because attention reads a slice of each row's slots and a longer
-    allocation spreads that slice over more memory.
+    A list of n_new gives {n_new: times} from one cache, prefilled once (a large batch's
+    prompt pass costs more than the passes timed after it). `max_len` is the cache's
+    allocated length (default n_positions, what `generate` allocates): it matters, because
+    attention reads a slice of each row's slots and a longer allocation spreads that
+    slice over more memory.
     """
-    for name, v in (("n_new", n_new), ("context_len", context_len), ("batch_size", batch_size)):
+    ns = n_new if isinstance(n_new, list) else [n_new]
+    for name, v in [("n_new", n) for n in ns] + [("context_len", context_len), ("batch_size", batch_size)]:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-    if context_len + n_new > model.config.n_positions:
-        raise ValueError(f"context_len + n_new = {context_len + n_new} exceeds n_positions={model.config.n_positions}")
+    if not ns:
+        raise ValueError("n_new must be an int >= 1 or a non-empty list of them")
+    if context_len + max(ns) > model.config.n_positions:
+        raise ValueError(f"context_len + n_new = {context_len} + {ns} exceeds n_positions={model.config.n_positions}")
     dev = model.device
     V = model.config.vocab_size
     if generator is None:
         generator = torch.Generator().manual_seed(0)  # token ids barely matter for timing; keep them fixed
-    ids = torch.randint(0, V, (batch_size, context_len + n_new), generator=generator).to(dev)
+    ids = torch.randint(0, V, (batch_size, context_len + max(ns)), generator=generator).to(dev)
     cache = model.new_cache(batch_size, max_len=max_len)
     model(ids[:, :context_len], cache=cache)
+    out = {}
+    for n in ns:
+        def step() -> None:
+            cache.truncate(context_len)
+            model(ids[:, context_len:context_len + n], cache=cache)
 
-    def step() -> None:
-        cache.truncate(context_len)
-        model(ids[:, context_len:], cache=cache)
-
-    return repeat_times(step, dev, repeats=repeats, warmup=warmup, clock=clock)
+        out[n] = repeat_times(step, dev, repeats=repeats, warmup=warmup, clock=clock)
+    return out if isinstance(n_new, list) else out[n_new]
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
