@@ -20,6 +20,7 @@ drafts
     drafts.base         the Draft protocol                                     (nb 04, 05)
     drafts.model        ModelDraft, TreeModelDraft                             (nb 04, 06)
     drafts.shapes       TreeShape, DynamicTree, grow_trees, build_tree         (nb 06)
+    drafts.prompt_lookup  PromptLookupDraft: copy what followed the last n-gram
 decoding
     decoding.loop       SpecStats, the token buffer, prefill, the timer        (nb 04)
     decoding.chain      generate, speculative_step, speculative_generate       (nb 04)
@@ -44,7 +45,7 @@ from .checks.toy import MarkovChain, mixture, random_chain, toy_pair
 from .decoding.chain import generate, speculative_generate
 from .decoding.loop import SpecStats
 from .decoding.tree import tree_generate
-from .drafts import Draft, DynamicTree, ModelDraft, TreeShape, build_tree
+from .drafts import Draft, DynamicTree, ModelDraft, PromptLookupDraft, TreeShape, build_tree
 from .models.pair import load_pair
 from .perf.costmodel import CostModel, PassModel, batch_steps, choose_k, crossover_batch, h100_worked_example
 from .rejection import acceptance_probability, residual, verify_chain, verify_chain_greedy
@@ -63,6 +64,7 @@ __all__ = [
     "MarkovChain",
     "ModelDraft",
     "PassModel",
+    "PromptLookupDraft",
     "SamplingParams",
     "SpecStats",
     "Tree",

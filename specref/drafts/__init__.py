@@ -2,18 +2,21 @@
 
 `base.Draft` is the one protocol the decoding loop talks to; `model.ModelDraft` is a
 smaller language model with its own KV cache, `model.TreeModelDraft` the same model
-growing a tree; `shapes` holds the tree shapes (`TreeShape`, `DynamicTree`) and
+growing a tree; `prompt_lookup.PromptLookupDraft` copies what followed the context's
+last few tokens earlier in the buffer; `shapes` holds the tree shapes (`TreeShape`, `DynamicTree`) and
 `grow_trees`. New drafts go here.
 """
 
 from .base import Draft
 from .model import ModelDraft, TreeModelDraft, as_draft, as_tree_draft
+from .prompt_lookup import PromptLookupDraft
 from .shapes import DynamicTree, TreeShape, as_tree_spec, build_tree, grow_trees
 
 __all__ = [
     "Draft",
     "DynamicTree",
     "ModelDraft",
+    "PromptLookupDraft",
     "TreeModelDraft",
     "TreeShape",
     "as_draft",

@@ -88,19 +88,11 @@ def check_worked_example(
             hint,
         )
 
-    rng = np.random.default_rng(seed + 7)
-    cases: list[tuple[str, np.ndarray, np.ndarray]] = [("worked example", np.array(WORKED_P), np.array(WORKED_Q))]
-    while len(cases) < n_cases:
-        cases += _distribution_pairs(rng, int(rng.integers(2, 7)))
-    cases = cases[:n_cases]
-    for n, (label, p_np, q_np) in enumerate(cases, 1):
-        pc, qc = torch.tensor(p_np), torch.tensor(q_np)
+    cases = _pair_cases(np.random.default_rng(seed + 7), n_cases)
+    for n, (label, pc, qc) in enumerate(cases, 1):
         where = f"emit_parts is wrong on case {n} of {len(cases)} ({label})."
         case_inputs = [f"p = {_fmt(pc)}", f"q = {_fmt(qc)}"]
-        p_in, q_in = pc.clone(), qc.clone()
-        out = _call(g, where, case_inputs, emit_parts, p_in, q_in)
-        if not (torch.equal(p_in, pc) and torch.equal(q_in, qc)):
-            raise _fail(g, where, case_inputs, "emit_parts changed p or q in place; compute on new tensors instead.")
+        out = _call_on_copies(g, where, case_inputs, emit_parts, pc, qc, "emit_parts")
         parts = [_as_vector(x) for x in out] if isinstance(out, (tuple, list)) and len(out) == 2 else None
         if parts is None or any(x is None or x.shape != pc.shape for x in parts):
             raise _fail(g, where, case_inputs + [f"got {out!r}"],
@@ -187,6 +179,25 @@ def _distribution_pairs(rng: np.random.Generator, V: int) -> list[tuple[str, np.
     ]
 
 
+def _pair_cases(rng: np.random.Generator, n_cases: int) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """The worked example, then random (p, q) pairs over 2-6 tokens, edge cases among them."""
+    cases: list[tuple[str, np.ndarray, np.ndarray]] = [("worked example", np.array(WORKED_P), np.array(WORKED_Q))]
+    while len(cases) < n_cases:
+        cases += _distribution_pairs(rng, int(rng.integers(2, 7)))
+    return [(label, torch.tensor(p), torch.tensor(q)) for label, p, q in cases[:n_cases]]
+
+
+def _call_on_copies(
+    g: str, where: str, inputs: list[str], fn: Callable[..., object], p: torch.Tensor, q: torch.Tensor, who: str
+) -> object:
+    """Call fn(p, q) on copies; a function that edits its inputs in place fails with a hint."""
+    p_in, q_in = p.clone(), q.clone()
+    out = _call(g, where, inputs, fn, p_in, q_in)
+    if not (torch.equal(p_in, p) and torch.equal(q_in, q)):
+        raise _fail(g, where, inputs, f"{who} changed p or q in place; compute on new tensors instead.")
+    return out
+
+
 def _random_dist(rng: np.random.Generator, V: int) -> np.ndarray:
     """A distribution in multiples of 0.05, so messages stay readable; zeros happen on purpose."""
     counts = rng.multinomial(20, rng.dirichlet(np.ones(V)))
@@ -200,19 +211,11 @@ def check_residual(fn: Callable[[torch.Tensor, torch.Tensor], object], n_cases: 
     but NaN or a division by zero is not.
     """
     g = "check_residual"
-    rng = np.random.default_rng(seed)
-    cases: list[tuple[str, np.ndarray, np.ndarray]] = [("worked example", np.array(WORKED_P), np.array(WORKED_Q))]
-    while len(cases) < n_cases:
-        cases += _distribution_pairs(rng, int(rng.integers(2, 7)))
-    cases = cases[:n_cases]
-    for n, (label, p_np, q_np) in enumerate(cases, 1):
-        p, q = torch.tensor(p_np), torch.tensor(q_np)
+    cases = _pair_cases(np.random.default_rng(seed), n_cases)
+    for n, (label, p, q) in enumerate(cases, 1):
         where = f"wrong answer on case {n} of {len(cases)} ({label})."
         inputs = [f"p = {_fmt(p)}", f"q = {_fmt(q)}"]
-        p_in, q_in = p.clone(), q.clone()
-        out = _call(g, where, inputs, fn, p_in, q_in)
-        if not (torch.equal(p_in, p) and torch.equal(q_in, q)):
-            raise _fail(g, where, inputs, "your function changed p or q in place; compute on new tensors instead.")
+        out = _call_on_copies(g, where, inputs, fn, p, q, "your function")
         got = _as_vector(out)
         if got is None or got.shape != p.shape:
             shape = None if got is None else tuple(got.shape)

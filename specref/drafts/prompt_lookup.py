@@ -1,0 +1,114 @@
+"""Prompt lookup (n-gram) drafting: propose what followed the last time the context ended this way (chapter 5).
+
+Rule: for n = max_ngram down to min_ngram, find the latest start i < L - n with
+context[i : i+n] == context[L-n : L] (strictly earlier than the suffix: it may overlap it,
+but ends before the last position); the first n that matches gives s = i + n, else s = L - 1.
+Propose context[s], context[s+1], ..., and if the context ends before k tokens, start again
+at s: proposal[j] = context[s + j % (L - s)]. So the copy runs on with period L - s, and no
+match repeats the last token. q is one-hot on each proposed token, which keeps the
+verifier exact at any temperature: x is accepted with probability min(1, p(x)), and
+the residual is p without x, renormalized (a token p gives 0 is always rejected).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .._validate import check_int, check_tensor
+from ..sampling import SamplingParams
+from .base import Draft
+
+
+def lookup(context: Sequence[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:  # [L] -> [k]
+    """The k tokens prompt lookup proposes after `context` (the module docstring states the rule)."""
+    context = list(context)
+    if not context:
+        raise ValueError("prompt lookup needs a context of at least one token")
+    L = len(context)
+    s = L - 1  # no match: repeat the last token
+    for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):  # longest n first; a match needs n < L
+        suffix = context[L - n :]
+        i = next((i for i in range(L - n - 1, -1, -1) if context[i : i + n] == suffix), None)
+        if i is not None:
+            s = i + n
+            break
+    return [context[s + j % (L - s)] for j in range(k)]
+
+
+class PromptLookupDraft(Draft):
+    """Prompt lookup as a draft: copy what followed the latest earlier occurrence of the context's last n tokens.
+
+    Free (no model, no training), strong on copy-heavy text, weak on free writing.
+    Stateless: a proposal is a function of the buffer alone, so `rollback` has
+    nothing to forget. `dtype` is q's float type (`for_target` takes the target's).
+    """
+
+    def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1,
+                 dtype: torch.dtype = torch.float32) -> None:
+        self.vocab_size = check_int("vocab_size", vocab_size, 1, "the vocabulary the drafts come from")
+        self.max_ngram = check_int("max_ngram", max_ngram, 1, "the longest suffix looked up")
+        self.min_ngram = check_int("min_ngram", min_ngram, 1, "the shortest suffix looked up")
+        if max_ngram < min_ngram:
+            raise ValueError(f"max_ngram must be >= min_ngram, got max_ngram={max_ngram} < min_ngram={min_ngram}")
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating-point torch.dtype for q, got {dtype!r}")
+        self.dtype = dtype
+        self.batch_size: int | None = None
+
+    @classmethod
+    def for_target(cls, target: torch.nn.Module, max_ngram: int = 3, min_ngram: int = 1) -> PromptLookupDraft:
+        """A prompt lookup draft over the target's vocabulary, with q in the target's dtype."""
+        return cls(int(target.config.vocab_size), max_ngram, min_ngram, target.dtype)
+
+    def begin(self, batch_size: int) -> None:
+        self.batch_size = check_int("batch_size", batch_size, 1, "sequences in the batch")
+
+    @torch.no_grad()
+    def propose(
+        self,
+        tokens: torch.Tensor,  # [B, L] buffer; row b holds lengths[b] valid tokens
+        lengths: torch.Tensor,  # [B]
+        k: int,
+        params: SamplingParams,  # unused: the proposal is deterministic and q one-hot, whatever the sampling
+        generator: torch.Generator | None = None,  # unused, for the same reason
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # drafts [B, k], q [B, k, V]
+        B = self._check_batch(tokens, lengths)
+        k = check_int("k", k, 0, "tokens to propose")
+        V, dev = self.vocab_size, tokens.device
+        if k == 0:
+            return tokens.new_zeros((B, 0)), torch.zeros((B, 0, V), dtype=self.dtype, device=dev)
+        # One copy to the host: each row's length, then its buffer.
+        rows = torch.cat([lengths[:, None].to(tokens.dtype), tokens], 1).tolist()
+        drafts = []
+        for n, *row in rows:
+            if not 1 <= n <= len(row):
+                raise ValueError(f"lengths must be in [1, {len(row)}] (the buffer's width), got {n}")
+            drafts.append(lookup(row[:n], k, self.max_ngram, self.min_ngram))
+        if not all(0 <= x < V for d in drafts for x in d):
+            raise ValueError(f"the buffer holds token ids outside the vocabulary [0, {V}), so would the drafts")
+        x = torch.tensor(drafts, dtype=torch.long, device=dev)  # [B, k]
+        return x, torch.nn.functional.one_hot(x, V).to(self.dtype)
+
+    def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
+        # Nothing to forget: the next proposal reads the (rolled back) buffer afresh.
+        if self.batch_size is None:
+            raise RuntimeError("call begin(batch_size) before rollback")
+        n_valid = check_tensor("n_valid", n_valid)
+        if tuple(n_valid.shape) != (self.batch_size,) or n_valid.is_floating_point():
+            raise ValueError(f"n_valid must be an integer tensor of shape [B] = [{self.batch_size}], "
+                             f"got {n_valid.dtype} {tuple(n_valid.shape)}")
+
+    def _check_batch(self, tokens: object, lengths: object) -> int:
+        """Raise unless tokens is an integer [B, L] buffer and lengths an integer [B], B as in `begin`."""
+        if self.batch_size is None:
+            raise RuntimeError("call begin(batch_size) before propose")
+        tokens, lengths = check_tensor("tokens", tokens), check_tensor("lengths", lengths)
+        for name, x, dims in (("tokens", tokens, "[B, L]"), ("lengths", lengths, "[B]")):
+            if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+                raise TypeError(f"{name} must be an integer tensor, got {x.dtype}")
+            if x.dim() != len(dims.split(",")) or x.shape[0] != self.batch_size:
+                raise ValueError(f"{name} must have shape {dims} with B = {self.batch_size} (from begin), "
+                                 f"got {tuple(x.shape)}")
+        return self.batch_size
