@@ -30,7 +30,7 @@ ifeq ($(origin TORCH_INDEX),undefined)
   endif
 endif
 TORCH_PIN := $(shell sed -n 's/^torch==\([^ ;]*\).*/\1/p' requirements/base.txt)
-TORCH_BUILD := $(if $(filter $(CPU_TORCH_INDEX),$(TORCH_INDEX)),the CPU build (a download of about 190 MB),$(if $(TORCH_INDEX),from $(TORCH_INDEX),PyPI's default build (on Linux a CUDA build: several GB)))
+TORCH_BUILD := $(if $(filter $(CPU_TORCH_INDEX),$(TORCH_INDEX)),the CPU build (a download of about 190 MB; 0.8 GB installed),$(if $(TORCH_INDEX),from $(TORCH_INDEX),PyPI's default build (on Linux a CUDA build: several GB)))
 
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.specref-installed
@@ -43,7 +43,7 @@ NB_DIRS := $(wildcard notebooks solutions)
 NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=$(CELL_TIMEOUT) --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 .DEFAULT_GOAL := help
-.PHONY: help venv lab test test-portable test-fast doctor exercises check-exercises grade execute fresh-clone clean distclean
+.PHONY: help venv lab test test-portable test-fast doctor exercises check-exercises grade grade-all execute fresh-clone clean distclean
 
 help:
 	@echo "make lab                  set up .venv if needed and open JupyterLab on notebooks/"
@@ -65,7 +65,7 @@ $(STAMP): $(PIN_FILES) pyproject.toml
 		{ echo "specref needs Python 3.10 or newer; '$(PYTHON)' is older (set PYTHON=...)"; exit 1; }
 	@echo "specref set-up [1/4]: a virtual environment in $(VENV)"
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
-	@echo "specref set-up [2/4]: torch $(TORCH_PIN), $(TORCH_BUILD); 0.8 GB installed (override: TORCH_INDEX=..., see the Makefile's head)"
+	@echo "specref set-up [2/4]: torch $(TORCH_PIN), $(TORCH_BUILD) (override: TORCH_INDEX=..., see the Makefile's head)"
 	$(PIP_INSTALL) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "torch==$(TORCH_PIN)" -c requirements/lock.txt
 	@echo "specref set-up [3/4]: JupyterLab, numpy, scipy, matplotlib, the test tools (about 1 GB installed)"
 	$(PIP_INSTALL) -r requirements/test.txt -c requirements/lock.txt
@@ -111,7 +111,6 @@ grade: venv
 	@test -n $(call _grade_q,NB) || { echo "usage: make grade NB=path/to/notebook.ipynb [SOLUTION=solutions/<name>.ipynb]"; exit 2; }
 	$(VPY) tools/grade.py $(if $(value SOLUTION),--solution $(call _grade_q,SOLUTION)) -- $(call _grade_q,NB)
 
-.PHONY: grade-all
 grade-all: venv
 	@test -n $(call _grade_q,DIR) || { echo "usage: make grade-all DIR=submissions/ [CSV=gradebook.csv]"; exit 2; }
 	$(VPY) tools/grade.py --all $(call _grade_q,DIR) $(if $(value CSV),--csv $(call _grade_q,CSV))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from specref.perf.costmodel import CostModel, choose_k
+from specref.perf.costmodel import CostModel, choose_k, crossover_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -28,9 +28,11 @@ def test_bench_batch_quick_prints_every_table_and_goal_and_writes_usable_results
                           capture_output=True, text=True, env=env, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     text = done.stdout
-    assert text.count("crossover B*(k)") == 2 and text.count("policy choose_k") == 2, text
+    n_models = len(json.loads(out.read_text())["cost_models"])  # one per temperature
+    assert text.count("crossover B*(k)") == n_models and text.count("policy choose_k") == n_models, text
     assert re.search(r"target fit \((sum|roofline)\): .* relative error median [\d.]+%, max [\d.]+%", text), text
-    assert len(re.findall(r"^goal .*: (met|NOT met)$", text, flags=re.M)) == 3, text
+    goals = json.loads(out.read_text())["goals"]
+    assert len(re.findall(r"^goal .*: (met|NOT met)$", text, flags=re.M)) == len(goals), text
 
     results = json.loads(out.read_text())
     meta = results["meta"]
@@ -41,4 +43,8 @@ def test_bench_batch_quick_prints_every_table_and_goal_and_writes_usable_results
     for name in ("greedy", "temperature 1"):
         model = CostModel.from_dict(results["cost_models"][name])
         alpha = results["crossover"][name]["alpha"]
-        assert choose_k(alpha, 2, model, ks=meta["ks"]) in meta["ks"]
+        for k, predicted in results["crossover"][name]["predicted"].items():  # the stored model rebuilds its figures
+            assert crossover_batch(alpha, int(k), model) == predicted
+        temperature = 0.0 if name == "greedy" else 1.0
+        rows = [r for r in results["policy"] if r["temperature"] == temperature]
+        assert rows and all(choose_k(r["alpha"], r["batch_size"], model, ks=meta["ks"]) == r["k"] for r in rows)

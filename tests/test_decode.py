@@ -11,10 +11,10 @@ import torch
 
 from specref.decoding.chain import generate, speculative_generate
 from specref.drafts import ModelDraft
-from specref.sampling import SamplingParams
+from specref.checks.broken import MisreportedModelDraft
 from specref.checks.montecarlo import distribution_test
 from specref.models.gpt2 import GPT2
-from specref.sampling import sample
+from specref.sampling import SamplingParams, sample
 from model_factory import TINY_VOCAB, exact_first_two, noisy_copy, small_gpt2
 from model_factory import tiny_pair as tiny_pair_models
 
@@ -129,21 +129,11 @@ def test_sampled_first_two_tokens_follow_the_target(tiny_pair, k, params):
     assert distribution_test(exact, counts=counts).passed
 
 
-class _MisprocessedDraft(ModelDraft):
-    """Negative control: samples drafts at temperature 0.5 but reports q at temperature 1."""
-
-    def propose(self, tokens, lengths, k, params, generator=None):
-        drafts, q_hot = super().propose(tokens, lengths, k, SamplingParams(0.5), generator)
-        # softmax(l / 0.5) ** 0.5, renormalized, is softmax(l): the q a temperature-1 draft would report.
-        q = q_hot.sqrt()
-        return drafts, q / q.sum(-1, keepdim=True)
-
-
 def test_negative_control_misprocessed_q_is_flagged(tiny_pair):
     target, draft = tiny_pair
     params = SamplingParams(1.0)
     exact = exact_first_two(target, [1, 2], params)
-    counts = _sample_first_two(target, _MisprocessedDraft(draft), [1, 2], 2, params, seed=21)
+    counts = _sample_first_two(target, MisreportedModelDraft(draft), [1, 2], 2, params, seed=21)
     assert distribution_test(exact, counts=counts).p_value < 1e-6
 
 

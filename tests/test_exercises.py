@@ -184,17 +184,12 @@ def test_exercises_are_stamped_with_the_exercise_id_and_the_tests_version():
 
 
 # -- grading: what runs comes from the solution (tests/test_grade_security.py has the attacks) -----
-def _plain(nb) -> dict:
-    import json
-    return json.loads(nbformat.writes(nb))
-
-
 def test_grading_runs_the_solutions_test_cells_and_only_the_learners_answers():
     sol = toy_solution()
     submission = make_exercise(sol, "ex_toy.ipynb")
     cell(submission, "test_double").source = "pass  # the learner emptied the test"
     cell(submission, "double").source = "def double(x):\n    return x + x"
-    plan = grade.build_plan(_plain(sol), _plain(submission))
+    plan = grade.build_plan(grading_selfcheck._plain(sol), grading_selfcheck._plain(submission))
     by_id = {c["grade_id"]: c for c in plan.cells if c["grade_id"]}
     assert by_id["test_double"]["source"] == cell(sol, "test_double").source  # hidden tests included
     assert by_id["double"]["source"] == "def double(x):\n    return x + x"  # answers stay the learner's
@@ -208,7 +203,7 @@ def test_grading_follows_the_solutions_order_whatever_the_learner_did_to_the_cel
     submission = make_exercise(sol, "ex_toy.ipynb")
     submission.cells = [c for c in submission.cells if c.metadata.get("nbgrader", {}).get("grade_id") != "test_double"]
     submission.cells.reverse()
-    plan = grade.build_plan(_plain(sol), _plain(submission))
+    plan = grade.build_plan(grading_selfcheck._plain(sol), grading_selfcheck._plain(submission))
     code_ids = [i for i, c in enumerate(sol.cells) if c.cell_type == "code"]
     assert [c["n"] for c in plan.cells] == code_ids
 
@@ -225,7 +220,7 @@ def test_grader_scores_each_graded_cell_by_its_own_result():
         new_code_cell("assert y == 2", metadata=nbgrader("passes", 1, False)),
         new_code_cell("assert y == 3, 'y is not 3'", metadata=nbgrader("fails", 2, False)),
     ]
-    plain = _plain(nb)
+    plain = grading_selfcheck._plain(nb)
     results = {r.grade_id: r for r in grade.grade_plan(grade.build_plan(plain, plain))}
     assert {k: r.outcome for k, r in results.items()} == {"passes": "passed", "fails": "failed"}
     assert results["fails"].message.startswith("y is not 3\n")  # then what failed before it, in plain words

@@ -133,8 +133,6 @@ def assert_no_marks_silently(code: int, report: dict, task: str = "double_check"
     assert report, "the grader gave no JSON report"
     assert scores(report)[task] == 0, report
     assert code in (1, 2, 3), report
-    if code == 1:
-        assert report["total"] < report["possible"]
 
 
 # -- the honest baseline -------------------------------------------------------------------------
@@ -241,7 +239,6 @@ def test_files_beside_the_notebook_are_not_imported(toy):
     nb = attacked(nb, "double = lambda x: 0")
     code, report, out = grade(nb, toy)
     assert_no_marks_silently(code, report)
-    assert scores(report)["double_check"] == 0
 
 
 def _tree_hash(*folders: Path) -> str:

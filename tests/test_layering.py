@@ -78,7 +78,8 @@ def floor_of(module: str) -> int:
     best = None
     for i, (_, prefixes) in enumerate(FLOORS):
         for prefix in prefixes:
-            if module == prefix or module.startswith(prefix + "."):
+            # The package root names only itself: every other module must be placed on a floor.
+            if module == prefix or (prefix != "specref" and module.startswith(prefix + ".")):
                 if best is None or len(prefix) > best[1]:
                     best = (i, len(prefix))
     if best is None:

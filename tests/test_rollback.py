@@ -24,11 +24,14 @@ def pair():
     return target, noisy_copy(target, noise=0.3, seed=1)
 
 
-def _assert_cache_is_a_recompute(draft: ModelDraft, seqs: Sequences) -> None:
-    """Row b's draft cache holds n_b <= length_b slots, and their K/V are the draft's own over tokens[b, :n_b]."""
+def _assert_cache_is_a_recompute(draft: ModelDraft, seqs: Sequences, behind: int | None = None) -> None:
+    """Row b's draft cache holds n_b <= length_b slots (at least length_b - behind when given), and their K/V
+    are the draft's own over tokens[b, :n_b]."""
     cache = draft.cache
     for b, n in enumerate(cache.lengths.tolist()):
         assert n <= seqs.lengths_h[b], f"row {b}: the draft caches {n} tokens, the sequence has {seqs.lengths_h[b]}"
+        if behind is not None:  # a rollback that forgets too much would pass the K/V comparison below
+            assert n >= seqs.lengths_h[b] - behind, f"row {b}: the draft forgot kept tokens ({n} of {seqs.lengths_h[b]})"
         fresh = draft.model.new_cache(1)
         draft.model(seqs.tokens[b : b + 1, :n], cache=fresh)
         torch.testing.assert_close(cache.k[:, b, :, :n], fresh.k[:, 0, :, :n], atol=1e-5, rtol=1e-5)
@@ -54,7 +57,9 @@ def test_model_draft_cache_after_rollback_equals_a_recompute_of_the_kept_tokens(
     while not seqs.done:
         step = speculative_step(target, draft, seqs, cache, 4, SamplingParams(temperature), g)
         rejected += sum(n < step.drafts.shape[1] for n in step.n_accepted)
-        _assert_cache_is_a_recompute(draft, seqs)
+        # It keeps everything it saw that verification kept: all but the emitted token (and the last draft,
+        # never fed, when all k were accepted).
+        _assert_cache_is_a_recompute(draft, seqs, behind=2)
     assert rejected > 0, "no draft was rejected: the test would not notice a rollback that does nothing"
 
 

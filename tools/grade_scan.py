@@ -112,7 +112,7 @@ def scan(source: str, specref_names: set[str] = frozenset(), allowed_specref: se
         elif isinstance(node, ast.ClassDef):
             if node.bases or node.keywords:
                 add("interference", node, f"defines a class {node.name} that derives from another class")
-        elif isinstance(node, (ast.Global, ast.Nonlocal)) and isinstance(node, ast.Global):
+        elif isinstance(node, ast.Global):
             add("interference", node, f"declares global {', '.join(node.names)}")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             v = node.value

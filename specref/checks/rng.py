@@ -28,7 +28,7 @@ from collections.abc import Callable, Hashable, Sequence
 import numpy as np
 import torch
 
-from .._validate import _fmt  # noqa: F401  (graders format numbers the same way)
+from .._validate import _fmt
 from ..sampling import TorchRNG, as_distribution  # noqa: F401  (TorchRNG: the real rng, re-exported)
 
 

@@ -167,7 +167,7 @@ def check_logits(logits: torch.Tensor, params: SamplingParams) -> None:  # [...,
     """The target's logits may hold -inf (masked tokens) but no NaN or +inf, and no row that is all -inf."""
     # One reduction: NaN or +inf anywhere makes the sum NaN or +inf. A -inf sum (masked
     # tokens) takes the full check, which also refuses a row that is all -inf.
-    total = float(logits.sum())
+    total = float(logits.sum(dtype=torch.float32))  # float16 logits would overflow a sum in their own dtype
     if math.isnan(total) or total == math.inf:
         raise ValueError("the target's logits contain NaN or +inf")
     if total == -math.inf:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._validate import check_int
 from ..drafts import ModelDraft
 from ..sampling import SamplingParams
 from .chain import speculative_step
@@ -48,6 +49,7 @@ def trace_step(
     """Run one speculative step after `input_ids` and record every decision."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 1 or input_ids.numel() < 2:
         raise ValueError(f"input_ids must be a [T] tensor with T >= 2, got shape {tuple(getattr(input_ids, 'shape', ()))}")
+    k = check_int("k", k, 1, "k drafted tokens per step")
     params = SamplingParams(temperature)
     ids = check_inputs(target, input_ids, k + 1, "the target")  # [1, T]
     T = ids.shape[1]

@@ -101,7 +101,11 @@ class TreeSpecStats(SpecStats):
     `examined` the children the rule tried, so acceptance_rate is accepted / tried children."""
 
     tree: str = ""
-    nodes: int = 0  # tree nodes verified, over row-steps
+
+    @property
+    def nodes(self) -> int:
+        """Tree nodes verified, over row-steps (what `proposed` counts for a tree)."""
+        return self.proposed
 
     @property
     def nodes_per_step(self) -> float:
@@ -112,7 +116,6 @@ class TreeSpecStats(SpecStats):
         d = super().as_dict()
         d.update(tree=self.tree, nodes=self.nodes, nodes_per_step=self.nodes_per_step)
         return d
-
 
 
 @dataclass(frozen=True)
@@ -171,7 +174,6 @@ def tree_step(
     active = [(t, r) for t, r, m in zip(trees, results, kept) if m]
     stats.count_step([r.n_accepted for _, r in active], sum(kept), sum(t.n_nodes for t, _ in active),
                      sum(len(r.trials) for _, r in active))  # examined: the children the rule tried
-    stats.nodes = stats.proposed
     return TreeStep(trees, logits, results, kept)
 
 

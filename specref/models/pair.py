@@ -12,7 +12,6 @@ import json
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer
 
 from .gpt2 import GPT2
 from .pretrained import load_folder
@@ -69,7 +68,7 @@ def load_pair(
                                 "run `python tools/train_pair.py` to create them")
     target = load_folder(assets.joinpath("target"), device, dtype)
     draft = load_folder(assets.joinpath("draft"), device, dtype)
-    tokenizer = BPETokenizer(Tokenizer.from_str(assets.joinpath("tokenizer.json").read_text()))
+    tokenizer = bundled_tokenizer()
     if target.config.vocab_size != draft.config.vocab_size or target.config.vocab_size != tokenizer.vocab_size:
         raise ValueError("bundled target, draft and tokenizer disagree on the vocabulary size")
     return target, draft, tokenizer

@@ -79,7 +79,8 @@ def pass_times(
 
     A list of n_new gives {n_new: times} from one cache, prefilled once (a large batch's
     prompt pass costs more than the passes timed after it). `max_len` is the cache's
-    allocated length (default n_positions, what `generate` allocates): it matters, because
+    allocated length (default n_positions, the whole window; decoding allocates only prompt + new
+    tokens (+ k)): it matters, because
     attention reads a slice of each row's slots and a longer allocation spreads that
     slice over more memory.
     """

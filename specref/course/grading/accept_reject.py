@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ...checks.exact import enumerate_step, merge
-from ...checks.rng import _SYMBOLIC_HINT, SymbolicUniform, TorchRNG, exact_distribution  # noqa: F401
+from ...checks.rng import _SYMBOLIC_HINT, exact_distribution
 from ...rejection import residual as _ref_residual
 from ...rejection import verify_chain
 from .report import TOL, _as_float, _as_vector, _call, _close, _fail, _fmt, _global_rng_state, _passed, _same_global_rng

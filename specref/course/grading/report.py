@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from ...checks.rng import _fmt  # noqa: F401  (graders format numbers the same way)
+from ..._validate import _fmt  # noqa: F401  (graders format numbers the same way)
 
 TOL = 1e-9  # exact checks: probabilities computed two ways in float64 agree far better than this
 # --------------------------------------------------------------------------------------
