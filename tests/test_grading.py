@@ -618,10 +618,9 @@ def test_toy_measurement_grader_rejects_typical_mistakes(bug, message):
 @pytest.mark.parametrize("n_cases, seed", [(3, 0), (6, 1)], ids=["visible", "hidden"])
 def test_toy_measurement_cases_separate_the_two_alphas(n_cases, seed):
     """Some graded pair puts the two alphas more than twice the tolerance apart, so the unweighted one fails."""
-    scale = speedup_grading._Z * (1 / speedup_grading.TOY_RUNS + 1 / speedup_grading._REF_RUNS) ** 0.5
     gaps = []
-    for _, target, draft, k in speedup_grading._toy_cases(n_cases, seed):
+    for n, (_, target, draft, k) in enumerate(speedup_grading._toy_cases(n_cases, seed), 1):
         ref = speedup_grading.toy_reference(target, draft, k, speedup_grading.TOY_N, speedup_grading._REF_RUNS,
-                                            torch.Generator().manual_seed(1))
-        gaps.append(abs(ref["alpha_states"] - ref["alpha_steps"]) / (scale * ref["alpha_steps_spread"]))
+                                            speedup_grading._reference_generator(seed, n))  # the grader's own
+        gaps.append(abs(ref["alpha_states"] - ref["alpha_steps"]) / speedup_grading.toy_tolerances(ref)[1])
     assert max(gaps) > 2

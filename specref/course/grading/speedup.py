@@ -297,6 +297,17 @@ _REF_RUNS = 20000
 _Z = 5.0  # tolerance in standard errors: a correct measurement fails with probability about 6e-7
 
 
+def _reference_generator(seed: int, n: int) -> torch.Generator:
+    """The generator of the grader's reference simulation for case n (1-based) of a given seed."""
+    return torch.Generator().manual_seed(seed * 100 + n)
+
+
+def toy_tolerances(ref: dict) -> tuple[float, float]:
+    """How far tokens per step and alpha_steps may be from the reference: _Z standard errors of the difference."""
+    scale = math.sqrt(1 / TOY_RUNS + 1 / _REF_RUNS)
+    return _Z * ref["tokens_per_step_spread"] * scale, _Z * ref["alpha_steps_spread"] * scale
+
+
 def check_toy_measurement(fn: Callable[..., object], n_cases: int = 3, seed: int = 0) -> None:
     """Grade measure_toy(target, draft, k, runs, n, generator) -> (tokens_per_step, alpha_states, alpha_steps).
 
@@ -312,7 +323,7 @@ def check_toy_measurement(fn: Callable[..., object], n_cases: int = 3, seed: int
     for n, (label, target, draft, k) in enumerate(_toy_cases(n_cases, seed), 1):
         where = f"wrong answer on case {n} of {n_cases} ({label})."
         inputs = [f"k = {k}, runs = {TOY_RUNS}, n = {TOY_N}, start token 0"]
-        ref = toy_reference(target, draft, k, TOY_N, _REF_RUNS, torch.Generator().manual_seed(seed * 100 + n))
+        ref = toy_reference(target, draft, k, TOY_N, _REF_RUNS, _reference_generator(seed, n))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed + n)
             out = _call(g, where, inputs, fn, target, draft, k, TOY_RUNS, TOY_N, torch.Generator().manual_seed(seed + n))
@@ -326,8 +337,7 @@ def check_toy_measurement(fn: Callable[..., object], n_cases: int = 3, seed: int
                 hint = "that looks weighted by the steps; alpha_states weighs every state equally: beta.mean()."
             raise _fail(g, where, inputs + [f"expected alpha_states = {ref['alpha_states']:.6f}",
                                             f"got      alpha_states = {a_states:.6f}"], hint)
-        scale = math.sqrt(1 / TOY_RUNS + 1 / _REF_RUNS)
-        tol_t, tol_a = _Z * ref["tokens_per_step_spread"] * scale, _Z * ref["alpha_steps_spread"] * scale
+        tol_t, tol_a = toy_tolerances(ref)
         if abs(tps - ref["tokens_per_step"]) > tol_t:
             hint = ("tokens per step: the mean of (accepted drafts + 1) over the steps every run takes until it has "
                     "n tokens (active steps only; the last one counted whole).")
