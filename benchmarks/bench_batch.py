@@ -8,18 +8,26 @@
    whole call, its cache allocation and prompt pass included), the speedup per (B, k)
    and the crossover B*(k), the smallest B where the speedup drops below 1.
 3. The cost model. The target's `PassModel` is fitted to the grid (both forms; the better
-   is kept, both errors printed). Decoding also spends time outside the target's passes:
-   the draft's steps cost more than its isolated passes (its sampling, a first wider
-   pass, caches evicted by the other model), the acceptance rule and bookkeeping grow
-   with B x (k + 1), and a verification pass inside decoding is slower than alone (the
-   draft evicts the target's weights; rows attend over the longest row). Those three
-   come from the speculative runs' own SpecStats (never from their total times or from
-   the plain runs), so the `CostModel` per temperature is: the grid's target passes
-   (x verify_factor when verifying) + the in-loop draft step + the rule. A batch waits for
-   its slowest row, so a run takes `batch_steps` steps, more than new_tokens / E.
-   Printed: the predicted / measured speedup per run (also with grid passes only, and
-   with decoding's own step counts), and the k that `choose_k` picks at each B with the
-   throughput that k measured.
+   is kept, both errors printed). A grid timed apart from decoding misses decoding's own
+   pass times by tens of percent on a shared CPU, and decoding also spends time outside
+   the target's passes: the draft's step (a fixed part, its catch-up pass and q, plus k
+   steps), the acceptance rule and bookkeeping (growing with B x (k + 1)), and a batch
+   waits for its slowest row, whose alpha is lower than the mean. So the `CostModel` per
+   temperature is fitted to the speculative runs' own SpecStats parts (never their totals,
+   never the plain runs) at every other batch size (1, 4, 16, ...); the other batch sizes
+   are held out and their error is printed apart. The rows' spread of alpha comes from the
+   same training runs' step counts (`batch_steps(..., alpha_sd)`). Printed: the predicted /
+   measured speedup per run (held out marked), the grid-only prediction, and the k that
+   `choose_k(..., margin, new_tokens)` picks at each B with the throughput that k measured;
+   the margin is the model's 90th-percentile error on the training runs.
+
+`--from-json FILE` measures nothing: it refits and re-analyses a results file and prints
+the same report. `--target-shape gpt2-medium` (or gpt2-large) times a random-initialised
+target of that shape instead of the bundled one (random weights time like trained ones):
+its weights (1.2 GB in float32) fall out of every CPU cache, the memory-bound regime where
+verifying k + 1 tokens stays cheap. Its alpha against the bundled draft is near 0, so with
+it read the pass grid (and `CostModel` predictions at an assumed alpha), not the runs'
+speedups. Not yet run on the course's machine.
 
 Goals (printed as met / NOT met): predicted / measured speedup within 0.85-1.15 over the
 grid; the policy's throughput >= the best fixed k's at every B within noise (the larger
@@ -31,12 +39,15 @@ spends most of a pass in OpenMP barriers (measured at B = 1: 12 ms per pass with
 (`CostModel.from_dict(results["cost_models"]["greedy"])` rebuilds the fit).
 
     python benchmarks/bench_batch.py [--device cuda] [--quick] [--out FILE] [--repeats 7] [--run-repeats 3]
+    python benchmarks/bench_batch.py --from-json benchmarks/results/batch_cpu.json      # re-analyse only
+    python benchmarks/bench_batch.py --target-shape gpt2-medium --out FILE             # the memory-bound regime
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -44,20 +55,40 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
+from scipy.optimize import minimize_scalar, nnls
 
 from specref import generate, load_pair, speculative_generate
+from specref.models.gpt2 import GPT2, GPT2Config
 from specref.models.pair import heldout_prompts, heldout_texts
-from specref.perf.costmodel import CostModel, PassModel, batch_steps, choose_k, crossover_batch
+from specref.perf.costmodel import CostModel, FitError, PassModel, batch_steps, choose_k, crossover_batch
 from specref.perf.costs import pass_times
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = dict(batch_sizes=[1, 2, 4, 8, 16, 32, 64, 128, 256], tokens=list(range(1, 10)), contexts=[64, 192],
             ks=[0, 1, 2, 4, 8], prompt_tokens=32, new_tokens=64)
 QUICK = dict(batch_sizes=[1, 2, 4], tokens=[1, 2], contexts=[8, 16], ks=[0, 1, 2], prompt_tokens=8, new_tokens=6)
+SHAPES = {"bundled": None, "gpt2-medium": (24, 1024, 16), "gpt2-large": (36, 1280, 20)}  # n_layer, n_embd, n_head
 NOISE_FLOOR = 0.02  # "within noise" is never stricter than 2 %
 STAT_SUMS = ("accepted", "examined", "emitted", "steps", "target_passes", "draft_passes", "time_target", "time_draft",
              "time_verify", "time_overhead")  # SpecStats fields summed over a run's repeats
+
+
+def random_target(shape: str, like, device, dtype) -> GPT2:
+    """A random-initialised target of a GPT-2 shape, with the bundled pair's vocabulary and window (seeded).
+
+    Random weights time like trained ones (the same matmuls); at GPT-2 medium (about 300 M
+    parameters, 1.2 GB in float32) the weights no longer fit any CPU cache, so a pass is
+    bound by memory traffic: the regime where verification stays cheap.
+    """
+    n_layer, n_embd, n_head = SHAPES[shape]
+    config = GPT2Config(vocab_size=like.config.vocab_size, n_positions=like.config.n_positions, n_embd=n_embd,
+                        n_layer=n_layer, n_head=n_head)
+    with torch.random.fork_rng(devices=[]):  # the module's initialisers use the global generator: fence it
+        torch.manual_seed(0)
+        model = GPT2(config)
+    return model.to(device=device, dtype=dtype).eval()
 
 
 def spread(times: list[float]) -> float:
@@ -143,73 +174,220 @@ def time_runs(target, draft, batch_sizes, ks, P: int, n: int, repeats: int, cloc
     return out
 
 
-def in_loop_model(grid_model: CostModel, runs: list[dict], P: int) -> CostModel:
-    """The grid's target passes, with the draft step, the rule and the verification as decoding measured them.
+def train_batches(batch_sizes) -> list[int]:
+    """The batch sizes whose runs the in-loop terms are fitted to: every other one; the rest are held out."""
+    return sorted(batch_sizes)[::2]
 
-    From the speculative runs' SpecStats (never from their total times or the plain runs):
-    draft seconds per draft pass (its sampling and first, wider pass included); the
-    acceptance rule plus bookkeeping per step, as a function of B x (k + 1); and
-    verify_factor, the median ratio of a verification pass in decoding to the grid's.
+
+def _max_steps(r: dict) -> float:
+    """Steps of one run, the batch's (its slowest row's): target passes less the prompt's."""
+    return max(r["target_passes"] / r["run_repeats"] - 1, 1.0)
+
+
+def fit_draft_step(rows: list[tuple[int, int, float]]) -> tuple[PassModel, PassModel]:
+    """Draft seconds per step = fixed(B) + k x per_step(B), both a + b B: (per-step model, fixed model).
+
+    Least squares on relative error, coefficients >= 0 (columns 1, B, k, B k). The fixed
+    part is the catch-up pass over what the last step accepted, and building q.
     """
-    spec = [r for r in runs if r["k"] > 0]
+    B, k, t = (np.array(x, dtype=np.float64) for x in zip(*rows))
+    X = np.stack([np.ones_like(t), B, k, B * k], 1) / t[:, None]
+    c, _ = nnls(X, np.ones_like(t))
+    fixed, step = PassModel(overhead=c[0], per_token=c[1]), PassModel(overhead=c[2], per_token=c[3])
+    err = _fit_error((c[0] + c[1] * B + k * (c[2] + c[3] * B)) / t - 1)
+    return replace(step, error=err), fixed
+
+
+def _fit_error(rel: np.ndarray) -> FitError:
+    r = np.abs(rel)
+    return FitError(median=float(np.median(r)), max=float(r.max()), rms=float(np.sqrt(np.mean(r**2))), n=len(r))
+
+
+def fit_alpha_sd(rows: list[tuple[float, int, int, float]], n: int) -> float:
+    """The rows' spread of alpha that makes `batch_steps` match the runs' step counts (alpha, k, B, steps)."""
+    def loss(sd: float) -> float:
+        return sum(math.log(batch_steps(a, k, B, n, min(sd, 0.99 * math.sqrt(a * (1 - a)))) / m) ** 2
+                   for a, k, B, m in rows)
+    return float(minimize_scalar(loss, bounds=(0.0, 0.3), method="bounded", options={"xatol": 1e-3}).x)
+
+
+def in_loop_model(grid_model: CostModel, runs: list[dict], P: int, n: int, train: list[int]) -> CostModel:
+    """Every cost as decoding measured it, fitted to the speculative runs at the `train` batch sizes only.
+
+    From those runs' SpecStats (their parts, never their totals, never a plain run): the
+    target's verification pass (the prompt's pass, from the grid, taken out), the draft's
+    step (k steps and a fixed part), the rule and bookkeeping per step (a function of
+    B x (k + 1)), and alpha_sd from their step counts. Plain decoding's step is the same
+    target model at one token per row: the plain runs are predicted, never fitted.
+    """
+    spec = [r for r in runs if r["k"] > 0 and r["batch_size"] in train]
     S = grid_model.context
-    steps = [max(r["target_passes"] - r["run_repeats"], 1) for r in spec]
-    draft = PassModel.fit([(r["batch_size"], 1, S, r["time_draft"] / r["draft_passes"]) for r in spec])
-    loop = PassModel.fit([(r["batch_size"], r["k"] + 1, S, (r["time_verify"] + r["time_overhead"]) / m)
-                          for r, m in zip(spec, steps)])
-    factor = statistics.median(
-        (r["time_target"] - r["run_repeats"] * grid_model.target(r["batch_size"], P, 0)) / m
-        / grid_model.pass_time(r["batch_size"], r["k"] + 1) for r, m in zip(spec, steps))
-    return CostModel(grid_model.target, draft, S, loop, verify_factor=max(factor, 0.5))  # a floor for tiny runs
+    target = PassModel.fit([(r["batch_size"], r["k"] + 1, S, (r["time_target"] / r["run_repeats"]
+                             - grid_model.target(r["batch_size"], P, 0)) / _max_steps(r)) for r in spec])
+    draft, fixed = fit_draft_step([(r["batch_size"], r["k"], r["time_draft"] / r["run_repeats"] / _max_steps(r))
+                                   for r in spec])
+    loop = PassModel.fit([(r["batch_size"], r["k"] + 1, S, (r["time_verify"] + r["time_overhead"])
+                           / r["run_repeats"] / _max_steps(r)) for r in spec])
+    sd = fit_alpha_sd([(r["alpha"], r["k"], r["batch_size"], _max_steps(r)) for r in spec], n)
+    grid_draft = grid_model.draft if isinstance(grid_model.draft, PassModel) else None
+    return CostModel(target, draft, S, loop, draft_fixed=fixed, alpha_sd=sd, prompt_target=grid_model.target,
+                     prompt_draft=grid_draft)
+
+
+def policy_margin(runs: list[dict], train: list[int]) -> float:
+    """How far the model may err before the policy trusts a gain: the 90th percentile of |predicted / measured - 1|
+    over the training runs (held-out runs never set it)."""
+    errs = sorted(abs(r["predicted_over_measured"] - 1) for r in runs if r["k"] and r["batch_size"] in train)
+    return float(np.quantile(errs, 0.9)) if errs else 0.0
 
 
 def analyse(runs: list[dict], grid_model: CostModel, ks, P: int, n: int) -> tuple[dict, list[dict], dict]:
     """Speedups and predictions per run (added in place), crossovers, the policy per (temperature, B), the models."""
     crossover, policy, models = {}, [], {}
+    train = train_batches({r["batch_size"] for r in runs})
     for temperature in sorted({r["temperature"] for r in runs}):
         sel = [r for r in runs if r["temperature"] == temperature]
         name = "greedy" if temperature == 0 else f"temperature {temperature:g}"
-        model = models[name] = in_loop_model(grid_model, sel, P)
+        model = models[name] = in_loop_model(grid_model, sel, P, n, train)
         by = {(r["batch_size"], r["k"]): r for r in sel}
         pooled = [r for r in sel if r["k"] > 0]
         alpha = sum(r["accepted"] for r in pooled) / max(sum(r["examined"] for r in pooled), 1)
-        crossover[name] = {"alpha": alpha, "measured": {}, "predicted": {}}
         for r in sel:
             plain = by[(r["batch_size"], 0)]
             r["speedup"] = plain["seconds"] / r["seconds"]
+            r["held_out"] = r["batch_size"] not in train
             a = r["alpha"] if r["alpha"] is not None else alpha
             B, k = r["batch_size"], r["k"]
             for key, m in (("predicted", model), ("predicted_grid_only", grid_model)):
                 r[key] = m.predict_time(a, 0, B, P, n) / m.predict_time(a, k, B, P, n)
             r["predicted_over_measured"] = r["predicted"] / r["speedup"]
             r["grid_only_over_measured"] = r["predicted_grid_only"] / r["speedup"]
-            if k:  # steps: the model's (slowest of B independent rows) and decoding's; the costs alone, given its steps
-                r["model_steps"] = batch_steps(a, k, B, n)
-                r["measured_steps"] = (r["target_passes"] - r["run_repeats"]) / r["run_repeats"]
-                spec = (model.predict_time(a, k, B, P, n) + (r["measured_steps"] - r["model_steps"])
-                        * replace(model, context=P + n // 2).step_time(k, B))
+            if k:  # steps: the model's (slowest of B rows) and decoding's; the costs alone, given decoding's steps
+                r["model_steps"] = batch_steps(a, k, B, n, model.alpha_sd)
+                r["measured_steps"] = _max_steps(r)
+                at = replace(model, context=P + n // 2)
+                spec = model.predict_time(a, k, B, P, n) + (r["measured_steps"] - r["model_steps"]) * at.step_time(k, B)
                 r["costs_only_over_measured"] = model.predict_time(a, 0, B, P, n) / spec / r["speedup"]
-                # the target's verification pass inside decoding (its prompt pass taken out, as the grid predicts it)
-                verify = (r["time_target"] / r["run_repeats"] - model.target(B, P, 0)) / r["measured_steps"]
-                r["verify_in_loop_over_grid"] = verify / replace(model, context=P + n // 2).pass_time(B, k + 1)
+                verify = (r["time_target"] / r["run_repeats"] - grid_model.target(B, P, 0)) / r["measured_steps"]
+                r["verify_in_loop_over_grid"] = verify / replace(grid_model, context=P + n // 2).pass_time(B, k + 1)
+        margin = policy_margin(sel, train)
+        crossover[name] = {"alpha": alpha, "margin": margin, "measured": {}, "predicted": {}}
         batch_sizes = sorted({r["batch_size"] for r in sel})
         for k in ks:
             if k == 0:
                 continue
             below = [B for B in batch_sizes if by[(B, k)]["speedup"] < 1]
             crossover[name]["measured"][k] = below[0] if below else None
-            crossover[name]["predicted"][k] = crossover_batch(alpha, k, model)
+            crossover[name]["predicted"][k] = crossover_batch(alpha, k, model, new_tokens=n)
         for B in batch_sizes:
-            k_pol = choose_k(alpha, B, model, ks=ks)
+            k_pol = choose_k(alpha, B, model, ks=ks, margin=margin, new_tokens=n)
             best = max(ks, key=lambda k: by[(B, k)]["tokens_per_s"])
             pol, top, plain = by[(B, k_pol)], by[(B, best)], by[(B, 0)]
             noise = max(pol["spread"], top["spread"], NOISE_FLOOR)
-            policy.append(dict(temperature=temperature, batch_size=B, alpha=alpha, k=k_pol,
+            policy.append(dict(temperature=temperature, batch_size=B, alpha=alpha, margin=margin, k=k_pol,
+                               k_no_margin=choose_k(alpha, B, model, ks=ks, new_tokens=n),
                                tokens_per_s=pol["tokens_per_s"], best_k=best, best_tokens_per_s=top["tokens_per_s"],
                                plain_tokens_per_s=plain["tokens_per_s"], noise=noise,
                                vs_best=pol["tokens_per_s"] / top["tokens_per_s"],
                                vs_plain=pol["tokens_per_s"] / plain["tokens_per_s"]))
     return crossover, policy, models
+
+
+def describe_fit(name: str, m: PassModel) -> str:
+    other = ", ".join(f"{f}: median {e.median:.1%}, max {e.max:.1%}" for f, e in m.alternatives.items())
+    return (f"{name} fit ({m.form}): overhead {m.overhead * 1e3:.3f} ms, weights {m.weights * 1e3:.3f} ms, "
+            f"kv {m.kv * 1e9:.2f} ns/(row x cached token), {m.per_token * 1e6:.2f} us/token, "
+            f"attention {m.attention * 1e9:.3f} ns/(token x cached token); relative error median "
+            f"{m.error.median:.1%}, max {m.error.max:.1%}" + (f" (the other form, {other})" if other else ""))
+
+
+def _range(xs) -> str:
+    xs = list(xs)
+    return f"{min(xs):.2f}-{max(xs):.2f}" if xs else "none"
+
+
+def report(results: dict) -> dict:
+    """Fit the models, analyse the runs and print every table and goal; returns results with the analysis filled in."""
+    meta, passes, draft_passes, runs = results["meta"], results["passes"], results["draft_passes"], results["runs"]
+    P, n, ks, batch_sizes = meta["prompt_tokens"], meta["new_tokens"], meta["ks"], meta["batch_sizes"]
+    print(f"\n1. one target pass, ms (median of {meta['repeats']}), rows B, columns T; S = cached tokens")
+    print_passes(passes, meta["tokens"])
+    print("one draft pass, ms")
+    print_passes(draft_passes, [1, 2])
+    target_fit, draft_fit = PassModel.fit(passes), PassModel.fit(draft_passes)
+    grid_model = CostModel(target_fit, draft_fit, context=P + n // 2)
+    print(describe_fit("target", target_fit))
+    print(describe_fit("draft", draft_fit))
+
+    print(f"\n2. decoding {n} new tokens after {P}-token prompts, {meta['run_repeats']} repeat(s) per run")
+    train = train_batches(batch_sizes)
+    print(f"in-loop terms fitted to the speculative runs' SpecStats at B in {train}; "
+          f"B in {sorted(set(batch_sizes) - set(train))} held out")
+    crossover, policy, models = analyse(runs, grid_model, ks, P, n)
+    B_max = batch_sizes[-1]
+    for name, m in models.items():
+        print(f"{name}: " + describe_fit("in-loop target pass", m.target))
+        print(f"  draft step = fixed + k x step: fixed {m.draft_fixed.overhead * 1e3:.2f} ms + "
+              f"{m.draft_fixed.per_token * 1e6:.1f} us/row, step {m.draft.overhead * 1e3:.2f} ms + "
+              f"{m.draft.per_token * 1e6:.1f} us/row (grid's isolated draft pass at B = 1: "
+              f"{grid_model.draft_time(1) * 1e3:.2f} ms, at B = {B_max}: {grid_model.draft_time(B_max) * 1e3:.2f} ms);"
+              f" relative error median {m.draft.error.median:.1%}, max {m.draft.error.max:.1%}")
+        print(f"  rule + bookkeeping per step {m.loop_time(1, 2) * 1e3:.2f} ms at B x (k+1) = 1 x 2, "
+              f"{m.loop_time(B_max, 9) * 1e3:.2f} ms at {B_max} x 9; relative error median {m.loop.error.median:.1%}"
+              f", max {m.loop.error.max:.1%}; rows' alpha spread (sd) {m.alpha_sd:.3f}")
+    for name, cross in crossover.items():
+        temperature = 0.0 if name == "greedy" else 1.0
+        print(f"\n{name} (pooled alpha {cross['alpha']:.3f}): tokens/s over the batch; speedup and "
+              f"predicted/measured per k (* held out)")
+        print("   B     plain  " + "".join(f"   k={k}: tok/s speedup pred/meas" for k in ks[1:]))
+        for B in batch_sizes:
+            by = {r["k"]: r for r in runs if r["temperature"] == temperature and r["batch_size"] == B}
+            print(f"{B:4d}{'*' if B not in train else ' '} {by[0]['tokens_per_s']:8.0f}  " + "".join(
+                f"   {by[k]['tokens_per_s']:10.0f} {by[k]['speedup']:6.2f}x {by[k]['predicted_over_measured']:8.2f}"
+                for k in ks[1:]))
+        big = [r for r in runs if r["temperature"] == temperature and r["k"] and r["batch_size"] == B_max]
+        print(f"steps per run at B = {B_max}, measured / model (slowest of B rows, alpha spread) / alike rows: "
+              + ", ".join(f"k={r['k']}: {r['measured_steps']:.1f} / {r['model_steps']:.1f} / "
+                          f"{batch_steps(r['alpha'], r['k'], B_max, n):.1f}" for r in big))
+        print(f"target verification pass inside decoding / grid model at B = {B_max}: "
+              + ", ".join(f"k={r['k']}: {r['verify_in_loop_over_grid']:.2f}" for r in big))
+        print("crossover B*(k), the first B with speedup < 1: "
+              + ", ".join(f"k={k}: measured {cross['measured'][k]}, model {cross['predicted'][k]}" for k in ks[1:]))
+        print(f"policy choose_k (margin {cross['margin']:.2f}):  B   k  tok/s   best fixed k  tok/s   vs best"
+              "  vs plain")
+        for p in policy:
+            if p["temperature"] == temperature:
+                print(f"               {p['batch_size']:4d}  {p['k']:2d}  {p['tokens_per_s']:6.0f}   "
+                      f"{p['best_k']:12d}  {p['best_tokens_per_s']:6.0f}   {p['vs_best']:7.2f}  {p['vs_plain']:8.2f}")
+
+    spec = [r for r in runs if r["k"] > 0]
+    held = [r["predicted_over_measured"] for r in spec if r["held_out"]]
+    fitted = [r["predicted_over_measured"] for r in spec if not r["held_out"]]
+    print(f"\npredicted (grid passes only: isolated draft passes, no rule or loop, alike rows) / measured: "
+          f"{_range(r['grid_only_over_measured'] for r in spec)}")
+    print(f"predicted (in-loop model) / measured: held-out B {_range(held)}, fitted B {_range(fitted)}; "
+          f"with decoding's own step counts: {_range(r['costs_only_over_measured'] for r in spec)}")
+    within = [0.85 <= x <= 1.15 for x in held + fitted]
+    print(f"runs within 0.85-1.15: {sum(within)} of {len(within)}")
+    goals = {
+        "predicted/measured speedup within 0.85-1.15 at every held-out (B, k)": bool(held)
+        and bool(0.85 <= min(held) <= max(held) <= 1.15),
+        "predicted/measured speedup within 0.85-1.15 at every (B, k)": bool(all(within)),
+        "policy >= best fixed k at every B (within noise)": bool(all(p["vs_best"] >= 1 - p["noise"] for p in policy)),
+        "policy >= 0.95x plain at every B": bool(all(p["vs_plain"] >= 0.95 for p in policy)),
+    }
+    for goal, met in goals.items():
+        print(f"goal {goal}: {'met' if met else 'NOT met'}")
+    return dict(results, grid_model=grid_model.as_dict(), cost_models={k: m.as_dict() for k, m in models.items()},
+                runs=runs, crossover={name: {key: ({str(k): v for k, v in val.items()} if isinstance(val, dict)
+                                                   else val) for key, val in cross.items()}
+                                      for name, cross in crossover.items()}, policy=policy, goals=goals)
+
+
+def write(results: dict, out: str) -> None:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(results, indent=1, default=lambda x: x.item()) + "\n")
+    print(f"results: {out}")
 
 
 def main() -> None:
@@ -219,6 +397,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1; 0 keeps torch's default)")
     ap.add_argument("--quick", action="store_true", help="a tiny grid (seconds), for tests; writes only with --out")
     ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/batch_<device>.json)")
+    ap.add_argument("--from-json", default=None, metavar="FILE",
+                    help="measure nothing: refit and re-analyse FILE's measurements, print the report, and write "
+                         "the analysis to --out (default: FILE itself; its measurements are kept as they are)")
+    ap.add_argument("--target-shape", default="bundled", choices=sorted(SHAPES),
+                    help="the target: the bundled one, or a random-initialised GPT-2 shape (times like a trained "
+                         "one of that size; its alpha against the bundled draft is near 0, so use it for the grid "
+                         "of pass times: with it the runs' speedups say nothing about a trained pair)")
     ap.add_argument("--repeats", type=int, default=None, help="repeats per pass (default 7; quick 2)")
     ap.add_argument("--run-repeats", type=int, default=None, help="repeats per decoding run (default 3; quick 1)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=None)
@@ -227,6 +412,14 @@ def main() -> None:
                     help="cpu: process CPU time for the passes and runs, steadier on a shared CPU (needs --threads 1 "
                          "and --device cpu); SpecStats' in-loop times stay wall time, so use it to explore only")
     args = ap.parse_args()
+    if args.from_json:
+        results = json.loads(Path(args.from_json).read_text())
+        m = results["meta"]
+        print(f"from {args.from_json}: measured {m['date']} on {m['machine']}, {m['cores']} cores, "
+              f"torch {m['torch']}, device {m['device']}, threads {m['threads']}, wall {m['wall_s']:.0f} s; "
+              f"nothing re-measured")
+        write(report(results), args.out or args.from_json)
+        return
     t_start = time.perf_counter()
     grid = dict(QUICK if args.quick else FULL)
     if args.batch_sizes:
@@ -241,106 +434,37 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     target, draft, _ = load_pair(device=args.device, dtype=getattr(torch, args.dtype))
+    if args.target_shape != "bundled":
+        target = random_target(args.target_shape, target, args.device, getattr(torch, args.dtype))
     P, n = grid["prompt_tokens"], grid["new_tokens"]
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"device {args.device}, dtype {args.dtype}, threads {torch.get_num_threads()}, clock {args.clock}, "
           f"load average {load0}")
-    print(f"pair: target {target.config.n_layer}x{target.config.n_embd}, draft {draft.config.n_layer}x"
-          f"{draft.config.n_embd}; target caches as decoding allocates them (prompt + new tokens + k slots, "
-          f"context + {max(grid['ks']) + max(grid['tokens'])} past the run), draft caches of the full window")
-
-    print(f"\n1. one target pass, ms (median of {repeats}), rows B, columns T; S = cached tokens")
+    print(f"pair: target {target.config.n_layer}x{target.config.n_embd} ({args.target_shape}), draft "
+          f"{draft.config.n_layer}x{draft.config.n_embd}; target caches as decoding allocates them (prompt + new "
+          f"tokens + k slots, context + {max(grid['ks']) + max(grid['tokens'])} past the run), draft caches of the "
+          f"full window")
     run_len, slack = P + n + max(grid["ks"]), max(grid["ks"]) + max(grid["tokens"])
     passes = time_passes(target, "target", grid["batch_sizes"], grid["tokens"], grid["contexts"], repeats, args.clock,
                          run_len, slack)
-    print_passes(passes, grid["tokens"])
-    print("one draft pass, ms")
     draft_passes = time_passes(draft, "draft", grid["batch_sizes"], [1, 2], grid["contexts"], repeats, args.clock,
                                draft.config.n_positions, 0)  # ModelDraft.begin allocates the full window
-    print_passes(draft_passes, [1, 2])
-
-    target_fit = PassModel.fit(passes)
-    draft_fit = PassModel.fit(draft_passes)
-    model = CostModel(target_fit, draft_fit, context=P + n // 2)
-    for name, m in (("target", target_fit), ("draft", draft_fit)):
-        other = ", ".join(f"{f}: median {e.median:.1%}, max {e.max:.1%}" for f, e in m.alternatives.items())
-        print(f"{name} fit ({m.form}): overhead {m.overhead * 1e3:.3f} ms, weights {m.weights * 1e3:.3f} ms, "
-              f"kv {m.kv * 1e9:.2f} ns/(row x cached token), {m.per_token * 1e6:.2f} us/token, "
-              f"attention {m.attention * 1e9:.3f} ns/(token x cached token); relative error median "
-              f"{m.error.median:.1%}, max {m.error.max:.1%} (the other form, {other})")
-
-    print(f"\n2. decoding {n} new tokens after {P}-token prompts, {run_repeats} repeat(s) per run")
     runs = time_runs(target, draft, grid["batch_sizes"], grid["ks"], P, n, run_repeats, args.clock)
-    crossover, policy, models = analyse(runs, model, grid["ks"], P, n)
-    for name, m in models.items():
-        print(f"{name}, measured in the loop: draft step {m.draft_time(1) * 1e3:.2f} ms at B = 1, "
-              f"{m.draft_time(grid['batch_sizes'][-1]) * 1e3:.2f} ms at B = {grid['batch_sizes'][-1]} (grid: "
-              f"{model.draft_time(1) * 1e3:.2f}, {model.draft_time(grid['batch_sizes'][-1]) * 1e3:.2f}); "
-              f"rule + bookkeeping per step {m.loop_time(1, 2) * 1e3:.2f} ms at B x (k+1) = 1 x 2; "
-              f"verification pass / grid {m.verify_factor:.2f} (median)")
-    for name, cross in crossover.items():
-        temperature = 0.0 if name == "greedy" else 1.0
-        print(f"\n{name} (pooled alpha {cross['alpha']:.3f}): tokens/s over the batch; speedup and "
-              f"predicted/measured per k")
-        print("   B     plain  " + "".join(f"   k={k}: tok/s speedup pred/meas" for k in grid["ks"][1:]))
-        for B in grid["batch_sizes"]:
-            by = {r["k"]: r for r in runs if r["temperature"] == temperature and r["batch_size"] == B}
-            print(f"{B:4d}  {by[0]['tokens_per_s']:8.0f}  " + "".join(
-                f"   {by[k]['tokens_per_s']:10.0f} {by[k]['speedup']:6.2f}x {by[k]['predicted_over_measured']:8.2f}"
-                for k in grid["ks"][1:]))
-        B_max = grid["batch_sizes"][-1]
-        big = [r for r in runs if r["temperature"] == temperature and r["k"] and r["batch_size"] == B_max]
-        print(f"steps per run at B = {grid['batch_sizes'][-1]}, measured / model (slowest of B independent rows): "
-              + ", ".join(f"k={r['k']}: {r['measured_steps']:.1f} / {r['model_steps']:.1f}" for r in big))
-        print(f"target verification pass inside decoding / grid model at B = {B_max}: "
-              + ", ".join(f"k={r['k']}: {r['verify_in_loop_over_grid']:.2f}" for r in big))
-        print("crossover B*(k), the first B with speedup < 1: "
-              + ", ".join(f"k={k}: measured {cross['measured'][k]}, model {cross['predicted'][k]}"
-                          for k in grid["ks"][1:]))
-        print("policy choose_k:  B   k  tok/s   best fixed k  tok/s   vs best  vs plain")
-        for p in policy:
-            if p["temperature"] == temperature:
-                print(f"               {p['batch_size']:4d}  {p['k']:2d}  {p['tokens_per_s']:6.0f}   "
-                      f"{p['best_k']:12d}  {p['best_tokens_per_s']:6.0f}   {p['vs_best']:7.2f}  {p['vs_plain']:8.2f}")
-
-    ratios = [r["predicted_over_measured"] for r in runs if r["k"] > 0]
-    grid_only = [r["grid_only_over_measured"] for r in runs if r["k"] > 0]
-    print(f"\npredicted (grid passes only: isolated draft passes, no rule or loop) / measured: "
-          f"{min(grid_only):.2f}-{max(grid_only):.2f}")
-    goals = {
-        "predicted/measured speedup within 0.85-1.15 at every (B, k)": bool(0.85 <= min(ratios) <= max(ratios) <= 1.15),
-        "policy >= best fixed k at every B (within noise)": bool(all(p["vs_best"] >= 1 - p["noise"] for p in policy)),
-        "policy >= 0.95x plain at every B": bool(all(p["vs_plain"] >= 0.95 for p in policy)),
-    }
-    costs_only = [r["costs_only_over_measured"] for r in runs if r["k"] > 0]
-    print(f"predicted (grid target passes, draft and loop as measured in decoding) / measured: "
-          f"{min(ratios):.2f}-{max(ratios):.2f}; with decoding's own step counts: "
-          f"{min(costs_only):.2f}-{max(costs_only):.2f}")
-    for goal, met in goals.items():
-        print(f"goal {goal}: {'met' if met else 'NOT met'}")
     wall = time.perf_counter() - t_start
+    meta = dict(machine=platform.processor() or platform.machine(), cores=os.cpu_count(),
+                torch=torch.__version__, device=args.device, dtype=args.dtype, threads=torch.get_num_threads(),
+                clock=args.clock, repeats=repeats, run_repeats=run_repeats, quick=args.quick,
+                target_shape=args.target_shape, prompt_tokens=P, new_tokens=n, contexts=grid["contexts"],
+                ks=grid["ks"], batch_sizes=grid["batch_sizes"], tokens=grid["tokens"],
+                cache_len={str(S): cache_len(target, S, run_len, slack) for S in grid["contexts"]},
+                load_average=[load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
+                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), wall_s=wall)
+    results = report(dict(meta=meta, passes=passes, draft_passes=draft_passes, runs=runs))
     print(f"wall clock: {wall:.0f} s")
-
     out = args.out or (None if args.quick else str(ROOT / "benchmarks" / "results" / f"batch_{args.device}.json"))
     if out:
-        results = dict(
-            meta=dict(machine=platform.processor() or platform.machine(), cores=os.cpu_count(),
-                      torch=torch.__version__, device=args.device, dtype=args.dtype, threads=torch.get_num_threads(),
-                      clock=args.clock, repeats=repeats, run_repeats=run_repeats, quick=args.quick,
-                      prompt_tokens=P, new_tokens=n, contexts=grid["contexts"], ks=grid["ks"],
-                      batch_sizes=grid["batch_sizes"], tokens=grid["tokens"],
-                      cache_len={str(S): cache_len(target, S, run_len, slack) for S in grid["contexts"]},
-                      load_average=[load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
-                      date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), wall_s=wall),
-            passes=passes, draft_passes=draft_passes, grid_model=model.as_dict(),
-            cost_models={name: m.as_dict() for name, m in models.items()}, runs=runs,
-            crossover={name: {key: ({str(k): v for k, v in val.items()} if isinstance(val, dict) else val)
-                              for key, val in cross.items()} for name, cross in crossover.items()},
-            policy=policy, goals=goals)
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(results, indent=1, default=lambda x: x.item()) + "\n")
-        print(f"results: {out}")
+        write(results, out)
 
 
 if __name__ == "__main__":

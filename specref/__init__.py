@@ -13,18 +13,27 @@ rules
     rejection           acceptance_probability, residual, verify_chain*        (nb 02)
     theory              tokens per step, speedup, optimal k, alpha estimate    (nb 03)
     trees               Tree, tree_attention_mask, tree_position_ids, verify_tree*  (nb 06)
+    typical             TypicalAcceptance, verify_chain_typical: Medusa's rule, LOSSY  (nb 05, 08)
 models
     models.gpt2, models.kvcache, models.tokenizer, models.pretrained       (nb 01, 04)
     models.pair         load_pair, training_record, heldout_prompts            (nb 04)
+    models.domains      code / comment / docstring labels, acceptance along a text  (nb 08)
+    models.workloads    edit_prompts, edit_cases: the copy-heavy "apply an edit" workload  (nb 05)
 drafts
     drafts.base         the Draft protocol                                     (nb 04, 05)
     drafts.model        ModelDraft, TreeModelDraft                             (nb 04, 06)
     drafts.shapes       TreeShape, DynamicTree, grow_trees, build_tree         (nb 06)
     drafts.prompt_lookup  PromptLookupDraft: copy what followed the last n-gram
+    drafts.features     FeatureDraft: the target's hidden states via the loop's observe hook
+    drafts.eagle        EagleDraft: one layer drafting the next feature (EAGLE-1/2/3)
+    drafts.medusa       MedusaDraft: k heads on the last feature, chain or Medusa tree
+    drafts.mtp          MTPDraft: DeepSeek-V3 MTP modules chained by depth, a cache each
+    drafts.load         load_draft(name, target): every shipped draft, checked against the target
 decoding
     decoding.loop       SpecStats, the token buffer, prefill, the timer        (nb 04)
     decoding.chain      generate, speculative_step, speculative_generate       (nb 04)
     decoding.tree       score_tree, keep_path, tree_step, tree_generate        (nb 06)
+    decoding.lookahead  lookahead_generate: Jacobi n-grams, made and verified in one pass
     decoding.trace      trace_step: one step, recorded                         (nb 04)
 checks, perf
     checks.toy          Markov-chain models                                    (nb 02, 03)
@@ -32,9 +41,10 @@ checks, perf
     checks.exact        exact enumeration of chain steps                       (nb 02, 03)
     checks.exact_trees  exact enumeration of tree steps, broken tree rules     (nb 06)
     checks.montecarlo   vectorized sampler, distribution test, broken rules    (nb 02)
-    checks.broken       broken drafts: negative controls on real models        (nb 04)
+    checks.broken       broken drafts, targets, rules: shipped bugs as negative controls  (nb 04, 08)
+    checks.pitfalls     the check that catches each shipped bug; exact TV      (nb 08)
     perf.costs, perf.measure   timing and the roofline                         (nb 01, 04)
-    perf.costmodel      PassModel, CostModel, choose_k, batch_steps, crossover, the H100 example
+    perf.costmodel      PassModel, CostModel, choose_k, batch_steps, crossover, the H100 example  (nb 07)
 course
     course.grading.*, course.plots, course.widgets, course.doctor  (the exercises and views)
 """
@@ -43,15 +53,19 @@ from .checks.exact import generation_distribution, one_step_distribution, step_d
 from .checks.montecarlo import DistributionTest, distribution_test, simulate
 from .checks.toy import MarkovChain, mixture, random_chain, toy_pair
 from .decoding.chain import generate, speculative_generate
+from .decoding.lookahead import lookahead_generate
 from .decoding.loop import SpecStats
 from .decoding.tree import tree_generate
-from .drafts import Draft, DynamicTree, ModelDraft, PromptLookupDraft, TreeShape, build_tree
+from .drafts import Draft, DynamicTree, MedusaDraft, ModelDraft, MTPDraft, PromptLookupDraft, TreeShape, build_tree
+from .drafts import EagleDraft, FeatureDraft, load_draft
 from .models.pair import load_pair
+from .models.workloads import edit_prompts
 from .perf.costmodel import CostModel, PassModel, batch_steps, choose_k, crossover_batch, h100_worked_example
 from .rejection import acceptance_probability, residual, verify_chain, verify_chain_greedy
 from .sampling import SamplingParams, process_logits, sample
 from .theory import estimate_alpha, expected_tokens_per_step, optimal_k, speedup
 from .trees import Tree, tree_attention_mask, tree_position_ids, verify_tree, verify_tree_greedy
+from .typical import TypicalAcceptance, verify_chain_typical
 
 __version__ = "0.1.0"
 
@@ -61,7 +75,11 @@ __all__ = [
     "DistributionTest",
     "Draft",
     "DynamicTree",
+    "EagleDraft",
+    "FeatureDraft",
+    "MTPDraft",
     "MarkovChain",
+    "MedusaDraft",
     "ModelDraft",
     "PassModel",
     "PromptLookupDraft",
@@ -69,18 +87,22 @@ __all__ = [
     "SpecStats",
     "Tree",
     "TreeShape",
+    "TypicalAcceptance",
     "acceptance_probability",
     "batch_steps",
     "build_tree",
     "choose_k",
     "crossover_batch",
     "distribution_test",
+    "edit_prompts",
     "estimate_alpha",
     "expected_tokens_per_step",
     "generate",
     "generation_distribution",
     "h100_worked_example",
+    "load_draft",
     "load_pair",
+    "lookahead_generate",
     "mixture",
     "one_step_distribution",
     "optimal_k",
@@ -98,6 +120,7 @@ __all__ = [
     "tree_position_ids",
     "verify_chain",
     "verify_chain_greedy",
+    "verify_chain_typical",
     "verify_tree",
     "verify_tree_greedy",
 ]

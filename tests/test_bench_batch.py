@@ -6,6 +6,7 @@ prints every table and goal line it promises and that its JSON rebuilds the cost
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -43,8 +44,62 @@ def test_bench_batch_quick_prints_every_table_and_goal_and_writes_usable_results
     for name in ("greedy", "temperature 1"):
         model = CostModel.from_dict(results["cost_models"][name])
         alpha = results["crossover"][name]["alpha"]
+        n = meta["new_tokens"]
         for k, predicted in results["crossover"][name]["predicted"].items():  # the stored model rebuilds its figures
-            assert crossover_batch(alpha, int(k), model) == predicted
+            assert crossover_batch(alpha, int(k), model, new_tokens=n) == predicted
         temperature = 0.0 if name == "greedy" else 1.0
         rows = [r for r in results["policy"] if r["temperature"] == temperature]
-        assert rows and all(choose_k(r["alpha"], r["batch_size"], model, ks=meta["ks"]) == r["k"] for r in rows)
+        assert rows and all(choose_k(r["alpha"], r["batch_size"], model, ks=meta["ks"], margin=r["margin"],
+                                     new_tokens=n) == r["k"] for r in rows)
+
+    again = tmp_path / "again.json"  # --from-json re-analyses the file without measuring, to the same figures
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_batch.py"), "--from-json", str(out),
+                           "--out", str(again)], capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "nothing re-measured" in done.stdout and "in-loop terms fitted" in done.stdout
+    redone = json.loads(again.read_text())
+    assert redone["passes"] == results["passes"] and redone["goals"] == results["goals"]
+    assert redone["policy"] == results["policy"] and redone["cost_models"] == results["cost_models"]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_batch", ROOT / "benchmarks" / "bench_batch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_in_loop_model_never_sees_the_held_out_runs_or_the_plain_runs():
+    bench = _bench()
+    results = json.loads((ROOT / "benchmarks" / "results" / "batch_cpu.json").read_text())
+    meta = results["meta"]
+    P, n = meta["prompt_tokens"], meta["new_tokens"]
+    grid = CostModel.from_dict(results["grid_model"])
+    runs = [r for r in results["runs"] if r["temperature"] == 0.0]
+    train = bench.train_batches(meta["batch_sizes"])
+    assert train and set(train) < set(meta["batch_sizes"])
+    model = bench.in_loop_model(grid, runs, P, n, train)
+    assert model == CostModel.from_dict(results["cost_models"]["greedy"])  # the committed file is this analysis
+    scaled = [dict(r, time_target=3 * r["time_target"], time_draft=3 * r["time_draft"], seconds=3 * r["seconds"])
+              if r["batch_size"] not in train or r["k"] == 0 else r for r in runs]
+    assert bench.in_loop_model(grid, scaled, P, n, train) == model
+    broken = [dict(r, time_draft=3 * r["time_draft"]) if r["batch_size"] in train else r for r in runs]
+    assert bench.in_loop_model(grid, broken, P, n, train).draft != model.draft  # the fit does read its runs
+
+
+def test_random_target_has_the_shape_the_pair_vocabulary_and_is_seeded_without_the_global_generator(monkeypatch):
+    import torch
+
+    from specref import load_pair
+
+    bench = _bench()
+    monkeypatch.setitem(bench.SHAPES, "tiny", (2, 64, 4))  # the real shapes take seconds to build
+    target, _, _ = load_pair()
+    state = torch.random.get_rng_state()
+    a = bench.random_target("tiny", target, "cpu", torch.float32)
+    b = bench.random_target("tiny", target, "cpu", torch.float32)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert (a.config.n_layer, a.config.n_embd, a.config.n_head) == (2, 64, 4)
+    assert a.config.vocab_size == target.config.vocab_size and a.config.n_positions == target.config.n_positions
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert bench.SHAPES["gpt2-medium"] == (24, 1024, 16)

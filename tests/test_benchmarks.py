@@ -46,3 +46,36 @@ def test_bench_montecarlo_checks_both_samplers_against_the_exact_distribution():
     out = _run("bench_montecarlo.py", "--runs", "4000", "--loop-runs", "40", "--repeats", "1")
     assert out.count("check vs exact joint: pass") == 2, out
     assert re.search(r"speedup: [\d,]+x", out), out
+
+
+def test_bench_drafts_quick_runs_two_drafts_checks_greedy_and_writes_its_results(tmp_path):
+    out_file = tmp_path / "drafts.json"
+    out = _run("bench_drafts.py", "--quick", "--drafts", "model", "prompt_lookup", "--no-trees",
+               "--out", str(out_file))
+    # Per workload and temperature, one table per draft with one row per k (quick: k = 1, 2).
+    rows = re.findall(r"^ chain +([12]) ", out, flags=re.M)
+    assert rows == ["1", "2"] * 8, out  # 2 workloads x 2 temperatures x 2 drafts
+    assert out.count("identical") == 8 and "DIFFERS" not in out, out
+    assert "[NOT met] prompt lookup >= 2x on the copy workload (greedy)" in out or \
+        "[met] prompt lookup >= 2x on the copy workload (greedy)" in out, out
+    assert "[not measured] EAGLE beats the small model" in out, out  # eagle was not asked for
+    import json
+    result = json.loads(out_file.read_text())
+    assert {"machine", "torch", "threads", "date", "runs", "goals", "drafts"} <= set(result)
+    run = result["runs"][0]
+    assert len(run["acceptance_by_position"]) == run["k"] and len(run["accepted_hist"]) == run["k"] + 1
+    assert all(1 <= r["tokens_per_pass"] <= r["k"] + 1 for r in result["runs"])
+
+
+def test_bench_drafts_acceptance_by_position_is_the_conditional_rate():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_drafts", ROOT / "benchmarks" / "bench_drafts.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["bench_drafts"] = bench  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(bench)
+    finally:
+        del sys.modules["bench_drafts"]
+    # 2 steps accepted 0, 3 accepted 1, 5 accepted all 2: position 1 passed 8 of 10, position 2 passed 5 of 8.
+    assert bench.by_position([2, 3, 5]) == [0.8, 0.625]
+    assert bench.by_position([4, 0, 0]) == [0.0, None]  # no step reached position 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 import math
 
 import numpy as np
@@ -162,3 +163,60 @@ def test_predict_time_counts_the_prompt_pass_and_the_steps():
 def test_bad_input_is_refused(call, error):
     with pytest.raises(error):
         call(CostModel(flat(), draft=0.05))
+
+
+def test_batch_steps_with_a_spread_of_alpha_matches_a_simulation_of_unlike_rows():
+    rng = np.random.default_rng(1)
+    alpha, sd, k, B, n, runs = 0.75, 0.1, 4, 32, 24, 3000
+    c = alpha * (1 - alpha) / sd**2 - 1
+    total = 0
+    for _ in range(runs):
+        a = rng.beta(alpha * c, (1 - alpha) * c, size=B)  # each row its own alpha
+        tokens, steps = np.zeros(B, dtype=int), 0
+        while (tokens < n).any():
+            accepted = np.minimum(rng.geometric(1 - a) - 1, k)
+            tokens, steps = np.where(tokens < n, tokens + accepted + 1, tokens), steps + 1
+        total += steps
+    spread = batch_steps(alpha, k, B, n, alpha_sd=sd)
+    assert spread == pytest.approx(total / runs, rel=0.02)
+    assert spread > 1.1 * batch_steps(alpha, k, B, n)  # alike rows: the same simulation tells them apart
+    assert batch_steps(alpha, k, 1, n, alpha_sd=sd) < batch_steps(alpha, k, 1, n) * 1.05  # one row: about the mean
+
+
+def test_draft_fixed_counts_once_per_step_and_run_speedup_waits_for_the_slowest_row():
+    base = CostModel(flat(0.01), draft=0.1)
+    fixed = replace(base, draft_fixed=PassModel(overhead=0.002))
+    assert fixed.step_time(4, 8) == pytest.approx(base.step_time(4, 8) + 0.002)
+    assert fixed.step_time(0, 8) == base.step_time(0, 8)
+    one = base.run_speedup(0.8, 4, 1, 64)
+    assert one == pytest.approx(base.predict_speedup(0.8, 4, 1), rel=0.06)
+    assert replace(base, alpha_sd=0.1).run_speedup(0.8, 4, 64, 64) < base.run_speedup(0.8, 4, 64, 64) < one
+
+
+def test_choose_k_with_a_margin_switches_off_a_gain_smaller_than_the_margin():
+    model = CostModel(flat(0.01), draft=0.3)
+    best = choose_k(0.6, 1, model, ks=[0, 1, 2, 4])
+    gain = model.predict_speedup(0.6, best, 1)
+    assert best > 0 and 1 < gain < 1.3
+    assert choose_k(0.6, 1, model, ks=[0, 1, 2, 4], margin=gain - 1 - 1e-6) == best
+    assert choose_k(0.6, 1, model, ks=[0, 1, 2, 4], margin=gain - 1 + 1e-6) == 0
+    assert choose_k(0.6, 1, model, ks=[1, 2], margin=1.0) in (1, 2)  # off not allowed: the best allowed k
+
+
+def test_cost_model_with_every_part_round_trips():
+    model = CostModel(flat(), PassModel(overhead=1e-4), 64, PassModel(per_token=1e-6), 1.0,
+                      PassModel(overhead=2e-4), 0.07, PassModel(per_token=1e-4), PassModel(per_token=1e-5))
+    assert CostModel.from_dict(model.as_dict()) == model
+    assert model.predict_time(0.8, 2, 4, 16, 8) != replace(model, prompt_target=None).predict_time(0.8, 2, 4, 16, 8)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: batch_steps(0.8, 4, 8, 16, alpha_sd=0.5),  # sd^2 >= alpha (1 - alpha)
+    lambda: batch_steps(0.8, 4, 8, 16, alpha_sd=-0.1),
+    lambda: CostModel(flat(), 0.1, alpha_sd=0.6),
+    lambda: choose_k(0.8, 8, CostModel(flat(), 0.1), margin=-0.1),
+    lambda: choose_k(0.8, 8, CostModel(flat(), 0.1), new_tokens=0),
+])
+def test_bad_spread_margin_or_length_is_refused(call):
+    with pytest.raises(ValueError):
+        call()

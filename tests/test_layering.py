@@ -17,7 +17,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "specref"
 # prefix names it. checks and perf share a floor; the package's own __init__ gathers the public
 # names from every floor but the course; `python -m specref` (__main__) belongs to the course.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
-    ("rules", ("specref._validate", "specref.sampling", "specref.rejection", "specref.trees", "specref.theory")),
+    ("rules", ("specref._validate", "specref.sampling", "specref.rejection", "specref.trees", "specref.theory",
+               "specref.typical")),
     ("models", ("specref.models",)),
     ("drafts", ("specref.drafts",)),
     ("decoding", ("specref.decoding",)),

@@ -273,3 +273,62 @@ def test_roofline_plot_draws_the_measured_curve_over_the_prediction():
     assert "measured" in labels and "roofline: max(memory, compute)" in labels
     measured = ax.get_lines()[labels.index("measured")]
     np.testing.assert_allclose(measured.get_ydata(), [3.0, 3.1, 3.3])
+
+
+# -- notebook 07 --------------------------------------------------------------------------------------------
+
+def _batch_results() -> dict:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "batch_cpu.json").read_text())
+
+
+def test_batch_view_reads_the_speedups_and_the_held_out_batch_sizes_from_the_results():
+    from specref.course.plots import batch_view
+
+    results = _batch_results()
+    view = batch_view(results, "greedy")
+    runs = {(r["batch_size"], r["k"]): r for r in results["runs"] if r["temperature"] == 0}
+    i, j = list(view["batch_sizes"]).index(128), list(view["ks"]).index(4)
+    assert view["measured"][i, j] == pytest.approx(runs[(128, 0)]["seconds"] / runs[(128, 4)]["seconds"])
+    assert view["predicted"][i, j] == runs[(128, 4)]["predicted"]
+    assert view["held_out"].tolist() == [bool(x % 2) for x in range(len(view["batch_sizes"]))]  # every other one
+    assert len(view["policy_k"]) == len(view["batch_sizes"])
+    with pytest.raises(ValueError, match="name must be one of"):
+        batch_view(results, "temperature 0.5")
+
+
+def test_load_view_is_the_models_run_speedup_and_k_zero_is_plain():
+    from specref.course.plots import batch_view, load_view
+
+    view = batch_view(_batch_results(), "greedy")
+    model, Bs = view["model"], [1, 8, 256]
+    lv = load_view(model, 0.8, 4, Bs, 64)
+    assert lv["speedup"].tolist() == [model.run_speedup(0.8, 4, B, 64) for B in Bs]
+    np.testing.assert_allclose(lv["speculative"], lv["plain"] * lv["speedup"])
+    np.testing.assert_allclose(load_view(model, 0.8, 0, Bs, 64)["speculative"], lv["plain"])
+    with pytest.raises(ValueError, match="at least one"):
+        load_view(model, 0.8, 4, [], 64)
+
+
+def test_batch_plots_draw_the_measured_points_and_the_model():
+    from specref.course.plots import batch_view, load_view, plot_batch_speedup, plot_load_view, plot_pass_times
+
+    results = _batch_results()
+    view = batch_view(results, "greedy")
+    ax = plot_batch_speedup(view)
+    dots = [line for line in ax.get_lines() if line.get_label() == "k = 4"][0]
+    np.testing.assert_allclose(dots.get_ydata(), view["measured"][~view["held_out"], list(view["ks"]).index(4)])
+    plt.close(ax.figure)
+    from specref import CostModel
+
+    grid = CostModel.from_dict(results["grid_model"]).target
+    ax = plot_pass_times(results["passes"], grid, 64)
+    assert len(ax.get_lines()) == 2 * len(results["meta"]["batch_sizes"])  # dots and a fitted line per B
+    plt.close(ax.figure)
+    lv = load_view(view["model"], 0.8, 4, [1, 2], 64)
+    ax = plot_load_view(lv, {"plain": {1: 100.0, 2: 180.0}})
+    measured = [line for line in ax.get_lines() if line.get_label() == "plain, measured"][0]
+    assert measured.get_ydata().tolist() == [100.0, 180.0]
+    plt.close(ax.figure)

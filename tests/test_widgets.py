@@ -164,3 +164,31 @@ def test_format_speedup_reports_the_requested_k():
 def test_speedup_widget_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         speedup_widget(**kwargs)
+
+
+def _batch_view():
+    import json
+    from pathlib import Path
+
+    from specref.course.plots import batch_view
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "batch_cpu.json"
+    return batch_view(json.loads(path.read_text()), "greedy")
+
+
+def test_load_widget_reports_the_models_speedup_and_the_policys_k():
+    from specref.course.widgets import load_widget
+    from specref.perf.costmodel import choose_k
+
+    view = _batch_view()
+    w = load_widget(view, B=1, k=4)
+    s = view["model"].run_speedup(view["alpha"], 4, 1, view["new_tokens"])
+    assert f"predicted speedup <b>{s:.2f}x</b>" in w.summary.value
+    assert w.policy_k == choose_k(view["alpha"], 1, view["model"], margin=view["margin"], new_tokens=view["new_tokens"])
+    png = w.figure.value
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    w.batch_slider.value = 256
+    assert "B = 256" in w.summary.value and "speculation loses" in w.summary.value and w.policy_k == 0
+    assert w.figure.value != png
+    with pytest.raises(ValueError, match="measured batch sizes"):
+        load_widget(view, B=3)

@@ -319,3 +319,139 @@ def plot_roofline(view: dict, ax=None, unit: float = 1e-3):
     ax.legend(fontsize=7, loc="upper right")
     ax.grid(alpha=0.3)
     return ax
+
+
+def domain_view(values: dict[str, Sequence[float]], agree: dict[str, Sequence[bool]]) -> dict[str, np.ndarray | list]:
+    """Per kind of text: its name, how many positions, mean beta and greedy agreement (nb 08's bars)."""
+    names = [n for n in values if len(values[n])]
+    if set(names) - set(agree) or any(len(values[n]) != len(agree[n]) for n in names):
+        raise ValueError("values and agree must hold the same kinds, with one entry per position each")
+    return {
+        "names": names,
+        "n": np.array([len(values[n]) for n in names]),
+        "beta": np.array([float(np.mean(values[n])) for n in names]),
+        "agree": np.array([float(np.mean(agree[n])) for n in names]),
+    }
+
+
+def plot_acceptance_by_domain(view: dict, ax=None):
+    """Bars per kind of text: mean beta (sampling) and greedy agreement, with the positions counted. Returns the Axes."""
+    ax = _axes(ax)
+    x = np.arange(len(view["names"]))
+    w = 0.38
+    ax.bar(x - w / 2, view["beta"], w, color="#3b75af", label="sampling: mean beta = sum min(p, q)")
+    ax.bar(x + w / 2, view["agree"], w, color="#ef8636", label="greedy: argmax p = argmax q")
+    ax.set_xticks(x, [f"{name}\n({n} positions)" for name, n in zip(view["names"], view["n"])])
+    ax.set_ylim(0, 1.15)
+    ax.set_ylabel("acceptance")
+    ax.legend(fontsize=7, loc="upper center", ncol=2)
+    ax.grid(alpha=0.3, axis="y")
+    return ax
+
+
+# -- notebook 07: speculation under load ------------------------------------------------------------
+
+def batch_view(results: dict, name: str = "greedy") -> dict:
+    """A batch benchmark's results (benchmarks/results/batch_cpu.json) for one temperature, as arrays.
+
+    batch_sizes [nB], ks [nk] (k > 0), measured and predicted speedup [nB, nk], held_out [nB]
+    (the batch sizes the model was not fitted to), the measured and modelled crossovers,
+    and the policy's k and its throughput against plain and the best fixed k per B.
+    """
+    from ..perf.costmodel import CostModel  # perf sits below course: a lazy import keeps plots light
+
+    if name not in results["cost_models"]:
+        raise ValueError(f"name must be one of {sorted(results['cost_models'])}, got {name!r}")
+    temperature = 0.0 if name == "greedy" else float(name.split()[-1])
+    runs = {(r["batch_size"], r["k"]): r for r in results["runs"] if r["temperature"] == temperature}
+    Bs = sorted({B for B, _ in runs})
+    ks = sorted({k for _, k in runs if k})
+    cross = results["crossover"][name]
+    policy = [p for p in results["policy"] if p["temperature"] == temperature]
+    return {
+        "name": name, "batch_sizes": np.array(Bs), "ks": np.array(ks), "alpha": cross["alpha"],
+        "model": CostModel.from_dict(results["cost_models"][name]), "new_tokens": results["meta"]["new_tokens"],
+        "measured": np.array([[runs[(B, k)]["speedup"] for k in ks] for B in Bs]),
+        "predicted": np.array([[runs[(B, k)]["predicted"] for k in ks] for B in Bs]),
+        "held_out": np.array([bool(runs[(B, ks[0])].get("held_out", False)) for B in Bs]),
+        "plain_tokens_per_s": np.array([runs[(B, 0)]["tokens_per_s"] for B in Bs]),
+        "tokens_per_s": np.array([[runs[(B, k)]["tokens_per_s"] for k in ks] for B in Bs]),
+        "crossover_measured": {int(k): v for k, v in cross["measured"].items()},
+        "crossover_predicted": {int(k): v for k, v in cross["predicted"].items()},
+        "policy_k": np.array([p["k"] for p in policy]), "policy_vs_plain": np.array([p["vs_plain"] for p in policy]),
+        "policy_vs_best": np.array([p["vs_best"] for p in policy]), "margin": cross.get("margin", 0.0),
+    }
+
+
+def load_view(model, alpha: float, k: int, batch_sizes: Sequence[int], new_tokens: int) -> dict:
+    """Predicted tokens per second over the batch, plain and at this k, and the speedup, at each batch size."""
+    Bs = np.array([int(B) for B in batch_sizes])
+    if len(Bs) == 0:
+        raise ValueError("batch_sizes must hold at least one batch size")
+    plain = np.array([B / model.plain_time(int(B)) for B in Bs])
+    speed = np.array([model.run_speedup(alpha, k, int(B), new_tokens) for B in Bs])
+    return {"batch_sizes": Bs, "k": int(k), "alpha": float(alpha), "plain": plain, "speculative": plain * speed,
+            "speedup": speed}
+
+
+def plot_pass_times(passes: Sequence[dict], model, context: int, ax=None, unit: float = 1e-3):
+    """Measured pass times at one context against tokens per pass B x T, one colour per B, and the model's lines."""
+    ax = _axes(ax)
+    rows = [r for r in passes if r["context"] == context]
+    Bs = sorted({r["batch_size"] for r in rows})
+    colours = [f"C{i % 10}" for i in range(len(Bs))]
+    for B, col in zip(Bs, colours):
+        sel = sorted((r for r in rows if r["batch_size"] == B), key=lambda r: r["n_tokens"])
+        T = np.array([r["n_tokens"] for r in sel])
+        ax.plot(B * T, [r["median_s"] / unit for r in sel], "o", ms=3, color=col, label=f"B = {B}")
+        ax.plot(B * T, np.asarray(model(B, T, context)) / unit, "-", lw=1, color=col)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens per pass, B x T (T = k + 1 when verifying)")
+    ax.set_ylabel("ms per pass")
+    ax.set_title(f"one target pass after {context} cached tokens: measured (dots), fit (lines)", fontsize=9)
+    ax.legend(fontsize=6, ncol=3)
+    ax.grid(alpha=0.3)
+    return ax
+
+
+def plot_batch_speedup(view: dict, ax=None):
+    """Speedup against B per k: measured (dots; held-out B hollow), modelled (lines), measured crossover marked."""
+    ax = _axes(ax)
+    Bs = view["batch_sizes"]
+    for j, k in enumerate(view["ks"]):
+        col = f"C{j}"
+        ax.plot(Bs, view["predicted"][:, j], "-", color=col, lw=1)
+        ax.plot(Bs[~view["held_out"]], view["measured"][~view["held_out"], j], "o", color=col, label=f"k = {k}")
+        ax.plot(Bs[view["held_out"]], view["measured"][view["held_out"], j], "o", mfc="none", color=col)
+        B_star = view["crossover_measured"].get(int(k))
+        if B_star is not None:
+            ax.axvline(B_star, color=col, ls=":", lw=1)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size B")
+    ax.set_ylabel("speedup over plain decoding")
+    ax.set_title(f"{view['name']}: measured (dots, hollow = held out), model (lines), crossover (dotted)", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return ax
+
+
+def plot_load_view(view: dict, measured: dict | None = None, ax=None):
+    """Predicted throughput against B, plain and at the view's k; measured points (B -> tokens/s) drawn on it."""
+    ax = _axes(ax)
+    ax.plot(view["batch_sizes"], view["plain"], "-", color="0.4", label="plain, model")
+    ax.plot(view["batch_sizes"], view["speculative"], "-", color="C0", label=f"k = {view['k']}, model")
+    if measured:
+        for key, (style, lab) in {"plain": ("s", "plain, measured"), "speculative": ("o", "k, measured")}.items():
+            pts = measured.get(key, {})
+            ax.plot(list(pts), list(pts.values()), style, color="0.4" if key == "plain" else "C0", mfc="none",
+                    label=lab)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch size B")
+    ax.set_ylabel("tokens per second over the batch")
+    ax.set_title(f"alpha = {view['alpha']:.2f}, k = {view['k']}", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return ax

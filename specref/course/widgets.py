@@ -1,4 +1,4 @@
-"""Interactive views for notebooks 02 and 03: sliders wired to the pure functions of specref.course.plots.
+"""Interactive views for notebooks 02, 03 and 05: sliders wired to pure functions (specref.course.plots, record_generation).
 
 Each widget is an ipywidgets box that keeps its parts as attributes, so a test can
 move a slider and read the result without a browser: the sliders, `summary` (an
@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import html
 import io
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import ipywidgets as widgets
 import numpy as np
+import torch
 from matplotlib.figure import Figure
 
+from ..decoding.record import record_generation
 from .plots import accept_reject_view, normalize_weights, plot_accept_reject, plot_speedup_curves, speedup_curves
+from .plots import load_view, plot_load_view
 
 _SLIDER_STYLE = {"description_width": "initial"}
 
@@ -222,3 +225,152 @@ def accept_reject_widget(
 def speedup_widget(alpha: float = 0.8, k: int = 4, c: float = 0.05, k_max: int = 16) -> SpeedupWidget:
     """Notebook 03's widget: move alpha, k and c, watch tokens per step, speedup and the best k."""
     return SpeedupWidget(alpha, k, c, k_max)
+
+
+# -- notebook 05: a generation, step by step -----------------------------------------------------
+
+_STEP_STYLE = {
+    "accepted": "background:#c8e6c9",  # green: a draft the target accepted
+    "correction": "background:#ffcdd2",  # red: the target's token after a rejected draft
+    "bonus": "background:#bbdefb",  # blue: the target's extra token after all k drafts were accepted
+    "target": "background:#eeeeee",  # grey: k shrank to 0 at the end of the budget, the target's own token
+}
+
+
+def format_steps(steps: Sequence, token_str: Callable[[int], str], prompt: str = "") -> str:
+    """A recorded generation (`specref.decoding.record.record_generation`) as HTML, one span per token.
+
+    Accepted drafts, corrections and bonus tokens get their own colour (and class, `specref-<kind>`);
+    a correction's tooltip names the draft it replaced. A thin bar separates steps.
+    """
+    parts = [f"<span style='color:#777'>{html.escape(prompt)}</span>"] if prompt else []
+    for i, step in enumerate(steps):
+        if len(step.emitted) != step.n_accepted + 1:
+            raise ValueError(f"step {i} emitted {len(step.emitted)} tokens but accepted {step.n_accepted} drafts: "
+                             "a step emits its accepted drafts and one token from the target")
+        kinds = ["accepted"] * step.n_accepted + [step.kind]
+        spans = []
+        for tok, kind in zip(step.emitted, kinds):
+            title = f"step {i + 1}: {kind}"
+            if kind == "correction":
+                title += f" (replaced draft {token_str(step.rejected)!r})"
+            spans.append(f"<span class='specref-{kind}' style='{_STEP_STYLE[kind]}' title='{html.escape(title)}'>"
+                         f"{html.escape(token_str(tok))}</span>")
+        parts.append("".join(spans) + "<span style='border-left:1px solid #999'></span>")
+    counts = {kind: 0 for kind in _STEP_STYLE}
+    for step in steps:
+        counts["accepted"] += step.n_accepted
+        counts[step.kind] += 1
+    emitted = sum(len(s.emitted) for s in steps)
+    legend = " ".join(f"<span style='{_STEP_STYLE[kind]}'>{kind}</span> {counts[kind]}" for kind in _STEP_STYLE)
+    return (f"<p>{len(steps)} steps, {emitted} tokens: {emitted / max(len(steps), 1):.2f} tokens per target pass. "
+            f"{legend}</p><pre style='white-space:pre-wrap;line-height:1.5'>{''.join(parts)}</pre>")
+
+
+class DraftStepsWidget(_Refreshing, widgets.VBox):
+    """Pick a draft and k; see the generated text with each step's accepted drafts, corrections and bonus tokens.
+
+    `drafts` maps a name to a ready draft for `target`. Attributes: `draft_dropdown`,
+    `k_slider`, `view` (HTML), `steps` (the latest recorded steps), `output` (the
+    latest generated ids).
+    """
+
+    def __init__(self, target, drafts: dict, prompt_ids, tokenizer, k: int = 4, max_new_tokens: int = 48,
+                 temperature: float = 0.0, k_max: int = 8, seed: int = 0):
+        if not drafts:
+            raise ValueError("drafts must name at least one draft")
+        if not 1 <= k <= k_max:
+            raise ValueError(f"k must be in 1..k_max = 1..{k_max}, got {k}")
+        self.target, self.drafts, self.tokenizer = target, dict(drafts), tokenizer
+        self.prompt_ids, self.max_new_tokens, self.temperature, self.seed = prompt_ids, max_new_tokens, temperature, seed
+        self.draft_dropdown = widgets.Dropdown(options=list(self.drafts), description="draft", style=_SLIDER_STYLE)
+        self.k_slider = widgets.IntSlider(value=k, min=1, max=k_max, step=1, description="k (drafts per step)",
+                                          continuous_update=False, style=_SLIDER_STYLE, layout=_slider_layout())
+        self.view = widgets.HTML()
+        self.view.add_class("specref-draft-steps")
+        self.steps: list = []
+        self.output = None
+        super().__init__([widgets.HBox([self.draft_dropdown, self.k_slider]), self.view])
+        for w in (self.draft_dropdown, self.k_slider):
+            w.observe(self._on_change, names="value")
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Generate with the chosen draft and k (fixed seed) and redraw the highlighted text."""
+        g = torch.Generator(device=self.target.device).manual_seed(self.seed)
+        self.output, self.steps, _ = record_generation(
+            self.target, self.drafts[self.draft_dropdown.value], self.prompt_ids, self.k_slider.value,
+            self.max_new_tokens, self.temperature, g)
+        prompt = self.tokenizer.decode(self.prompt_ids.reshape(-1).tolist())
+        self.view.value = format_steps(self.steps, self.tokenizer.token_str, prompt)
+
+
+def draft_steps_widget(target, drafts: dict, prompt_ids, tokenizer, k: int = 4, max_new_tokens: int = 48,
+                       temperature: float = 0.0) -> DraftStepsWidget:
+    """Notebook 05's widget: pick a draft and k, watch which drafts the target accepts, step by step."""
+    return DraftStepsWidget(target, drafts, prompt_ids, tokenizer, k, max_new_tokens, temperature)
+
+
+# -- notebook 07: batch, k and alpha over the predicted throughput ----------------------------------
+
+def format_load(view: dict, B: int, policy_k: int) -> str:
+    """The predicted speedup at one batch size and the k the policy picks there, as HTML."""
+    i = int(np.flatnonzero(view["batch_sizes"] == B)[0])
+    s = view["speedup"][i]
+    verdict = "pays" if s > 1 else "loses"
+    return (f"<p>B = {B}, k = {view['k']}, alpha = {view['alpha']:.2f}: predicted speedup <b>{s:.2f}x</b> "
+            f"(speculation {verdict}); choose_k picks <b>k = {policy_k}</b> here.</p>")
+
+
+class LoadWidget(_Refreshing, widgets.VBox):
+    """Sliders for B, k and alpha over a `CostModel`'s predicted throughput, with measured points drawn on it.
+
+    Attributes: `batch_slider` (a SelectionSlider over the measured batch sizes),
+    `k_slider`, `alpha_slider`, `summary` (HTML), `figure` (Image), `view` (the latest
+    `load_view`), `policy_k` (choose_k at the slider's B and alpha).
+    """
+
+    def __init__(self, view: dict, B: int = 8, k: int = 4, alpha: float | None = None, margin: float | None = None):
+        self.base = view
+        self.margin = view["margin"] if margin is None else margin
+        Bs = [int(b) for b in view["batch_sizes"]]
+        if B not in Bs:
+            raise ValueError(f"B must be one of the measured batch sizes {Bs}, got {B}")
+        self.batch_slider = widgets.SelectionSlider(options=Bs, value=B, description="B (batch size)",
+                                                    continuous_update=False, style=_SLIDER_STYLE,
+                                                    layout=_slider_layout())
+        self.k_slider = widgets.IntSlider(value=k, min=1, max=8, description="k (drafts per step)",
+                                          continuous_update=False, style=_SLIDER_STYLE, layout=_slider_layout())
+        self.alpha_slider = widgets.FloatSlider(value=view["alpha"] if alpha is None else alpha, min=0.3, max=0.95,
+                                                step=0.01, description="alpha", readout_format=".2f",
+                                                continuous_update=False, style=_SLIDER_STYLE, layout=_slider_layout())
+        self.summary, self.figure = widgets.HTML(), _image()
+        self.view: dict = {}
+        super().__init__([self.batch_slider, self.k_slider, self.alpha_slider, self.summary, self.figure])
+        for s in (self.batch_slider, self.k_slider, self.alpha_slider):
+            s.observe(self._on_change, names="value")
+        self.refresh()
+
+    def refresh(self) -> None:
+        from ..perf.costmodel import choose_k
+
+        b, k, alpha = self.base, self.k_slider.value, self.alpha_slider.value
+        self.view = load_view(b["model"], alpha, k, b["batch_sizes"], b["new_tokens"])
+        B = self.batch_slider.value
+        self.policy_k = choose_k(alpha, B, b["model"], k_max=8, margin=self.margin, new_tokens=b["new_tokens"])
+        self.summary.value = format_load(self.view, B, self.policy_k)
+        measured = {"plain": dict(zip(b["batch_sizes"].tolist(), b["plain_tokens_per_s"].tolist()))}
+        if k in b["ks"].tolist():
+            j = b["ks"].tolist().index(k)
+            measured["speculative"] = dict(zip(b["batch_sizes"].tolist(), b["tokens_per_s"][:, j].tolist()))
+        fig = Figure(figsize=(6.5, 3.6))
+        fig.subplots_adjust(left=0.12, right=0.98, bottom=0.14, top=0.9)
+        ax = fig.add_subplot()
+        plot_load_view(self.view, measured, ax=ax)
+        ax.axvline(B, color="C3", lw=1, ls=":")
+        self.figure.value = _png(fig)
+
+
+def load_widget(view: dict, B: int = 8, k: int = 4, alpha: float | None = None) -> LoadWidget:
+    """Notebook 07's widget: move B, k and alpha over a batch benchmark's model (`batch_view`)."""
+    return LoadWidget(view, B, k, alpha)

@@ -21,6 +21,7 @@ from ..drafts import Draft, as_draft
 from ..models.kvcache import KVCache
 from ..rejection import _verify_chain, _verify_chain_greedy
 from ..sampling import SamplingParams, sample
+from ..typical import TypicalAcceptance, as_acceptance
 from .loop import (
     Sequences,
     SpecStats,
@@ -30,6 +31,7 @@ from .loop import (
     check_proposal,
     finish,
     prefill,
+    target_pass,
     timed,
 )
 
@@ -96,12 +98,14 @@ def speculative_step(
     generator: torch.Generator | None = None,
     eos_token_id: int | None = None,
     stats: SpecStats | None = None,
+    acceptance: str | TypicalAcceptance = "exact",  # a TypicalAcceptance is LOSSY (specref.typical)
 ) -> ChainStep:
     """One speculative step for every unfinished row: draft k, one target pass, accept left to right, commit.
 
     Near the end of the budget or the context window k shrinks, so nothing is drafted
     that could never be emitted (the last token always comes from the target).
     """
+    typical = as_acceptance(acceptance)
     stats = SpecStats(k=check_int("k", k, 1, "k drafted tokens per step")) if stats is None else stats
     dev, B, V = seqs.tokens.device, seqs.batch_size, target.config.vocab_size
     k = max(0, min(k, seqs.room() - 1, target.config.n_positions - max(seqs.lengths_h)))
@@ -110,20 +114,25 @@ def speculative_step(
         drafts, q = draft.propose(seqs.tokens, seqs.lengths, k, params, generator)  # [B, k], [B, k, V]
     stats.draft_passes += k
     check_proposal(drafts, q, B, k, V, params.greedy)
-    # 2. One target pass over [last token, x_1..x_k]: p_1..p_{k+1}.
+    # 2. One target pass over [last token, x_1..x_k]: p_1..p_{k+1} (and its features, for a draft that reads them).
     with timed(stats, "time_target", dev):
-        logits = target(torch.cat([seqs.last_tokens(), drafts], 1), cache=cache)  # [B, k+1, V]
+        ids = torch.cat([seqs.last_tokens(), drafts], 1)  # [B, k+1]
+        logits, features = target_pass(target, draft, ids, cache=cache)  # [B, k+1, V], None or ([B, k+1, C], ...)
     stats.target_passes += 1
     scored = cache.lengths
     # 3. Accept or reject left to right, then one token from the target: a correction or the bonus.
     with timed(stats, "time_verify", dev):
         check_logits(logits, params)
-        if params.greedy:
+        if typical is not None:  # LOSSY: q is ignored
+            out, n_acc = typical.verify(drafts, params.probs_unchecked(logits), generator)
+        elif params.greedy:
             out, n_acc = _verify_chain_greedy(drafts, logits)  # [B, k+1], [B]
         else:  # check_proposal checked q
             out, n_acc = _verify_chain(drafts, q, params.probs_unchecked(logits), generator, None)
         n_acc = n_acc.tolist()  # waits for the rule to finish
     # 4. Commit the kept tokens; roll both caches back to context + accepted drafts.
+    if features is not None:  # the pass covered positions lengths - 1 ..; rollback keeps the accepted ones
+        draft.observe(features, seqs.lengths - 1)
     kept, n_valid = seqs.commit(out, n_acc, eos_token_id)
     _count(stats, n_acc, kept, k)
     cache.lengths = seqs.lengths - 1  # as the model itself moves them: no check, no read back
@@ -150,13 +159,17 @@ def speculative_generate(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
     eos_token_id: int | None = None,
+    acceptance: str | TypicalAcceptance = "exact",
 ) -> tuple[torch.Tensor, SpecStats]:  # [B, T + max_new_tokens], stats
     """Speculative decoding: the output distribution is exactly the target's (greedy: the same tokens).
 
     Each row accepts its own number of drafts per step. Exactly `max_new_tokens`
     tokens are generated per row unless it emits `eos_token_id` (nothing after EOS;
     the rest is filled with EOS). For tree drafting see `specref.decoding.tree.tree_generate`.
+    `acceptance=TypicalAcceptance(...)` swaps in Medusa's typical acceptance, which is LOSSY:
+    the output is then no longer the target's distribution (`specref.typical`).
     """
+    as_acceptance(acceptance)
     stats = SpecStats(k=check_int("k", k, 1, "k drafted tokens per step"))
     params = SamplingParams(temperature, top_k, top_p)  # raises on bad sampling arguments
     drafter = as_draft(draft)
@@ -170,8 +183,8 @@ def speculative_generate(
     max_len = min(target.config.n_positions, input_ids.shape[1] + max_new_tokens + k)
     cache = target.new_cache(input_ids.shape[0], max_len=max_len)
     drafter.begin(input_ids.shape[0])
-    prefill(target, input_ids, cache, stats)
+    prefill(target, input_ids, cache, stats, drafter)
     while not seqs.done:
-        speculative_step(target, drafter, seqs, cache, k, params, generator, eos_token_id, stats)
+        speculative_step(target, drafter, seqs, cache, k, params, generator, eos_token_id, stats, acceptance)
     stats.time_total = time.perf_counter() - t_start
     return seqs.finish(eos_token_id), stats

@@ -3,6 +3,11 @@
 The chain step (`chain.speculative_step`) and the tree step (`tree.tree_step`) both
 write into a `Sequences` buffer and count into a `SpecStats`; only what they draft
 and how they verify differ.
+
+The feature hook: every target pass goes through `target_pass`, which asks the target
+for its hidden states only when the draft reads some (`Draft.feature_layers`) and
+returns the requested ones; the step then hands them to `draft.observe` before
+`draft.rollback` (see `specref.drafts.base`). A plain draft's passes are unchanged.
 """
 
 from __future__ import annotations
@@ -148,6 +153,11 @@ def check_pair(target: torch.nn.Module, draft: object) -> None:
     draft_device = getattr(getattr(draft, "model", None), "device", target.device)
     if draft_device != target.device:
         raise ValueError(f"target is on {target.device} but the draft is on {draft_device}: put both on one device")
+    n_hidden = target.config.n_layer + 1  # GPT2Output.hidden_states: the embeddings, then one per block
+    layers = tuple(getattr(draft, "feature_layers", ()))
+    if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_hidden for i in layers):
+        raise ValueError(f"the draft reads hidden states {list(layers)} but the target has {n_hidden} "
+                         f"(indices 0..{n_hidden - 1}): it was built for another target")
 
 
 def check_proposal(drafts: object, q: object, B: int, k: int, V: int, greedy: bool) -> None:  # [B, k], [B, k, V]
@@ -265,9 +275,28 @@ def finish(
     return torch.where(pos[None] < lengths[:, None], tokens, torch.full_like(tokens, eos_token_id))
 
 
-def prefill(target: torch.nn.Module, input_ids: torch.Tensor, cache, stats: SpecStats) -> None:  # [B, T]
-    """Cache every prompt token but the last: each step feeds the last one first, then the drafts."""
+def target_pass(
+    target: torch.nn.Module, draft: object, input_ids: torch.Tensor, **kwargs: object
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:  # logits [B, T, V], features ([B, T, C], ...) or None
+    """One target pass; with the hidden states `draft.feature_layers` if the draft reads any, else None."""
+    layers = getattr(draft, "feature_layers", ())
+    if not layers:
+        return target(input_ids, **kwargs), None
+    out = target(input_ids, return_hidden=True, **kwargs)
+    return out.logits, tuple(out.hidden_states[i] for i in layers)
+
+
+def prefill(target: torch.nn.Module, input_ids: torch.Tensor, cache, stats: SpecStats,
+            draft: object = None) -> None:  # [B, T]
+    """Cache every prompt token but the last: each step feeds the last one first, then the drafts.
+
+    A draft that reads features observes the prompt's (positions 0 .. T-2).
+    """
+    features = None
     with timed(stats, "time_target", target.device):
         if input_ids.shape[1] > 1:
-            target(input_ids[:, :-1], cache=cache, logits_to_keep=1)  # only the cache is needed
+            # Only the cache is needed (and the features, for a draft that reads them).
+            _, features = target_pass(target, draft, input_ids[:, :-1], cache=cache, logits_to_keep=1)
             stats.target_passes += 1
+    if features is not None:
+        draft.observe(features, torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device))

@@ -2,7 +2,7 @@
 
 One step (`tree_step`), per sequence:
 
-1. The draft grows a tree (`specref.drafts.TreeModelDraft`, `specref.drafts.shapes.grow_trees`):
+1. The draft grows a tree (a `specref.drafts.TreeDraft`: `TreeModelDraft`, `EagleDraft`, ...; `grow_trees`):
    one draft pass per depth, each feeding the nodes grown so far with the tree attention mask.
 2. The target scores [root, node_0 .. node_{N-1}] in one pass, with the tree mask
    and positions root + depth (`score_tree`). Row 0 is p after the context, row
@@ -13,7 +13,9 @@ One step (`tree_step`), per sequence:
    node was written with position root + depth, which is exactly the position it
    has once the path is laid out as a sequence, so the cache is what decoding the
    path one token at a time would have built. The emitted token gets its entry
-   when it is fed as the next step's root.
+   when it is fed as the next step's root. A draft that reads the target's
+   features observes the same rows: the root's and the accepted path's
+   (`path_rows`), laid out as a sequence.
 
 `tree_generate` is a loop over that step.
 """
@@ -25,12 +27,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafts import ModelDraft, TreeModelDraft, as_tree_draft
+from ..drafts import ModelDraft, TreeDraft, as_tree_draft
 from ..drafts.shapes import DynamicTree, TreeShape, as_tree_spec
 from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
 from ..trees import Tree, TreeResult, stack_tree_masks, verify_tree, verify_tree_greedy
-from .loop import Sequences, SpecStats, check_inputs, check_pair, prefill, timed
+from .loop import Sequences, SpecStats, check_inputs, check_pair, prefill, target_pass, timed
 
 
 def score_tree(
@@ -46,6 +48,14 @@ def score_tree(
     the context; row 1 + i those after node i. Rows with fewer nodes than the
     widest tree are padded (their extra rows are meaningless).
     """
+    ids, pos, mask = tree_inputs(model, cache, roots, trees)
+    return model(ids, cache=cache, position_ids=pos, attention_mask=mask)
+
+
+def tree_inputs(
+    model: torch.nn.Module, cache: KVCache, roots: torch.Tensor, trees: list[Tree]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # ids [B, N+1], positions [B, N+1], mask [B, N+1, N+1]
+    """What `score_tree` feeds the model: [root, flattened tree] per row, positions root + depth, the tree mask."""
     if not isinstance(cache, KVCache):
         raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
     if not isinstance(trees, (list, tuple)) or not all(isinstance(t, Tree) for t in trees):
@@ -68,7 +78,22 @@ def score_tree(
     for b, t in enumerate(trees):
         if t.n_nodes:
             ids[b, 1 : 1 + t.n_nodes] = torch.tensor(t.tokens, device=dev)
-    return model(ids, cache=cache, position_ids=pos.to(dev), attention_mask=mask.to(dev))
+    return ids, pos.to(dev), mask.to(dev)
+
+
+def path_rows(
+    rows: tuple[torch.Tensor, ...],  # ([B, N+1, C], ...) one pass's rows: the root's, then node i's at 1 + i
+    paths: list[list[int]],  # [B] accepted node indices, depth 1 first
+) -> tuple[torch.Tensor, ...]:  # ([B, 1 + longest path, C], ...)
+    """The root's row, then the accepted path's, per row: what a sequential pass over the kept tokens gives.
+
+    Shorter paths are padded with their last row; those positions lie past what the
+    row keeps, so the draft's rollback drops them.
+    """
+    width = 1 + max(map(len, paths))
+    index = [[0] + [1 + i for i in p] + [1 + p[-1] if p else 0] * (width - 1 - len(p)) for p in paths]
+    idx = torch.tensor(index, dtype=torch.long, device=rows[0].device)  # [B, width]
+    return tuple(r.gather(1, idx[..., None].expand(-1, -1, r.shape[-1])) for r in rows)
 
 
 def keep_path(
@@ -131,7 +156,7 @@ class TreeStep:
 @torch.no_grad()
 def tree_step(
     target: torch.nn.Module,
-    draft: TreeModelDraft,
+    draft: TreeDraft,
     seqs: Sequences,
     cache: KVCache,  # the target's: every token of each row but its last
     spec: TreeShape | DynamicTree,
@@ -154,9 +179,10 @@ def tree_step(
     with timed(stats, "time_draft", dev):
         trees = draft.propose(seqs.tokens, seqs.lengths, spec, params, generator, max_depth, max_nodes)
     stats.draft_passes += draft.passes - passes
-    # 2. One target pass over [root, flattened tree] per row.
+    # 2. One target pass over [root, flattened tree] per row (and its features, for a draft that reads them).
     with timed(stats, "time_target", dev):
-        logits = score_tree(target, cache, seqs.last_tokens()[:, 0], trees)  # [B, N+1, V]
+        ids, pos, mask = tree_inputs(target, cache, seqs.last_tokens()[:, 0], trees)  # as `score_tree` does
+        logits, features = target_pass(target, draft, ids, cache=cache, position_ids=pos, attention_mask=mask)
     stats.target_passes += 1
     # 3. Walk down each tree: keep one root-to-leaf path, then one token from the target.
     with timed(stats, "time_verify", dev):
@@ -167,6 +193,8 @@ def tree_step(
     contexts = seqs.lengths
     out_h = [r.tokens + [0] * (spec.depth + 1 - len(r.tokens)) for r in results]
     out = torch.tensor(out_h, dtype=torch.long, device=dev)  # [B, depth + 1]
+    if features is not None:  # the root (position lengths - 1) and the accepted path; rollback keeps what a row kept
+        draft.observe(path_rows(features, [r.path for r in results]), seqs.lengths - 1)
     kept, n_valid = seqs.commit(out, [r.n_accepted for r in results], eos_token_id, out_h)
     keep_path(cache, contexts, [r.path if m else [] for r, m in zip(results, kept)])
     cache.truncate(torch.minimum(cache.lengths, seqs.lengths - 1))  # a cut by budget or EOS keeps less
@@ -180,7 +208,7 @@ def tree_step(
 @torch.no_grad()
 def tree_generate(
     target: torch.nn.Module,
-    draft: torch.nn.Module | ModelDraft | TreeModelDraft,
+    draft: torch.nn.Module | ModelDraft | TreeDraft,
     input_ids: torch.Tensor,  # [B, T] or [T]
     tree: TreeShape | DynamicTree | tuple[int, ...] | int,
     max_new_tokens: int = 64,
@@ -208,7 +236,7 @@ def tree_generate(
     t_start = time.perf_counter()
     cache = target.new_cache(input_ids.shape[0])
     drafter.begin(input_ids.shape[0])
-    prefill(target, input_ids, cache, stats)  # the last prompt token is fed as the first root
+    prefill(target, input_ids, cache, stats, drafter)  # the last prompt token is fed as the first root
     while not seqs.done:
         tree_step(target, drafter, seqs, cache, spec, params, generator, eos_token_id, stats)
     stats.time_total = time.perf_counter() - t_start

@@ -4,19 +4,31 @@
 smaller language model with its own KV cache, `model.TreeModelDraft` the same model
 growing a tree; `prompt_lookup.PromptLookupDraft` copies what followed the context's
 last few tokens earlier in the buffer; `shapes` holds the tree shapes (`TreeShape`, `DynamicTree`) and
-`grow_trees`. New drafts go here.
+`grow_trees`. `features.FeatureDraft` keeps the target's hidden states that the loop hands to a
+draft reading them (`Draft.feature_layers`, `observe`); `eagle.EagleDraft` drafts the next feature
+with one layer on them (EAGLE-1/2/3). New drafts go here.
 """
 
-from .base import Draft
+from .base import Draft, TreeDraft
+from .eagle import EagleDraft
+from .features import FeatureDraft
+from .load import load_draft
+from .medusa import MedusaDraft
 from .model import ModelDraft, TreeModelDraft, as_draft, as_tree_draft
+from .mtp import MTPDraft
 from .prompt_lookup import PromptLookupDraft
 from .shapes import DynamicTree, TreeShape, as_tree_spec, build_tree, grow_trees
 
 __all__ = [
     "Draft",
     "DynamicTree",
+    "EagleDraft",
+    "FeatureDraft",
+    "MTPDraft",
+    "MedusaDraft",
     "ModelDraft",
     "PromptLookupDraft",
+    "TreeDraft",
     "TreeModelDraft",
     "TreeShape",
     "as_draft",
@@ -24,4 +36,5 @@ __all__ = [
     "as_tree_spec",
     "build_tree",
     "grow_trees",
+    "load_draft",
 ]

@@ -4,6 +4,22 @@ One verifier (`specref.decoding.chain.speculative_generate`) serves every draft 
 this interface. A draft sees the shared token buffer and keeps whatever state
 it likes (a KV cache, an n-gram index); after each verification it is told how
 many leading tokens of each sequence are still the ones it saw, and forgets the rest.
+
+The feature hook (Medusa, EAGLE, MTP read the target's hidden states): a draft that
+sets `feature_layers` (indices into `GPT2Output.hidden_states` of
+`specref.models.gpt2`: 0 = the embeddings, i = the input of block i, n_layer = the
+final hidden state after ln_f) is handed those hidden states by the loop through
+`observe(features, starts)`: features[j] is [B, T, C] for feature_layers[j], for the T
+tokens the target just processed, which are positions starts[b] .. starts[b]+T-1 of
+row b of the token buffer. The loop calls it after every target pass (prefill
+included) and before `rollback(n_valid)`, which then drops what a row did not keep;
+in a tree step it hands over the root and the accepted path only, gathered so the
+positions are contiguous. The features come from the verification pass itself: the
+target makes no extra pass, and a draft without `feature_layers` (the default, ())
+is served exactly as before, its target passes not asked for hidden states.
+`specref.drafts.features.FeatureDraft` keeps such features aligned to the buffer.
+
+`TreeDraft` is a draft that grows one tree per row for `specref.decoding.tree.tree_generate`.
 """
 
 from __future__ import annotations
@@ -13,6 +29,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from ..sampling import SamplingParams
+from ..trees import Tree
 
 
 class Draft(ABC):
@@ -38,3 +55,39 @@ class Draft(ABC):
     @abstractmethod
     def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
         """Only the first n_valid[b] tokens of row b are still what the draft last saw."""
+
+    # The target's hidden states this draft reads, as indices into GPT2Output.hidden_states; () reads none.
+    feature_layers: tuple[int, ...] = ()
+
+    def observe(self, features: tuple[torch.Tensor, ...], starts: torch.Tensor) -> None:  # ([B, T, C], ...), [B]
+        """The target's hidden states feature_layers[j] -> features[j] for buffer positions starts[b] .. + T - 1.
+
+        Called only for drafts with `feature_layers`, after each target pass and before `rollback`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} sets feature_layers={self.feature_layers!r} "
+                                  f"but does not implement observe(features, starts)")
+
+
+class TreeDraft(Draft):
+    """A draft that grows one tree per row (`tree_generate`): `begin`, then alternately `propose` and `rollback`.
+
+    Given a tree shape (a `TreeShape` or `DynamicTree`) instead of k, `propose` returns the
+    trees; a draft that also drafts chains (`MedusaDraft`, `EagleDraft`) tells the two
+    calls apart by that argument's type. `passes` counts the draft's forward passes so
+    far (the tree step reports how many a tree took).
+    """
+
+    passes: int = 0
+
+    @abstractmethod
+    def propose(  # type: ignore[override]  # a tree spec instead of k, trees instead of (drafts, q)
+        self,
+        tokens: torch.Tensor,  # [B, L] buffer; row b holds lengths[b] valid tokens
+        lengths: torch.Tensor,  # [B]
+        spec: object,  # a TreeShape or DynamicTree (specref.drafts.shapes)
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+        max_depth: int | None = None,
+        max_nodes: int | None = None,
+    ) -> list[Tree]:
+        """One tree per row after its context, at most max_depth deep and max_nodes large."""

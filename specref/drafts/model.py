@@ -7,7 +7,7 @@ import torch
 
 from ..sampling import SamplingParams, sample
 from ..trees import ROOT, Tree, stack_tree_masks
-from .base import Draft
+from .base import Draft, TreeDraft
 from .shapes import DynamicTree, TreeShape, grow_trees
 
 
@@ -91,7 +91,7 @@ def as_draft(draft: object) -> Draft:
     raise TypeError(f"draft must be a Draft or a GPT2-like model with new_cache(), got {type(draft).__name__}")
 
 
-class TreeModelDraft(ModelDraft):
+class TreeModelDraft(ModelDraft, TreeDraft):
     """A smaller language model that grows one draft tree per row, with its own KV cache.
 
     At each step the cache is brought up to the context (tokens not yet fed are fed
@@ -158,14 +158,15 @@ class TreeModelDraft(ModelDraft):
         return trees
 
 
-def as_tree_draft(draft: object) -> TreeModelDraft:
-    """A `TreeModelDraft` over the draft's model: pass one through, wrap a `ModelDraft`'s model or a bare model."""
-    if isinstance(draft, TreeModelDraft):
+def as_tree_draft(draft: object) -> TreeDraft:
+    """A tree draft: pass a `TreeDraft` through; wrap a `ModelDraft`'s model or a bare model as a `TreeModelDraft`."""
+    if isinstance(draft, TreeDraft):
         return draft
     if isinstance(draft, ModelDraft):
         return TreeModelDraft(draft.model)
     if isinstance(draft, torch.nn.Module) and hasattr(draft, "new_cache"):
         return TreeModelDraft(draft)
     raise TypeError(
-        f"tree drafting needs a draft model (a GPT2-like module or a ModelDraft), got {type(draft).__name__}"
+        f"tree drafting needs a TreeDraft, a draft model (a GPT2-like module) or a ModelDraft, "
+        f"got {type(draft).__name__}"
     )

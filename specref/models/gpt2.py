@@ -102,6 +102,57 @@ def _causal(new: torch.Tensor) -> torch.Tensor:  # [T] -> [1, T, T] bool
     return new[None, :, None] >= new[None, None, :]
 
 
+def check_attention_mask(
+    attention_mask: torch.Tensor | None, B: int, T: int, device: torch.device
+) -> torch.Tensor | None:  # [B or 1, T, T] bool on device, or None (causal)
+    """Validate a mask among the new tokens: bool ``[B or 1, T, T]``, True on the diagonal."""
+    if attention_mask is None:
+        return None
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dtype != torch.bool:
+        raise TypeError("attention_mask must be a bool tensor (True = may attend)")
+    if attention_mask.ndim != 3 or attention_mask.shape[1:] != (T, T) or attention_mask.shape[0] not in (1, B):
+        raise ValueError(f"attention_mask must have shape [{B} or 1, {T}, {T}], "
+                         f"got {tuple(attention_mask.shape)}")
+    new_mask = attention_mask.to(device)
+    # A row with no visible key makes softmax 0/0 = NaN; a node always sees itself.
+    if not bool(new_mask.diagonal(dim1=1, dim2=2).all()):
+        raise ValueError("attention_mask must let every new token attend to itself (diagonal all True)")
+    return new_mask
+
+
+def attention_mask_over_slots(
+    past: torch.Tensor | None,  # [B] cached lengths, or None without a cache
+    slots: torch.Tensor,  # [B, T] cache slot of each new token (past[:, None] + arange(T))
+    n_slots: int,  # S: how many cache slots the new tokens attend over
+    new_mask: torch.Tensor | None,  # [B or 1, T, T] bool among the new tokens (checked), None = causal
+) -> torch.Tensor | None:  # [B or 1, 1, T, S] bool, or None when every key is visible
+    """The attention rule of ``GPT2.forward`` as a mask over cache slots.
+
+    New token ``i`` of row ``b`` sees every cached slot ``< past[b]`` and the new
+    token ``j`` iff ``new_mask[b, i, j]``.  Any one-block model with a ``KVCache``
+    (the EAGLE layer, the MTP modules) builds its mask here, so it attends exactly
+    as the target does.
+    """
+    B, T = slots.shape
+    dev = slots.device
+    new = torch.arange(T, device=dev)
+    if past is not None and new_mask is None and (B == 1 or bool((past == past[0]).all())):
+        # Every row has the same cache length (always, for one sequence): all cached
+        # slots are visible and the new tokens are causal among themselves. One new
+        # token sees every slot, so it needs no mask at all.
+        return None if T == 1 else (torch.arange(n_slots, device=dev) <= slots[0][:, None])[None, None]  # [1,1,T,S]
+    if past is None:
+        return (_causal(new) if new_mask is None else new_mask)[:, None]  # [B or 1, 1, T, T]
+    new_mask = _causal(new) if new_mask is None else new_mask
+    # Slot s of sequence b is visible to new token i iff it is cached (s < past[b])
+    # or it is new token j = s - past[b] and new_mask[b, i, j].
+    s = torch.arange(n_slots, device=dev)
+    rel = s[None, :] - past[:, None]  # [B, S]
+    in_new = (rel >= 0) & (rel < T)
+    gathered = new_mask.expand(B, T, T).gather(2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, n_slots))
+    return ((rel < 0)[:, None, :] | (in_new[:, None, :] & gathered))[:, None]  # [B, 1, T, S]
+
+
 def _gelu_new(x: torch.Tensor) -> torch.Tensor:
     # GPT-2's tanh approximation of GELU (HF "gelu_new").
     return F.gelu(x, approximate="tanh")
@@ -332,33 +383,8 @@ class GPT2(nn.Module):
             if bool((position_ids < 0).any()) or bool((position_ids >= c.n_positions).any()):
                 raise ValueError(f"position_ids must lie in [0, n_positions={c.n_positions})")
 
-        new_mask = None  # None: causal, built below only where a mask is needed
-        if attention_mask is not None:
-            if not isinstance(attention_mask, torch.Tensor) or attention_mask.dtype != torch.bool:
-                raise TypeError("attention_mask must be a bool tensor (True = may attend)")
-            if attention_mask.ndim != 3 or attention_mask.shape[1:] != (T, T) or attention_mask.shape[0] not in (1, B):
-                raise ValueError(f"attention_mask must have shape [{B} or 1, {T}, {T}], "
-                                 f"got {tuple(attention_mask.shape)}")
-            new_mask = attention_mask.to(dev)
-            # A row with no visible key makes softmax 0/0 = NaN; a node always sees itself.
-            if not bool(new_mask.diagonal(dim1=1, dim2=2).all()):
-                raise ValueError("attention_mask must let every new token attend to itself (diagonal all True)")
-        if cache is not None and attention_mask is None and (B == 1 or bool((past == past[0]).all())):
-            # Every row has the same cache length (always, for one sequence): all cached
-            # slots are visible and the new tokens are causal among themselves. One new
-            # token sees every slot, so it needs no mask at all.
-            mask = None if T == 1 else (torch.arange(n_slots, device=dev) <= slots[0][:, None])[None, None]  # [1,1,T,S]
-        elif cache is None:
-            mask = (_causal(new) if new_mask is None else new_mask)[:, None]  # [B or 1, 1, T, T]
-        else:
-            new_mask = _causal(new) if new_mask is None else new_mask
-            # Slot s of sequence b is visible to new token i iff it is cached (s < past[b])
-            # or it is new token j = s - past[b] and new_mask[b, i, j].
-            s = torch.arange(n_slots, device=dev)
-            rel = s[None, :] - past[:, None]  # [B, S]
-            in_new = (rel >= 0) & (rel < T)
-            gathered = new_mask.expand(B, T, T).gather(2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, n_slots))
-            mask = ((rel < 0)[:, None, :] | (in_new[:, None, :] & gathered))[:, None]  # [B, 1, T, S]
+        new_mask = check_attention_mask(attention_mask, B, T, dev)
+        mask = attention_mask_over_slots(past if cache is not None else None, slots, n_slots, new_mask)
 
         tr = self.transformer
         x = tr.wte(input_ids) + tr.wpe(position_ids)  # [B, T, C]

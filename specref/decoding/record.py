@@ -1,0 +1,96 @@
+"""A whole speculative generation, recorded step by step: what was drafted, accepted, corrected or added (chapter 5).
+
+`record_generation` runs the real `speculative_generate` (so every draft gets exactly
+the loop it always gets, hidden-state hooks included) and watches the draft's two
+calls: `propose` says where a step starts and what it drafted, `rollback` how many
+drafts survived (n_valid = context + accepted). The emitted tokens are read back
+from the output. Nothing in the loop is changed or copied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .._validate import check_int
+from ..drafts import Draft, as_draft
+from .chain import speculative_generate
+from .loop import SpecStats
+
+
+@dataclass(frozen=True)
+class RecordedStep:
+    """One step of one sequence: the drafts, how many the target accepted, and what the step emitted."""
+
+    start: int  # the sequence's length when the step began (position of its first new token)
+    drafts: list[int]  # the k proposed tokens (k may shrink at the end of the budget)
+    n_accepted: int
+    emitted: list[int]  # the accepted drafts, then the target's token
+
+    @property
+    def kind(self) -> str:
+        """What the target's token was: "correction" (a draft was rejected), "bonus" (all accepted), "target" (k = 0)."""
+        if not self.drafts:
+            return "target"
+        return "bonus" if self.n_accepted == len(self.drafts) else "correction"
+
+    @property
+    def rejected(self) -> int | None:
+        """The first rejected draft (the one the correction replaced), None when none was rejected."""
+        return self.drafts[self.n_accepted] if self.n_accepted < len(self.drafts) else None
+
+
+@torch.no_grad()
+def record_generation(
+    target: torch.nn.Module,
+    draft: Draft | torch.nn.Module,
+    input_ids: torch.Tensor,  # [T] or [1, T]
+    k: int,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, list[RecordedStep], SpecStats]:  # [1, T + max_new_tokens], steps, stats
+    """`speculative_generate` on one sequence, with each step's drafts, accepted count and emitted tokens.
+
+    The steps' emitted tokens, joined, are exactly the generated continuation.
+    """
+    k = check_int("k", k, 1, "k drafted tokens per step")
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a [T] or [1, T] tensor of token ids, got {type(input_ids).__name__}")
+    if input_ids.dim() == 2 and input_ids.shape[0] != 1:
+        raise ValueError(f"record_generation records one sequence: input_ids must be [T] or [1, T], "
+                         f"got {tuple(input_ids.shape)}")
+    drafter = as_draft(draft)
+    calls: list[tuple[str, object, object]] = []
+    inner_propose, inner_rollback = drafter.propose, drafter.rollback
+
+    def propose(tokens, lengths, k, params, generator=None):  # noqa: ANN001 - the Draft signature
+        drafts, q = inner_propose(tokens, lengths, k, params, generator)
+        calls.append(("propose", int(lengths[0]), drafts[0].tolist()))
+        return drafts, q
+
+    def rollback(n_valid):  # noqa: ANN001
+        calls.append(("rollback", int(n_valid[0]), None))
+        return inner_rollback(n_valid)
+
+    # Instance attributes shadow the class's methods for this run only; the draft's type is untouched,
+    # so the loop treats it exactly as it would unwatched.
+    drafter.propose, drafter.rollback = propose, rollback
+    try:
+        out, stats = speculative_generate(target, drafter, input_ids, k=k, max_new_tokens=max_new_tokens,
+                                          temperature=temperature, generator=generator)
+    finally:
+        del drafter.propose, drafter.rollback
+    return out, _steps(calls, out[0].tolist()), stats
+
+
+def _steps(calls: list[tuple[str, object, object]], tokens: list[int]) -> list[RecordedStep]:
+    """Pair each propose with the rollback after it; a step's tokens run to the next step's start."""
+    starts = [(start, drafts) for kind, start, drafts in calls if kind == "propose"]
+    valid = [n for kind, n, _ in calls if kind == "rollback"]
+    if len(starts) != len(valid):
+        raise RuntimeError(f"the draft was asked {len(starts)} times but rolled back {len(valid)} times")
+    ends = [s for s, _ in starts[1:]] + [len(tokens)]
+    return [RecordedStep(start, drafts, n - start, tokens[start:end])
+            for (start, drafts), n, end in zip(starts, valid, ends)]

@@ -1,0 +1,66 @@
+"""`load_draft(name, target)`: every shipped draft of chapter 5, ready for the bundled target.
+
+Names: `model` (the bundled small GPT-2 as a `ModelDraft`), `prompt_lookup`
+(`PromptLookupDraft.for_target`), and the trained head sets in `specref/assets/heads/`
+(written by `tools/train_heads.py`): `medusa` (`MedusaDraft`), `eagle`, `eagle3`,
+`eagle_notoken` (`EagleDraft`: EAGLE-1, EAGLE-3's fused features with training-time test,
+and EAGLE-1 without the token one step ahead), `mtp` (`MTPDraft`). Every draft is moved
+to the target's device and dtype (a float64 copy of the target gets float64 heads). A head
+set only fits the target it was trained on: its width, vocabulary, depth and a fingerprint
+of its embedding are checked (`HeadsConfig.check_target`). Lookahead decoding is not a
+draft here (the target drafts for itself): see `specref.decoding.lookahead`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.pair import assets_dir
+from ..models.pretrained import load_folder
+from .base import Draft
+from .eagle import EagleDraft
+from .heads import load_bundled_heads
+from .medusa import MedusaDraft
+from .model import ModelDraft
+from .mtp import MTPDraft
+from .prompt_lookup import PromptLookupDraft
+
+# name -> the head-set file stem in specref/assets/heads/ (None: no trained weights)
+DRAFTS: dict[str, str | None] = {
+    "model": None,
+    "prompt_lookup": None,
+    "medusa": "medusa",
+    "eagle": "eagle1",
+    "eagle3": "eagle3",
+    "eagle_notoken": "eagle_notoken",
+    "mtp": "mtp",
+}
+
+
+def load_draft(name: str, target: torch.nn.Module) -> Draft:
+    """The draft called `name` (see `DRAFTS`), for `target`, on its device and in its dtype."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, one of {sorted(DRAFTS)}, got {type(name).__name__}")
+    if name == "lookahead":
+        raise ValueError("lookahead decoding is not a draft here: the target guesses its own n-grams in its own "
+                         "loop; call specref.decoding.lookahead.lookahead_generate(target, ...)")
+    if name not in DRAFTS:
+        raise ValueError(f"unknown draft {name!r}: name must be one of {sorted(DRAFTS)}")
+    config = getattr(target, "config", None)
+    if not isinstance(target, torch.nn.Module) or config is None or not hasattr(target, "lm_head"):
+        raise TypeError(f"target must be a GPT-2 model (specref.models.gpt2.GPT2), got {type(target).__name__}")
+    if name == "prompt_lookup":
+        return PromptLookupDraft.for_target(target)
+    if name == "model":
+        draft = load_folder(assets_dir().joinpath("draft"), target.device, target.dtype)
+        if draft.config.vocab_size != config.vocab_size:
+            raise ValueError(f"the bundled draft model has vocab_size={draft.config.vocab_size}, the target "
+                             f"{config.vocab_size}: it drafts only for a target with the bundled tokenizer")
+        return ModelDraft(draft)
+    module, heads_config = load_bundled_heads(DRAFTS[name], target.device, target.dtype)
+    heads_config.check_target(target)
+    if name == "medusa":
+        return MedusaDraft(target, module)
+    if name == "mtp":
+        return MTPDraft(target, module)
+    return EagleDraft(target, module, heads_config)

@@ -1,0 +1,185 @@
+"""MTP: DeepSeek-V3's multi-token-prediction modules, chained by depth, as a draft (chapter 5).
+
+Rule. Module d (d = 1 .. D, `specref.drafts.heads.MTPModule`) at row i reads
+h^{d-1}_i (h^0 = f, the target's last hidden state; else module d-1's output at
+the same row) and the shared embedding of x_{i+d}: h^d_i = Block(M [RMSNorm(h^{d-1}_i) ;
+RMSNorm(wte(x_{i+d}))] + wpe(i+d)); the shared output head turns h^d_i into logits for
+x_{i+d+1}. With t = length - 2 the newest position the target has scored, module d at
+row t proposes draft position d: x_{t+1+d}. The modules chain sequentially: module d
+needs module d-1's output and draft d-1's embedding.
+
+DeepSeek-V3 trains its MTP modules *during pre-training*, with the main model, as an
+extra training signal, and reuses them for speculative decoding. Here they are trained
+*post hoc on a frozen target* (`tools/train_heads.py`): the same architecture, not the
+same recipe, so their acceptance need not match DeepSeek's 85-90 % at position 2.
+
+The KV caches. Each module's block attends over its own earlier rows, so module d keeps
+its own 1-layer `KVCache` and its outputs h^d, for exactly the rows whose inputs are all
+TRUE tokens: row i reads x_{i+d}, so with t = length - 2 those are rows 0 .. t+1-d.
+Training saw teacher-forced inputs at every earlier row, so the cache holds what training
+would have computed. Drafting position d, module d runs ONE pass after its cached rows,
+over the rows up to t: first those that became true since the last step (kept), then
+rows t+2-d .. t, which read drafts x_{t+2} .. x_{t+d} in place of the unknown tokens and
+module d-1's outputs at the same rows (computed on the fly, then dropped: the cache is
+truncated back to its true rows). q_d comes from row t. So when the earlier drafts are
+right, the draft computes exactly what training computed (`heads.mtp_unroll`); a wrong
+draft only changes the drafts after it, which the verifier rejects anyway.
+`rollback(n_valid)` keeps the rows i with i + d < n_valid (x_{i+d} still in the buffer).
+
+q: the same `SamplingParams` processing as p, applied to each module's logits at row t,
+drafted autoregressively (draft d is drawn from q_d, which saw drafts 1 .. d-1); one-hot
+on the argmax when greedy. A one-token prompt has no feature yet: the first step then
+proposes that token again, with one-hot q (exact, rarely accepted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .._validate import check_int
+from ..models.kvcache import KVCache
+from ..sampling import SamplingParams, sample
+from .features import FeatureDraft
+from .heads import MTPModule, MTPStack
+from .medusa import _check_lengths, _check_target, check_features_fit
+
+
+def _rows(buf: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:  # [B, S, C], [B, W] -> [B, W, C]
+    """buf[b, rows[b, w]]; rows outside the buffer are clamped (only padding asks for them)."""
+    idx = rows.clamp(0, buf.shape[1] - 1)
+    return buf.gather(1, idx[..., None].expand(*idx.shape, buf.shape[2]))
+
+
+class MTPDraft(FeatureDraft):
+    """DeepSeek-V3-style MTP modules as a chain draft: module d at the newest scored row proposes draft position d.
+
+    `target` lends its frozen embeddings (wte, wpe), its output head and its width;
+    `modules` is an `MTPStack` or a sequence of `MTPModule`s, depth 1 first. It reads
+    the target's last hidden state (`feature_layers = (n_layer,)`) and proposes at most
+    `depth` tokens. State: the feature buffer of `FeatureDraft`, and per module a KV
+    cache and its outputs over the rows with true inputs (see the module docstring).
+    """
+
+    def __init__(self, target: torch.nn.Module, modules: MTPStack | Sequence[MTPModule]) -> None:
+        mods = list(modules.modules_list) if isinstance(modules, MTPStack) else modules
+        if isinstance(mods, torch.nn.Module) or not isinstance(mods, Sequence) or not mods \
+                or not all(isinstance(m, MTPModule) for m in mods):
+            raise TypeError("modules must be an MTPStack or a non-empty sequence of "
+                            f"specref.drafts.heads.MTPModule, got {type(modules).__name__}")
+        widths = {m.n_embd for m in mods}
+        if len(widths) != 1:
+            raise ValueError(f"the MTP modules must share one width, got {sorted(widths)}")
+        _check_target(target, mods[0].n_embd, "the MTP modules")
+        super().__init__((target.config.n_layer,))
+        self.target, self.modules = target, list(mods)
+        self.depth = len(mods)
+        self.n_embd = mods[0].n_embd
+        self.vocab_size = int(target.config.vocab_size)
+        self.caches: list[KVCache] | None = None  # per depth: the block's K/V over the true rows
+        self.outputs: list[torch.Tensor] | None = None  # per depth [B, S, C]: h^d of the true rows
+        self.passes = 0
+
+    def begin(self, batch_size: int) -> None:
+        super().begin(batch_size)
+        self.caches, self.outputs = None, None
+
+    def observe(self, features: tuple[torch.Tensor, ...], starts: torch.Tensor) -> None:  # ([B, T, C],), [B]
+        check_features_fit(features, self.n_embd, self.modules[0], "the MTP modules")
+        super().observe(features, starts)
+
+    def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
+        super().rollback(n_valid)
+        if self.caches is not None:
+            n = n_valid.to(self.caches[0].device, torch.long)
+            for d, cache in enumerate(self.caches, start=1):  # row i of depth d read x_{i+d}: kept iff i + d < n_valid
+                cache.truncate(torch.minimum(cache.lengths, (n - d).clamp(min=0)))
+
+    def true_rows(self, d: int) -> torch.Tensor:  # [B]
+        """How many leading rows of depth d (1-based) the draft holds, computed from true inputs only."""
+        self._check_begun("true_rows")
+        if self.caches is None:
+            return torch.zeros(self.batch_size, dtype=torch.long)
+        return self.caches[d - 1].lengths.clone()
+
+    def _allocate(self, B: int) -> None:
+        # Rows never exceed the window; padding rows of one pass can reach up to one window further.
+        n = 2 * self.target.config.n_positions
+        p = next(self.modules[0].parameters())
+        self.caches = [m.new_cache(B, n) for m in self.modules]
+        self.outputs = [torch.zeros((B, n, self.n_embd), dtype=p.dtype, device=p.device) for _ in self.modules]
+
+    def _run(self, d: int, h_prev: torch.Tensor, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Module d over new rows after its cache: h_prev [B, W, C], tok [B, W] ids, pos [B, W] -> h^d [B, W, C]."""
+        tr = self.target.transformer
+        self.passes += 1
+        return self.modules[d - 1](h_prev, tr.wte(tok), tr.wpe(pos.clamp(max=self.target.config.n_positions - 1)),
+                                   cache=self.caches[d - 1])
+
+    @torch.no_grad()
+    def propose(
+        self,
+        tokens: torch.Tensor,  # [B, L] buffer; row b holds lengths[b] valid tokens
+        lengths: torch.Tensor,  # [B]
+        k: int,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # drafts [B, k], q [B, k, V]
+        k = check_int("k", k, 0, "tokens to propose")
+        if k > self.depth:
+            raise ValueError(f"k={k} but this MTP draft has {self.depth} modules: module d drafts position d, "
+                             f"so k must be <= {self.depth}")
+        t = _check_lengths(self, tokens, lengths)  # [B] the newest scored position
+        B, V, dev = tokens.shape[0], self.vocab_size, tokens.device
+        dtype = self.target.lm_head.weight.dtype
+        if k == 0:
+            return tokens.new_zeros((B, 0)), torch.zeros((B, 0, V), dtype=dtype, device=dev)
+        if bool((t < 0).any()):  # a one-token prompt: nothing scored yet (all rows share the prompt length)
+            x = tokens[:, :1].expand(B, k).clone()
+            return x, torch.nn.functional.one_hot(x, V).to(dtype)
+        if self.caches is None:
+            self._allocate(B)
+        lengths = lengths.to(dev, torch.long)
+        # The buffer followed by the drafts so far: x_u for u < length is true, x_{length + j} is draft j + 1.
+        ext = torch.cat([tokens, tokens.new_zeros((B, k))], 1)  # [B, L + k]
+        drafts: list[torch.Tensor] = []  # [B] each
+        qs: list[torch.Tensor] = []  # [B, V] each
+        for d in range(1, k + 1):
+            h_t = self._depth_pass(d, ext, t)  # [B, 1, C]: h^d at row t
+            logits = self.modules[d - 1].logits(h_t, self.target.lm_head)[:, 0]  # [B, V]: x_{t+1+d}
+            if params.greedy:
+                x = logits.argmax(-1)
+            else:
+                q = params.probs_unchecked(logits)
+                x = sample(q, generator)
+                qs.append(q)
+            drafts.append(x)
+            ext.scatter_(1, (lengths + d - 1)[:, None], x[:, None])
+        x = torch.stack(drafts, 1)  # [B, k]
+        if params.greedy:
+            return x, torch.nn.functional.one_hot(x, V).to(logits.dtype)
+        return x, torch.stack(qs, 1)
+
+    def _depth_pass(self, d: int, ext: torch.Tensor, t: torch.Tensor) -> torch.Tensor:  # -> [B, 1, C]
+        """Module d over its rows from the cached ones to t, in one pass; it keeps the true rows (<= t + 1 - d).
+
+        Row i reads h^{d-1}_i (the target's feature for d = 1, else depth d-1's output, which
+        this step has just written up to row t) and x_{i+d} from `ext`. A batch row with fewer
+        new rows than the widest is padded at the end, which causal attention keeps from its
+        real rows. Every output row goes to depth d's buffer, so that depth d+1 can read rows
+        up to t; the cache is then truncated to the true rows, which alone count as held.
+        """
+        cache = self.caches[d - 1]
+        keep = (t + 2 - d).clamp(min=0)  # rows 0 .. t+1-d read true tokens only
+        cache.truncate(torch.minimum(cache.lengths, keep))
+        start = cache.lengths  # [B]
+        W = int((t + 1 - start).max())
+        if W > 0:
+            rows = start[:, None] + torch.arange(W, device=t.device)  # [B, W]; rows > t[b] are padding
+            prev = self.features[0] if d == 1 else self.outputs[d - 2]
+            tok = ext.gather(1, (rows + d).clamp(max=ext.shape[1] - 1))
+            out = self._run(d, _rows(prev, rows), tok, rows + d)  # [B, W, C]
+            self.outputs[d - 1].scatter_(1, rows[..., None].expand(*rows.shape, self.n_embd), out)
+            cache.truncate(keep)
+        return _rows(self.outputs[d - 1], t[:, None])

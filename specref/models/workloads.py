@@ -1,0 +1,105 @@
+"""Prompt workloads for the bundled target (nb 05): ordinary code, and a copy-heavy "apply an edit" task.
+
+`heldout_prompts` (in `pair`) is the ordinary-code workload: the start of a held-out
+function, continued freely. `edit_prompts` is the copy-heavy one. Rule: a prompt holds
+a held-out snippet (whole lines of a held-out text, at most `n_tokens` tokens), then a
+marker line naming the edit, then the start of the same snippet re-emitted with one
+identifier renamed, from its start to the first word after the first renamed line. The continuation that
+fits is the rest of the edited snippet, which is mostly a copy of text already in the
+prompt: the workload where copying drafts (prompt lookup) pay.
+Every prompt leaves at least `EDIT_ROOM` positions of the target's 256-token window free.
+"""
+
+from __future__ import annotations
+
+import keyword
+import random
+import re
+from dataclasses import dataclass
+
+from .._validate import check_int
+from .pair import bundled_tokenizer, heldout_texts
+
+N_POSITIONS = 256  # the bundled target's context window
+EDIT_ROOM = 64  # new tokens every edit prompt leaves room for
+MARKER = "\n\n# {old} -> {new}\n"
+_IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
+_SKIP = set(keyword.kwlist) | {"self", "cls", "None", "True", "False"}
+
+
+@dataclass(frozen=True)
+class EditPrompt:
+    """One "apply an edit" prompt: its tokens, and the text it was built from."""
+
+    tokens: list[int]  # snippet + marker + head
+    snippet: str  # the held-out text it copies (whole lines)
+    edited: str  # the snippet with `old` renamed to `new`: what a faithful continuation re-emits
+    head: str  # the start of `edited` already in the prompt
+    old: str
+    new: str
+    source: int  # index of the held-out text (`specref.models.pair.heldout_texts`)
+
+
+def edit_cases(n: int = 8, n_tokens: int = 64, seed: int = 0) -> list[EditPrompt]:
+    """n edit prompts from distinct held-out texts, chosen and edited by `seed` (same seed, same prompts).
+
+    n_tokens caps the snippet (48 to 160 tokens); prompts are at most N_POSITIONS - EDIT_ROOM tokens.
+    Texts with no identifier that occurs twice are skipped.
+    """
+    texts = heldout_texts()
+    n = check_int("n", n, 1, "prompts")
+    n_tokens = check_int("n_tokens", n_tokens, 48, "the snippet's length in tokens")
+    if n_tokens > 160:
+        raise ValueError(f"n_tokens must be <= 160, so snippet, marker and head fit with {EDIT_ROOM} tokens to spare; "
+                         f"got {n_tokens}")
+    seed = check_int("seed", seed, 0, "the workload's seed")
+    rng = random.Random(seed)
+    tok = bundled_tokenizer()
+    out: list[EditPrompt] = []
+    for source in rng.sample(range(len(texts)), len(texts)):
+        case = _edit_case(texts[source], source, n_tokens, rng, tok)
+        if case is not None:
+            out.append(case)
+        if len(out) == n:
+            return out
+    raise ValueError(f"only {len(out)} held-out texts make edit prompts at n_tokens={n_tokens}; ask for n <= {len(out)}")
+
+
+def edit_prompts(n: int = 8, n_tokens: int = 64, seed: int = 0) -> list[list[int]]:
+    """The token lists of `edit_cases(n, n_tokens, seed)`: the copy-heavy workload."""
+    return [case.tokens for case in edit_cases(n, n_tokens, seed)]
+
+
+def _edit_case(text: str, source: int, n_tokens: int, rng: random.Random, tok) -> EditPrompt | None:
+    lines = text.splitlines(keepends=True)
+    # The longest run of whole lines within n_tokens; the last line of a held-out text may be cut mid-word.
+    snippet = ""
+    for line in lines[:-1]:
+        if len(tok.encode(snippet + line)) > n_tokens:
+            break
+        snippet += line
+    if snippet.count("\n") < 3:
+        return None
+    counts: dict[str, int] = {}
+    for name in _IDENTIFIER.findall(snippet):
+        if name not in _SKIP and len(name) >= 2:
+            counts[name] = counts.get(name, 0) + 1
+    candidates = sorted(name for name, c in counts.items() if c >= 2)
+    if not candidates:
+        return None
+    old = rng.choice(candidates)
+    new = f"new_{old}"
+    edited = re.sub(rf"\b{re.escape(old)}\b", new, snippet)
+    # The head runs past the first renamed line into the next one, up to its first word: the copy has begun,
+    # and the cut is mid-line (a cut right after a newline would split "\n" from the indent that follows it).
+    line_end = edited.find("\n", edited.index(new)) + 1
+    word = re.compile(r"\s*\S+").match(edited, line_end) if line_end else None
+    if word is None:
+        return None
+    head = edited[: word.end()]
+    if len(edited) - len(head) < 40:  # too little left to copy
+        return None
+    tokens = tok.encode(snippet + MARKER.format(old=old, new=new) + head)
+    if len(tokens) > N_POSITIONS - EDIT_ROOM:
+        return None
+    return EditPrompt(tokens, snippet, edited, head, old, new, source)

@@ -1,0 +1,104 @@
+"""record_generation and notebook 05's step view: the recorded steps are exactly what the loop did."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specref import PromptLookupDraft, generate, load_pair
+from specref.course.widgets import draft_steps_widget, format_steps
+from specref.decoding.record import RecordedStep, record_generation
+from specref.drafts import ModelDraft
+from specref.models.pair import heldout_prompts
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target, draft, tok = load_pair(dtype=torch.float64)
+    return target, draft, tok
+
+
+def _check_steps(steps, out, prompt_len, k, stats):
+    # The steps tile the continuation, each emitting its accepted drafts then one target token.
+    assert steps[0].start == prompt_len
+    joined = [t for s in steps for t in s.emitted]
+    assert joined == out[0, prompt_len:].tolist()
+    for a, b in zip(steps, steps[1:]):
+        assert b.start == a.start + len(a.emitted)
+    for s in steps:
+        assert s.emitted[: s.n_accepted] == s.drafts[: s.n_accepted]
+        assert len(s.emitted) == s.n_accepted + 1
+    assert sum(s.n_accepted for s in steps) == stats.accepted
+    assert len(steps) == stats.steps
+    full = [s.n_accepted for s in steps if len(s.drafts) == k]
+    assert [full.count(n) for n in range(k + 1)] == stats.accepted_hist.tolist()
+
+
+@pytest.mark.parametrize("kind", ["model", "prompt_lookup"])
+def test_greedy_recording_tiles_the_plain_greedy_output(pair, kind):
+    target, small, _ = pair
+    draft = ModelDraft(small) if kind == "model" else PromptLookupDraft.for_target(target)
+    ids = torch.tensor([heldout_prompts(1, 32)[0]])
+    out, steps, stats = record_generation(target, draft, ids, k=3, max_new_tokens=30, temperature=0)
+    assert torch.equal(out, generate(target, ids, 30, temperature=0))
+    _check_steps(steps, out, 32, 3, stats)
+    for s in steps:
+        if s.kind == "correction":  # greedy: the target's token differs from the draft it replaced
+            assert s.emitted[-1] != s.rejected
+    assert {s.kind for s in steps} >= {"correction"}
+    # Watching left no trace on the draft: its methods are the class's again.
+    assert "propose" not in vars(draft) and "rollback" not in vars(draft)
+
+
+def test_sampled_recording_matches_the_loop_and_its_seed(pair):
+    target, small, _ = pair
+    ids = torch.tensor(heldout_prompts(2, 24)[1])
+    g = torch.Generator().manual_seed(3)
+    out, steps, stats = record_generation(target, ModelDraft(small), ids, k=4, max_new_tokens=25, temperature=1.0,
+                                          generator=g)
+    _check_steps(steps, out, 24, 4, stats)
+    assert any(s.kind == "bonus" for s in steps) and any(s.kind == "correction" for s in steps)
+    # The same seed through speculative_generate gives the same text: recording changes nothing.
+    from specref import speculative_generate
+    again, _ = speculative_generate(target, small, ids[None], k=4, max_new_tokens=25, temperature=1.0,
+                                    generator=torch.Generator().manual_seed(3))
+    assert torch.equal(out, again)
+
+
+def test_record_generation_rejects_bad_input(pair):
+    target, small, _ = pair
+    with pytest.raises(ValueError, match="one sequence"):
+        record_generation(target, small, torch.zeros((2, 5), dtype=torch.long), k=2, max_new_tokens=4)
+    with pytest.raises(ValueError, match="k"):
+        record_generation(target, small, torch.zeros(5, dtype=torch.long), k=0, max_new_tokens=4)
+    with pytest.raises(TypeError, match="input_ids"):
+        record_generation(target, small, [1, 2, 3], k=2, max_new_tokens=4)
+
+
+def test_format_steps_marks_each_kind_and_escapes_text():
+    steps = [RecordedStep(3, [5, 6], 1, [5, 7]), RecordedStep(5, [8, 9], 2, [8, 9, 1]), RecordedStep(8, [], 0, [2])]
+    text = {1: "<b>", 2: "z", 5: "a", 6: "r", 7: "c", 8: "d", 9: "e"}
+    html = format_steps(steps, text.__getitem__, prompt="p&q")
+    assert html.count("class='specref-accepted'") == 3
+    assert html.count("class='specref-correction'") == 1 and "replaced draft &#x27;r&#x27;" in html
+    assert html.count("class='specref-bonus'") == 1 and html.count("class='specref-target'") == 1
+    assert "&lt;b&gt;" in html and "<b>" not in html.split("</p>", 1)[1] and "p&amp;q" in html
+    assert "3 steps, 6 tokens: 2.00 tokens per target pass" in html
+    with pytest.raises(ValueError, match="step 0 emitted 1 tokens but accepted 1"):
+        format_steps([RecordedStep(3, [5, 6], 1, [5])], text.__getitem__)
+
+
+def test_draft_steps_widget_follows_the_dropdown_and_the_k_slider(pair):
+    target, small, tok = pair
+    ids = torch.tensor(heldout_prompts(1, 24)[0])
+    drafts = {"model": ModelDraft(small), "prompt_lookup": PromptLookupDraft.for_target(target)}
+    w = draft_steps_widget(target, drafts, ids, tok, k=2, max_new_tokens=20)
+    assert all(len(s.drafts) <= 2 for s in w.steps) and "specref-accepted" in w.view.value
+    first = w.view.value
+    w.k_slider.value = 5
+    assert max(len(s.drafts) for s in w.steps) == 5 and w.view.value != first
+    model_out, model_steps = w.output, [len(s.emitted) for s in w.steps]
+    w.draft_dropdown.value = "prompt_lookup"
+    # Another draft, the same greedy text: only the step boundaries move.
+    assert torch.equal(w.output, model_out)
+    assert [len(s.emitted) for s in w.steps] != model_steps
