@@ -48,7 +48,6 @@ class ArgmaxSoftmaxDraft(ModelDraft):
     happened. (At temperature 0 the loop verifies greedily and never reads q: no bug there.)
     """
 
-    @torch.no_grad()
     def propose(
         self,
         tokens: torch.Tensor,  # [B, L]
@@ -59,21 +58,13 @@ class ArgmaxSoftmaxDraft(ModelDraft):
     ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, k], [B, k, V]
         if params.greedy:
             raise ValueError("ArgmaxSoftmaxDraft breaks sampling: use a temperature > 0")
-        if k == 0:
-            return super().propose(tokens, lengths, k, params, generator)
-        if self.cache is None or self.fed is None:
-            raise RuntimeError("call begin(batch_size) before propose")
-        logits = self._catch_up(tokens, lengths)  # [B, V]
-        drafts, qs = [], []
-        for i in range(k):
-            q = params.probs_unchecked(logits)  # [B, V]
-            x = q.argmax(-1)  # the bug: a sample of onehot(argmax), reported as a sample of q
-            drafts.append(x)
-            qs.append(q)
-            if i < k - 1:
-                logits = self.model(x[:, None], cache=self.cache)[:, -1]
-        self.fed = lengths + (k - 1)
-        return torch.stack(drafts, 1), torch.stack(qs, 1)
+        return super().propose(tokens, lengths, k, params, generator)
+
+    def _draw(
+        self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V] -> x [B], q [B, V]
+        q = params.probs_unchecked(logits)
+        return q.argmax(-1), q  # the bug: a sample of onehot(argmax), reported as a sample of q
 
 
 class StaleCacheTarget(torch.nn.Module):
@@ -176,7 +167,6 @@ class UnprocessedQModelDraft(ModelDraft):
     q = softmax(logits) while the drafts came from process_logits(logits): q not processed like p.
     """
 
-    @torch.no_grad()
     def propose(
         self,
         tokens: torch.Tensor,  # [B, L]
@@ -187,17 +177,10 @@ class UnprocessedQModelDraft(ModelDraft):
     ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, k], [B, k, V]
         if params.greedy:
             raise ValueError("UnprocessedQModelDraft breaks sampling: use a temperature > 0")
-        if k == 0:
-            return super().propose(tokens, lengths, k, params, generator)
-        if self.cache is None or self.fed is None:
-            raise RuntimeError("call begin(batch_size) before propose")
-        logits = self._catch_up(tokens, lengths)  # [B, V]
-        drafts, qs = [], []
-        for i in range(k):
-            x = sample(params.probs_unchecked(logits), generator)
-            drafts.append(x)
-            qs.append(torch.softmax(logits, -1))  # the bug: not the distribution x was drawn from
-            if i < k - 1:
-                logits = self.model(x[:, None], cache=self.cache)[:, -1]
-        self.fed = lengths + (k - 1)
-        return torch.stack(drafts, 1), torch.stack(qs, 1)
+        return super().propose(tokens, lengths, k, params, generator)
+
+    def _draw(
+        self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V] -> x [B], q [B, V]
+        x = sample(params.probs_unchecked(logits), generator)
+        return x, torch.softmax(logits, -1)  # the bug: not the distribution x was drawn from

@@ -9,7 +9,7 @@ draft reading them (`Draft.feature_layers`, `observe`); `eagle.EagleDraft` draft
 with one layer on them (EAGLE-1/2/3). New drafts go here.
 """
 
-from .base import Draft, TreeDraft
+from .base import ChainOrTreeDraft, Draft, TreeDraft
 from .eagle import EagleDraft
 from .features import FeatureDraft
 from .load import load_draft
@@ -20,6 +20,7 @@ from .prompt_lookup import PromptLookupDraft
 from .shapes import DynamicTree, TreeShape, as_tree_spec, build_tree, grow_trees
 
 __all__ = [
+    "ChainOrTreeDraft",
     "Draft",
     "DynamicTree",
     "EagleDraft",

@@ -30,6 +30,7 @@ import torch
 
 from ..sampling import SamplingParams
 from ..trees import Tree
+from .shapes import DynamicTree, TreeShape
 
 
 class Draft(ABC):
@@ -85,6 +86,53 @@ class TreeDraft(Draft):
         tokens: torch.Tensor,  # [B, L] buffer; row b holds lengths[b] valid tokens
         lengths: torch.Tensor,  # [B]
         spec: object,  # a TreeShape or DynamicTree (specref.drafts.shapes)
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+        max_depth: int | None = None,
+        max_nodes: int | None = None,
+    ) -> list[Tree]:
+        """One tree per row after its context, at most max_depth deep and max_nodes large."""
+
+
+class ChainOrTreeDraft(TreeDraft):
+    """A draft that serves both loops: `propose` with k drafts a chain, with a tree shape grows a tree per row.
+
+    `speculative_generate` passes an int k, `tree_generate` a `TreeShape` or `DynamicTree`;
+    the subclass writes `propose_chain` and `propose_tree` (Medusa and EAGLE do).
+    """
+
+    @torch.no_grad()
+    def propose(  # type: ignore[override]
+        self,
+        tokens: torch.Tensor,  # [B, L] buffer; row b holds lengths[b] valid tokens
+        lengths: torch.Tensor,  # [B]
+        k: int | TreeShape | DynamicTree,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+        max_depth: int | None = None,
+        max_nodes: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | list[Tree]:  # chain: drafts [B, k], q [B, k, V]; tree: [B] trees
+        if isinstance(k, (TreeShape, DynamicTree)):
+            return self.propose_tree(tokens, lengths, k, params, generator, max_depth, max_nodes)
+        return self.propose_chain(tokens, lengths, k, params, generator)
+
+    @abstractmethod
+    def propose_chain(
+        self,
+        tokens: torch.Tensor,  # [B, L]
+        lengths: torch.Tensor,  # [B]
+        k: int,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # drafts [B, k], q [B, k, V]
+        """k drafts per row with the q each was drawn from."""
+
+    @abstractmethod
+    def propose_tree(
+        self,
+        tokens: torch.Tensor,  # [B, L]
+        lengths: torch.Tensor,  # [B]
+        spec: TreeShape | DynamicTree,
         params: SamplingParams,
         generator: torch.Generator | None = None,
         max_depth: int | None = None,

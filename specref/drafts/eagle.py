@@ -38,13 +38,13 @@ from .._validate import check_int, check_tensor
 from ..models.kvcache import KVCache
 from ..sampling import SamplingParams, sample
 from ..trees import ROOT, Tree, stack_tree_masks
-from .base import TreeDraft
+from .base import ChainOrTreeDraft
 from .features import FeatureDraft
 from .heads import EagleLayer, HeadsConfig, embed, load_bundled_heads
 from .shapes import DynamicTree, TreeShape, as_tree_spec, grow_trees
 
 
-class EagleDraft(FeatureDraft, TreeDraft):
+class EagleDraft(FeatureDraft, ChainOrTreeDraft):
     """An `EagleLayer` on the target's features as a chain or tree draft; q = softmax of the target's LM head.
 
     `target` lends its frozen embeddings, positions and LM head; `layer` must be built for
@@ -159,22 +159,6 @@ class EagleDraft(FeatureDraft, TreeDraft):
             return x, torch.nn.functional.one_hot(x, logits.shape[-1]).to(logits.dtype)
         q = params.probs_unchecked(logits)
         return sample(q, generator), q
-
-    @torch.no_grad()
-    def propose(
-        self,
-        tokens: torch.Tensor,  # [B, L] buffer; row b holds lengths[b] valid tokens
-        lengths: torch.Tensor,  # [B]
-        k: int | TreeShape | DynamicTree,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-        max_depth: int | None = None,
-        max_nodes: int | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor] | list[Tree]:  # chain: drafts [B, k], q [B, k, V]; tree: [B] trees
-        """A chain of k drafts (`speculative_generate`), or one EAGLE-2 tree per row given a shape (`tree_generate`)."""
-        if isinstance(k, (TreeShape, DynamicTree)):
-            return self.propose_tree(tokens, lengths, k, params, generator, max_depth, max_nodes)
-        return self.propose_chain(tokens, lengths, k, params, generator)
 
     @torch.no_grad()
     def propose_chain(

@@ -27,7 +27,7 @@ import torch
 from .._validate import check_int
 from ..sampling import SamplingParams, sample
 from ..trees import ROOT, Tree
-from .base import TreeDraft
+from .base import ChainOrTreeDraft
 from .features import FeatureDraft
 from .heads import MedusaHeads
 from .shapes import DynamicTree, TreeShape, as_tree_spec, grow_trees
@@ -74,7 +74,7 @@ def _check_lengths(draft: FeatureDraft, tokens: torch.Tensor, lengths: torch.Ten
     return t
 
 
-class MedusaDraft(FeatureDraft, TreeDraft):
+class MedusaDraft(FeatureDraft, ChainOrTreeDraft):
     """Medusa heads as a chain or tree draft: head i's logits on the target's newest feature give draft position i + 1.
 
     `target` lends its frozen LM head (the heads share it) and its width;
@@ -106,23 +106,6 @@ class MedusaDraft(FeatureDraft, TreeDraft):
         (f_t,) = self.gather(t[:, None].to(self.feature_lengths.device))  # [B, 1, C]
         self.passes += 1
         return self.heads.logits(f_t, self.target.lm_head)[:, 0, :n]  # [B, n, V]: head i -> x_{t+2+i}
-
-    @torch.no_grad()
-    def propose(
-        self,
-        tokens: torch.Tensor,  # [B, L] buffer; row b holds lengths[b] valid tokens
-        lengths: torch.Tensor,  # [B]
-        k: int | TreeShape | DynamicTree,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-        max_depth: int | None = None,
-        max_nodes: int | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor] | list[Tree]:  # chain: drafts [B, k], q [B, k, V]; tree: [B] trees
-        """A chain of k drafts (`speculative_generate`), or one Medusa tree per row when given a tree shape
-        (`tree_generate` passes a TreeShape or DynamicTree)."""
-        if isinstance(k, (TreeShape, DynamicTree)):
-            return self.propose_tree(tokens, lengths, k, params, generator, max_depth, max_nodes)
-        return self.propose_chain(tokens, lengths, k, params, generator)
 
     @torch.no_grad()
     def propose_chain(

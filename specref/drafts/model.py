@@ -51,8 +51,7 @@ class ModelDraft(Draft):
             if params.greedy:  # q is one-hot on the argmax; build it once, after the loop
                 x = logits.argmax(-1)
             else:
-                q = params.probs_unchecked(logits)
-                x = sample(q, generator)
+                x, q = self._draw(logits, params, generator)
                 qs.append(q)
             drafts.append(x)
             if i < k - 1:  # the last draft is never fed: the target scores it
@@ -62,6 +61,16 @@ class ModelDraft(Draft):
         if params.greedy:
             return x, torch.nn.functional.one_hot(x, V).to(logits.dtype)
         return x, torch.stack(qs, 1)
+
+    def _draw(
+        self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V] -> x [B], q [B, V]
+        """One sampled draft: x ~ q = process_logits(logits), and the q it was drawn from.
+
+        The one place a broken draft (`specref.checks.broken`) changes to break the contract.
+        """
+        q = params.probs_unchecked(logits)
+        return sample(q, generator), q
 
     def _catch_up(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:  # [B, L], [B] -> [B, V]
         """Feed each row's tokens the cache has not seen, in one pass: the logits after the whole context.

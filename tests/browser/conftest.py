@@ -112,6 +112,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     base = tmp_path_factory.mktemp("lab")
     root = base / "root"
     shutil.copytree(REPO / "notebooks", root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    # Notebooks 05 and 07 read the committed benchmark results at ../benchmarks/results, as in the repository.
+    shutil.copytree(REPO / "benchmarks" / "results", base / "benchmarks" / "results")
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = dict(os.environ, **_lab_config(base))
