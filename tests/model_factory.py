@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import torch
 
+from specref.decoding.chain import speculative_generate
 from specref.models.gpt2 import GPT2, GPT2Config
 
 
@@ -45,3 +47,15 @@ def exact_first_two(target: GPT2, prompt: list[int], params) -> torch.Tensor:  #
     ids = torch.tensor([prompt + [x1] for x1 in range(V)])
     probs = params.probs(target(ids))  # [V, T+1, V]: row x1 holds p(. | prompt) and p(. | prompt, x1)
     return probs[0, -2, :, None] * probs[:, -1, :]
+
+
+def sample_first_two(target: GPT2, draft, prompt: list[int], k: int, params, seed: int, n: int,
+                     max_new_tokens: int = 2) -> np.ndarray:  # [V, V] counts
+    """Counts of the first two new tokens over n speculative runs of `prompt` (compare with `exact_first_two`)."""
+    ids = torch.tensor([prompt] * n)
+    out, _ = speculative_generate(target, draft, ids, k=k, max_new_tokens=max_new_tokens,
+                                  temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                                  generator=torch.Generator().manual_seed(seed))
+    pairs = out[:, len(prompt) : len(prompt) + 2].numpy()
+    V = target.config.vocab_size
+    return np.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V**2).reshape(V, V)

@@ -6,11 +6,13 @@ bundled pair when they exist.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
-from model_factory import TINY_VOCAB, exact_first_two, small_gpt2, tiny_pair
+from model_factory import exact_first_two, sample_first_two, small_gpt2, tiny_pair
 from specref.checks.montecarlo import distribution_test
 from specref.decoding.chain import generate, speculative_generate, speculative_step
 from specref.decoding.loop import Sequences, SpecStats, prefill
@@ -133,17 +135,13 @@ def tiny():
 class _UnprocessedQEagle(EagleDraft):
     """Negative control: draws its drafts from the processed q but reports softmax(logits), unprocessed."""
 
-    def _choose(self, logits, params, generator):
-        x, _ = super()._choose(logits, params, generator)
+    def _draw(self, logits, params, generator):
+        x, _ = super()._draw(logits, params, generator)
         return x, torch.softmax(logits, -1)
 
 
 def _sample_first_two(target, draft, k, params, seed) -> np.ndarray:  # [V, V] counts
-    ids = torch.tensor([PROMPT] * N_RUNS)
-    out, _ = speculative_generate(target, draft, ids, k=k, max_new_tokens=2, temperature=params.temperature,
-                                  top_k=params.top_k, generator=torch.Generator().manual_seed(seed))
-    pairs = out[:, len(PROMPT):].numpy()
-    return np.bincount(pairs[:, 0] * TINY_VOCAB + pairs[:, 1], minlength=TINY_VOCAB**2).reshape(TINY_VOCAB, TINY_VOCAB)
+    return sample_first_two(target, draft, PROMPT, k, params, seed, N_RUNS)
 
 
 @pytest.mark.parametrize("k,params", [(2, SamplingParams(1.0)), (1, SamplingParams(0.7, top_k=3))], ids=str)
@@ -162,16 +160,40 @@ def test_negative_control_an_unprocessed_q_is_flagged(tiny):
     assert distribution_test(exact, counts=counts).p_value < 1e-6
 
 
-N_TREE_RUNS = 1000  # the tree rule runs per row in Python
+N_TREE_RUNS = 1000  # the tree rule runs per row in Python; the negative control below is flagged at this size
+
+
+class _MisreportedTreeEagle(EagleDraft):
+    """Negative control: grows its sampled trees at temperature T / 4 but reports each node's q at temperature T.
+
+    (T / 2 is too mild a bug for a tree of two sampled children to show at N_TREE_RUNS.)
+    """
+
+    def propose_tree(self, tokens, lengths, spec, params, generator=None, max_depth=None, max_nodes=None):
+        colder = SamplingParams(params.temperature / 4, params.top_k, params.top_p)
+        trees = super().propose_tree(tokens, lengths, spec, colder, generator, max_depth, max_nodes)
+        # softmax(l / (T/4)) ** (1/4), renormalised, is softmax(l / T); a tree with no nodes has no q
+        return [t if t.q is None else dataclasses.replace(t, q=t.q**0.25 / (t.q**0.25).sum(-1, keepdim=True))
+                for t in trees]
+
+
+def _tree_first_two(target, draft) -> torch.Tensor:  # [N_TREE_RUNS, 2]
+    ids = torch.tensor([PROMPT] * N_TREE_RUNS)
+    out, _ = tree_generate(target, draft, ids, TreeShape((2, 1), sampled=True),
+                           max_new_tokens=2, generator=torch.Generator().manual_seed(43))
+    return out[:, len(PROMPT):]
 
 
 def test_sampled_tree_first_two_tokens_follow_the_target(tiny):
     target, layer = tiny
-    params = SamplingParams(1.0)
-    ids = torch.tensor([PROMPT] * N_TREE_RUNS)
-    out, _ = tree_generate(target, EagleDraft(target, layer), ids, TreeShape((2, 1), sampled=True),
-                           max_new_tokens=2, generator=torch.Generator().manual_seed(43))
-    assert distribution_test(exact_first_two(target, PROMPT, params), samples=out[:, len(PROMPT):]).passed
+    exact = exact_first_two(target, PROMPT, SamplingParams(1.0))
+    assert distribution_test(exact, samples=_tree_first_two(target, EagleDraft(target, layer))).passed
+
+
+def test_negative_control_a_misreported_tree_q_is_flagged(tiny):
+    target, layer = tiny
+    exact = exact_first_two(target, PROMPT, SamplingParams(1.0))
+    assert not distribution_test(exact, samples=_tree_first_two(target, _MisreportedTreeEagle(target, layer))).passed
 
 
 # -- state: after each rollback, what a recompute from scratch gives ----------------------------------

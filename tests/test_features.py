@@ -200,7 +200,7 @@ def test_misuse_of_the_feature_buffer_gets_clear_errors():
         type(_fresh())((0,)).observe((f, f), torch.tensor([0, 0]))
     d = _fresh()
     with pytest.raises(RuntimeError, match="no features"):
-        d.latest()
+        d.gather(torch.zeros((2, 1), dtype=torch.long))
     with pytest.raises(ValueError, match="tuple of 2 tensors"):
         d.observe((f,), torch.tensor([0, 0]))
     with pytest.raises(ValueError, match=r"\[B, T, C\] tensor with B = 2"):
@@ -222,13 +222,14 @@ def test_misuse_of_the_feature_buffer_gets_clear_errors():
         d.rollback(torch.tensor([-1, 0]))
 
 
-def test_observe_writes_rollback_truncates_and_latest_reads_the_newest():
+def test_observe_writes_rollback_truncates_and_gather_reads_the_held():
     d = _fresh()
     f = torch.arange(2 * 3 * 1, dtype=torch.float64).reshape(2, 3, 1)  # feature value = 3 b + t
     d.observe((f, -f), torch.tensor([0, 0]))
     d.rollback(torch.tensor([2, 3]))
     assert d.held().tolist() == [2, 3]
-    assert [x.flatten().tolist() for x in d.latest()] == [[1.0, 5.0], [-1.0, -5.0]]
+    newest = d.gather((d.held() - 1)[:, None])
+    assert [x.flatten().tolist() for x in newest] == [[1.0, 5.0], [-1.0, -5.0]]
     g = torch.full((2, 2, 1), 9.0, dtype=torch.float64)
     d.observe((g, -g), torch.tensor([2, 1]))  # row 1 re-covers position 1, 2 and drops what followed
     assert d.held().tolist() == [4, 3]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from model_factory import TINY_VOCAB, exact_first_two, small_gpt2, tiny_pair
+from model_factory import exact_first_two, sample_first_two, small_gpt2, tiny_pair
 from specref.checks.exact_trees import extended_distribution, target_distribution, target_rows, verify_tree_softmax_q
 from specref.checks.montecarlo import distribution_test
 from specref.checks.rng import exact_distribution
@@ -132,11 +132,7 @@ def tiny():
 
 def _first_two(target, draft, k, params, seed) -> np.ndarray:  # [V, V] counts
     # Three new tokens, so that k = 2 drafts are proposed at the first step (the last token is always the target's).
-    ids = torch.tensor([[1, 2]] * N_RUNS)
-    out, _ = speculative_generate(target, draft, ids, k=k, max_new_tokens=3, temperature=params.temperature,
-                                  top_k=params.top_k, generator=torch.Generator().manual_seed(seed))
-    pairs = out[:, 2:4].numpy()
-    return np.bincount(pairs[:, 0] * TINY_VOCAB + pairs[:, 1], minlength=TINY_VOCAB**2).reshape(TINY_VOCAB, TINY_VOCAB)
+    return sample_first_two(target, draft, [1, 2], k, params, seed, N_RUNS, max_new_tokens=3)
 
 
 class _MisreportedMedusa(MedusaDraft):

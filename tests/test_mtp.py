@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from model_factory import TINY_VOCAB, exact_first_two, small_gpt2, tiny_pair
+from model_factory import exact_first_two, sample_first_two, small_gpt2, tiny_pair
 from specref.checks.montecarlo import distribution_test
 from specref.decoding.chain import generate, speculative_generate, speculative_step
 from specref.decoding.loop import Sequences, SpecStats, prefill
@@ -169,11 +169,7 @@ def tiny():
 
 def _first_two(target, draft, params, seed) -> np.ndarray:  # [V, V] counts
     # Three new tokens, so that both modules draft at the first step (the last token is always the target's).
-    ids = torch.tensor([[1, 2]] * N_RUNS)
-    out, _ = speculative_generate(target, draft, ids, k=2, max_new_tokens=3, temperature=params.temperature,
-                                  top_k=params.top_k, generator=torch.Generator().manual_seed(seed))
-    pairs = out[:, 2:4].numpy()
-    return np.bincount(pairs[:, 0] * TINY_VOCAB + pairs[:, 1], minlength=TINY_VOCAB**2).reshape(TINY_VOCAB, TINY_VOCAB)
+    return sample_first_two(target, draft, [1, 2], 2, params, seed, N_RUNS, max_new_tokens=3)
 
 
 class _MisreportedMTP(MTPDraft):

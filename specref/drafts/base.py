@@ -28,9 +28,23 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, sample
 from ..trees import Tree
 from .shapes import DynamicTree, TreeShape
+
+
+def draw(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:  # [..., V] -> x [...], q [..., V]
+    """One draft token per row and the q it was drawn from: the argmax with one-hot q when greedy, else x ~ q.
+
+    q = `params.probs_unchecked(logits)`, the same processing as p (the loop checks the stacked q).
+    """
+    if params.greedy:
+        x = logits.argmax(-1)
+        return x, torch.nn.functional.one_hot(x, logits.shape[-1]).to(logits.dtype)
+    q = params.probs_unchecked(logits)
+    return sample(q, generator), q
 
 
 class Draft(ABC):

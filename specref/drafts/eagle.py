@@ -36,10 +36,10 @@ import torch
 
 from .._validate import check_int, check_tensor
 from ..models.kvcache import KVCache
-from ..sampling import SamplingParams, sample
+from ..sampling import SamplingParams
 from ..trees import ROOT, Tree, stack_tree_masks
-from .base import ChainOrTreeDraft
-from .features import FeatureDraft
+from .base import ChainOrTreeDraft, draw
+from .features import FeatureDraft, check_features_fit
 from .heads import EagleLayer, HeadsConfig, embed, load_bundled_heads
 from .shapes import DynamicTree, TreeShape, as_tree_spec, grow_trees
 
@@ -65,7 +65,7 @@ class EagleDraft(FeatureDraft, ChainOrTreeDraft):
         if config is not None:
             if not isinstance(config, HeadsConfig) or config.kind != "eagle":
                 raise ValueError(f"config must be an 'eagle' HeadsConfig, got {config!r}")
-            config.check_target(target)
+            config.check_target(target)  # before the width check: it names the target the layer was trained on
         if layer.n_embd != tc.n_embd:
             raise ValueError(f"the EAGLE layer reads features of width {layer.n_embd}, but the target's n_embd is "
                              f"{tc.n_embd}: it was built for another target")
@@ -98,10 +98,7 @@ class EagleDraft(FeatureDraft, ChainOrTreeDraft):
         self.fed = torch.zeros(batch_size, dtype=torch.long, device=self.target.device)
 
     def observe(self, features: tuple[torch.Tensor, ...], starts: torch.Tensor) -> None:  # ([B, T, C], ...), [B]
-        if isinstance(features, (tuple, list)) and features and isinstance(features[0], torch.Tensor) \
-                and features[0].dim() == 3 and features[0].shape[-1] != self.layer.n_embd:
-            raise ValueError(f"the EAGLE layer reads features of width {self.layer.n_embd}, the target's pass gave "
-                             f"width {features[0].shape[-1]}: the draft was built for another target")
+        check_features_fit(features, self.layer.n_embd, self.layer, "the EAGLE layer")
         super().observe(features, starts)
 
     def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
@@ -151,14 +148,10 @@ class EagleDraft(FeatureDraft, ChainOrTreeDraft):
         C = out.shape[-1]
         return out.gather(1, (r - 1 - start)[:, None, None].expand(B, 1, C))[:, 0]  # row n-2
 
-    def _choose(self, logits: torch.Tensor, params: SamplingParams,
-                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V] -> x [B], q [B, V]
-        """A draft token and the q it was drawn from: the argmax with one-hot q, or a draw from q = params.probs."""
-        if params.greedy:
-            x = logits.argmax(-1)
-            return x, torch.nn.functional.one_hot(x, logits.shape[-1]).to(logits.dtype)
-        q = params.probs_unchecked(logits)
-        return sample(q, generator), q
+    def _draw(self, logits: torch.Tensor, params: SamplingParams,
+              generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V] -> x [B], q [B, V]
+        """A draft token and the q it was drawn from (`draw`); the hook a broken draft overrides, as in `ModelDraft`."""
+        return draw(logits, params, generator)
 
     @torch.no_grad()
     def propose_chain(
@@ -179,13 +172,12 @@ class EagleDraft(FeatureDraft, ChainOrTreeDraft):
                              f"n_positions={n_ctx}")
         if k == 0:
             return tokens.new_zeros((B, 0)), torch.zeros((B, 0, V), dtype=dtype, device=tokens.device)
-        if f_hat is None:  # no feature yet: the lone prompt token again, one-hot
-            x = tokens[:, :1].expand(B, k).clone()
-            return x, torch.nn.functional.one_hot(x, V).to(dtype)
+        if f_hat is None:
+            return self.prompt_again(tokens, k, dtype)
         row = self.fed.clone()  # draft 2's row: n-1
         drafts, qs = [], []
         for i in range(k):
-            x, q = self._choose(self.target.lm_head(f_hat), params, generator)  # q for x_{n+i}
+            x, q = self._draw(self.target.lm_head(f_hat), params, generator)  # q for x_{n+i}
             drafts.append(x)
             qs.append(q)
             if i < k - 1:  # the last draft is never fed: the target scores it
@@ -209,9 +201,8 @@ class EagleDraft(FeatureDraft, ChainOrTreeDraft):
         spec = as_tree_spec(spec)
         f_root = self._catch_up(tokens, lengths)  # [B, C]
         B, dev = tokens.shape[0], tokens.device
-        if f_root is None:  # no feature yet: one node per row, the lone prompt token (deterministic, one-hot)
-            room = min(spec.depth if max_depth is None else max_depth, 1 if max_nodes is None else max_nodes)
-            return [Tree((ROOT,), (int(tokens[b, 0]),)) if room > 0 else Tree((), ()) for b in range(B)]
+        if f_root is None:
+            return self.prompt_again_tree(tokens, spec.depth, max_depth, max_nodes)
         context = self.fed.clone()  # [B] true rows; node at depth d is row context - 1 + d
         room = self.target.config.n_positions - int(lengths.max())  # nodes sit at positions n .. n-1+depth
         max_nodes = room if max_nodes is None else min(max_nodes, room)

@@ -13,8 +13,7 @@ target's own token, which gets its features when it is fed at the next pass).
 `FeatureDraft` is that bookkeeping: one buffer [B, capacity, C] per requested layer and
 one valid length per row. `observe` writes positions starts[b].. and sets the row's
 length to starts[b] + T (a write may re-cover positions already held, never leave a
-gap); `rollback` truncates. `latest()` reads each row's newest valid feature,
-`gather(positions)` any valid ones.
+gap); `rollback` truncates; `gather(positions)` reads any valid ones.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from .._validate import as_int_tuple, check_tensor
+from ..trees import ROOT, Tree
 from .base import Draft
 
 
@@ -128,12 +128,16 @@ class FeatureDraft(Draft):
             return torch.zeros(B, dtype=torch.long)
         return self.feature_lengths.clone()
 
-    def latest(self) -> tuple[torch.Tensor, ...]:  # ([B, C], ...) one per feature layer
-        """Each row's newest valid feature, per feature layer: position feature_lengths[b] - 1."""
-        self._check_begun("latest")
-        if self.feature_lengths is None or bool((self.feature_lengths == 0).any()):
-            raise RuntimeError("a row holds no features yet: the target has not processed any of its tokens")
-        return tuple(f[..., 0, :] for f in self.gather((self.feature_lengths - 1)[:, None]))
+    def prompt_again(self, tokens: torch.Tensor, k: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Before any feature (a one-token prompt): k copies of that token with one-hot q, exact and rarely accepted."""
+        x = tokens[:, :1].expand(tokens.shape[0], k).clone()  # [B, k]
+        return x, torch.nn.functional.one_hot(x, self.vocab_size).to(dtype)
+
+    def prompt_again_tree(self, tokens: torch.Tensor, depth: int, max_depth: int | None,
+                          max_nodes: int | None) -> list[Tree]:
+        """The tree form of `prompt_again`: one node per row, the lone prompt token (deterministic, one-hot q)."""
+        room = min(depth if max_depth is None else max_depth, 1 if max_nodes is None else max_nodes)
+        return [Tree((ROOT,), (int(tokens[b, 0]),)) if room > 0 else Tree((), ()) for b in range(tokens.shape[0])]
 
     def gather(self, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:  # [B, W] -> ([B, W, C], ...)
         """The features at positions[b, w] of row b, per feature layer; every position must be held."""
@@ -152,3 +156,46 @@ class FeatureDraft(Draft):
         C = self.features[0].shape[2]
         idx = positions[..., None].expand(*positions.shape, C)
         return tuple(f.gather(1, idx) for f in self.features)
+
+
+def check_target(target: object, n_embd: int, what: str) -> None:
+    """Raise unless `target` is a GPT-2 model (it lends its embeddings and LM head) of width n_embd."""
+    config = getattr(target, "config", None)
+    if not isinstance(target, torch.nn.Module) or config is None or not hasattr(target, "lm_head") \
+            or not hasattr(target, "transformer"):
+        raise TypeError(f"target must be a GPT-2 model (specref.models.gpt2.GPT2), got {type(target).__name__}")
+    if config.n_embd != n_embd:
+        raise ValueError(f"the target's n_embd is {config.n_embd}, but {what} read features of width {n_embd}: "
+                         "the draft was built for another target")
+
+
+def check_features_fit(features: object, n_embd: int, module: torch.nn.Module, what: str) -> None:
+    """Raise unless the target's features have the width `module` reads and live on its device."""
+    if not (isinstance(features, (tuple, list)) and features and isinstance(features[0], torch.Tensor)):
+        return  # FeatureDraft.observe names what is wrong with the structure
+    f, p = features[0], next(module.parameters())
+    if f.dim() == 3 and f.shape[-1] != n_embd:
+        raise ValueError(f"{what} read features of width {n_embd}, the target's pass gave width "
+                         f"{f.shape[-1]}: the draft was built for another target")
+    if f.device != p.device or f.dtype != p.dtype:
+        raise ValueError(f"the target computes in {f.dtype} on {f.device} but {what} are {p.dtype} on {p.device}: "
+                         "put both on one device and dtype (load_draft does)")
+
+
+def check_lengths(draft: FeatureDraft, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:  # -> t [B]
+    """t = lengths - 2 per row, the newest position the target has scored; its features must be held (or t = -1)."""
+    B = draft._check_begun("propose")
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[0] != B \
+            or tokens.is_floating_point():
+        raise ValueError(f"tokens must be an integer [B, L] tensor with B = {B} (from begin), "
+                         f"got {getattr(tokens, 'dtype', type(tokens).__name__)} {tuple(getattr(tokens, 'shape', ()))}")
+    if not isinstance(lengths, torch.Tensor) or tuple(lengths.shape) != (B,) or lengths.is_floating_point():
+        raise ValueError(f"lengths must be an integer tensor of shape [B] = [{B}]")
+    t = lengths.to(torch.long) - 2
+    if bool((t < -1).any()) or bool((lengths > tokens.shape[1]).any()):
+        raise ValueError(f"lengths must be in [1, {tokens.shape[1]}] (the buffer's width), got {lengths.tolist()}")
+    held = draft.held().to(t.device)
+    if bool(((t >= 0) & (held <= t)).any()):
+        raise RuntimeError(f"the draft holds the target's features of {held.tolist()} positions but needs those of "
+                           f"{(t + 1).tolist()}: the loop must call observe(features, starts) after every target pass")
+    return t

@@ -25,53 +25,12 @@ from __future__ import annotations
 import torch
 
 from .._validate import check_int
-from ..sampling import SamplingParams, sample
+from ..sampling import SamplingParams
 from ..trees import ROOT, Tree
-from .base import ChainOrTreeDraft
-from .features import FeatureDraft
+from .base import ChainOrTreeDraft, draw
+from .features import FeatureDraft, check_features_fit, check_lengths, check_target
 from .heads import MedusaHeads
 from .shapes import DynamicTree, TreeShape, as_tree_spec, grow_trees
-
-
-def _check_target(target: object, n_embd: int, what: str) -> None:
-    config = getattr(target, "config", None)
-    if not isinstance(target, torch.nn.Module) or config is None or not hasattr(target, "lm_head"):
-        raise TypeError(f"target must be a GPT-2 model (specref.models.gpt2.GPT2), got {type(target).__name__}")
-    if config.n_embd != n_embd:
-        raise ValueError(f"{what} read features of width {n_embd}, but the target's n_embd is {config.n_embd}: "
-                         "they were built for another target")
-
-
-def check_features_fit(features: object, n_embd: int, module: torch.nn.Module, what: str) -> None:
-    """Raise unless the target's features have the width `module` reads and live on its device."""
-    if not (isinstance(features, (tuple, list)) and features and isinstance(features[0], torch.Tensor)):
-        return  # FeatureDraft.observe names what is wrong with the structure
-    f, p = features[0], next(module.parameters())
-    if f.dim() == 3 and f.shape[-1] != n_embd:
-        raise ValueError(f"{what} read features of width {n_embd}, the target's pass gave width "
-                         f"{f.shape[-1]}: the draft was built for another target")
-    if f.device != p.device or f.dtype != p.dtype:
-        raise ValueError(f"the target computes in {f.dtype} on {f.device} but {what} are {p.dtype} on {p.device}: "
-                         "put both on one device and dtype (load_draft does)")
-
-
-def _check_lengths(draft: FeatureDraft, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:  # -> t [B]
-    """t = lengths - 2 per row, the newest position the target has scored; its features must be held (or t = -1)."""
-    B = draft._check_begun("propose")
-    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[0] != B \
-            or tokens.is_floating_point():
-        raise ValueError(f"tokens must be an integer [B, L] tensor with B = {B} (from begin), "
-                         f"got {getattr(tokens, 'dtype', type(tokens).__name__)} {tuple(getattr(tokens, 'shape', ()))}")
-    if not isinstance(lengths, torch.Tensor) or tuple(lengths.shape) != (B,) or lengths.is_floating_point():
-        raise ValueError(f"lengths must be an integer tensor of shape [B] = [{B}]")
-    t = lengths.to(torch.long) - 2
-    if bool((t < -1).any()) or bool((lengths > tokens.shape[1]).any()):
-        raise ValueError(f"lengths must be in [1, {tokens.shape[1]}] (the buffer's width), got {lengths.tolist()}")
-    held = draft.held().to(t.device)
-    if bool(((t >= 0) & (held <= t)).any()):
-        raise RuntimeError(f"the draft holds the target's features of {held.tolist()} positions but needs those of "
-                           f"{(t + 1).tolist()}: the loop must call observe(features, starts) after every target pass")
-    return t
 
 
 class MedusaDraft(FeatureDraft, ChainOrTreeDraft):
@@ -86,7 +45,7 @@ class MedusaDraft(FeatureDraft, ChainOrTreeDraft):
     def __init__(self, target: torch.nn.Module, heads: MedusaHeads) -> None:
         if not isinstance(heads, MedusaHeads):
             raise TypeError(f"heads must be a specref.drafts.heads.MedusaHeads, got {type(heads).__name__}")
-        _check_target(target, heads.n_embd, "the Medusa heads")
+        check_target(target, heads.n_embd, "the Medusa heads")
         super().__init__((target.config.n_layer,))
         self.target, self.heads = target, heads
         self.vocab_size = int(target.config.vocab_size)
@@ -100,7 +59,7 @@ class MedusaDraft(FeatureDraft, ChainOrTreeDraft):
     @torch.no_grad()
     def head_logits(self, tokens: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor | None:  # [B, n, V]
         """Heads 0 .. n-1 on each row's newest feature f_t (t = lengths - 2); None before any feature exists."""
-        t = _check_lengths(self, tokens, lengths)
+        t = check_lengths(self, tokens, lengths)
         if bool((t < 0).any()):
             return None  # a one-token prompt: nothing scored yet (all rows share the prompt length)
         (f_t,) = self.gather(t[:, None].to(self.feature_lengths.device))  # [B, 1, C]
@@ -124,17 +83,12 @@ class MedusaDraft(FeatureDraft, ChainOrTreeDraft):
         B, V = tokens.shape[0], self.vocab_size
         dtype = self.target.lm_head.weight.dtype
         if k == 0:
-            _check_lengths(self, tokens, lengths)
+            check_lengths(self, tokens, lengths)
             return tokens.new_zeros((B, 0)), torch.zeros((B, 0, V), dtype=dtype, device=tokens.device)
         logits = self.head_logits(tokens, lengths, k)  # [B, k, V]
         if logits is None:
-            x = tokens[:, :1].expand(B, k).clone()  # the lone prompt token again, with one-hot q
-            return x, torch.nn.functional.one_hot(x, V).to(dtype)
-        if params.greedy:
-            x = logits.argmax(-1)  # [B, k]
-            return x, torch.nn.functional.one_hot(x, V).to(logits.dtype)
-        q = params.probs_unchecked(logits)  # [B, k, V]
-        return sample(q, generator), q
+            return self.prompt_again(tokens, k, dtype)
+        return draw(logits, params, generator)  # [B, k], [B, k, V]: each position drawn on its own
 
     @torch.no_grad()
     def propose_tree(
@@ -154,9 +108,8 @@ class MedusaDraft(FeatureDraft, ChainOrTreeDraft):
                              f"{self.n_heads}: use a tree at most {self.n_heads} deep")
         B = tokens.shape[0]
         logits = self.head_logits(tokens, lengths, spec.depth)  # [B, depth, V]
-        if logits is None:  # no feature yet: one node per row, the lone prompt token (deterministic, one-hot)
-            room = min(spec.depth if max_depth is None else max_depth, 1 if max_nodes is None else max_nodes)
-            return [Tree((ROOT,), (int(tokens[b, 0]),)) if room > 0 else Tree((), ()) for b in range(B)]
+        if logits is None:
+            return self.prompt_again_tree(tokens, spec.depth, max_depth, max_nodes)
 
         def draft_logits(trees: list[Tree], frontier: list[list[int]]) -> torch.Tensor:  # [B, n, V]
             node = frontier[0][0]  # every frontier node lies at one depth

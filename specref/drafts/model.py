@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import SamplingParams, sample
+from ..sampling import SamplingParams
 from ..trees import ROOT, Tree, stack_tree_masks
-from .base import Draft, TreeDraft
+from .base import Draft, TreeDraft, draw
 from .shapes import DynamicTree, TreeShape, grow_trees
 
 
@@ -65,12 +65,11 @@ class ModelDraft(Draft):
     def _draw(
         self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
     ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V] -> x [B], q [B, V]
-        """One sampled draft: x ~ q = process_logits(logits), and the q it was drawn from.
+        """One sampled draft: x ~ q = process_logits(logits), and the q it was drawn from (`draw`).
 
         The one place a broken draft (`specref.checks.broken`) changes to break the contract.
         """
-        q = params.probs_unchecked(logits)
-        return sample(q, generator), q
+        return draw(logits, params, generator)
 
     def _catch_up(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:  # [B, L], [B] -> [B, V]
         """Feed each row's tokens the cache has not seen, in one pass: the logits after the whole context.

@@ -40,10 +40,10 @@ import torch
 
 from .._validate import check_int
 from ..models.kvcache import KVCache
-from ..sampling import SamplingParams, sample
-from .features import FeatureDraft
+from ..sampling import SamplingParams
+from .base import draw
+from .features import FeatureDraft, check_features_fit, check_lengths, check_target
 from .heads import MTPModule, MTPStack
-from .medusa import _check_lengths, _check_target, check_features_fit
 
 
 def _rows(buf: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:  # [B, S, C], [B, W] -> [B, W, C]
@@ -71,7 +71,7 @@ class MTPDraft(FeatureDraft):
         widths = {m.n_embd for m in mods}
         if len(widths) != 1:
             raise ValueError(f"the MTP modules must share one width, got {sorted(widths)}")
-        _check_target(target, mods[0].n_embd, "the MTP modules")
+        check_target(target, mods[0].n_embd, "the MTP modules")
         super().__init__((target.config.n_layer,))
         self.target, self.modules = target, list(mods)
         self.depth = len(mods)
@@ -130,14 +130,13 @@ class MTPDraft(FeatureDraft):
         if k > self.depth:
             raise ValueError(f"k={k} but this MTP draft has {self.depth} modules: module d drafts position d, "
                              f"so k must be <= {self.depth}")
-        t = _check_lengths(self, tokens, lengths)  # [B] the newest scored position
+        t = check_lengths(self, tokens, lengths)  # [B] the newest scored position
         B, V, dev = tokens.shape[0], self.vocab_size, tokens.device
         dtype = self.target.lm_head.weight.dtype
         if k == 0:
             return tokens.new_zeros((B, 0)), torch.zeros((B, 0, V), dtype=dtype, device=dev)
         if bool((t < 0).any()):  # a one-token prompt: nothing scored yet (all rows share the prompt length)
-            x = tokens[:, :1].expand(B, k).clone()
-            return x, torch.nn.functional.one_hot(x, V).to(dtype)
+            return self.prompt_again(tokens, k, dtype)
         if self.caches is None:
             self._allocate(B)
         lengths = lengths.to(dev, torch.long)
@@ -148,18 +147,11 @@ class MTPDraft(FeatureDraft):
         for d in range(1, k + 1):
             h_t = self._depth_pass(d, ext, t)  # [B, 1, C]: h^d at row t
             logits = self.modules[d - 1].logits(h_t, self.target.lm_head)[:, 0]  # [B, V]: x_{t+1+d}
-            if params.greedy:
-                x = logits.argmax(-1)
-            else:
-                q = params.probs_unchecked(logits)
-                x = sample(q, generator)
-                qs.append(q)
+            x, q = draw(logits, params, generator)
             drafts.append(x)
+            qs.append(q)
             ext.scatter_(1, (lengths + d - 1)[:, None], x[:, None])
-        x = torch.stack(drafts, 1)  # [B, k]
-        if params.greedy:
-            return x, torch.nn.functional.one_hot(x, V).to(logits.dtype)
-        return x, torch.stack(qs, 1)
+        return torch.stack(drafts, 1), torch.stack(qs, 1)
 
     def _depth_pass(self, d: int, ext: torch.Tensor, t: torch.Tensor) -> torch.Tensor:  # -> [B, 1, C]
         """Module d over its rows from the cached ones to t, in one pass; it keeps the true rows (<= t + 1 - d).
