@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import json
 import platform
 import subprocess
@@ -41,13 +40,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specref import PromptLookupDraft, generate, load_pair, speculative_generate, tree_generate
+from specref import generate, load_draft, load_pair, lookahead_generate, speculative_generate, tree_generate
 from specref.decoding.loop import sync
 from specref.drafts import DynamicTree, ModelDraft, TreeModelDraft, TreeShape
 from specref.drafts.base import TreeDraft
 from specref.drafts.heads import load_bundled_heads
 from specref.drafts.load import DRAFTS as HEAD_SETS
 from specref.models.pair import heldout_prompts, training_record
+from specref.models.workloads import edit_prompts
 from specref.theory import expected_tokens_per_step, speedup
 
 DRAFTS = ("model", "prompt_lookup", "medusa", "eagle", "eagle3", "eagle_notoken", "mtp", "lookahead")
@@ -153,7 +153,7 @@ LOOKAHEAD_WG = 5  # window W and guesses G (the reference implementation's small
 LOOKAHEAD_MAX_K = 6  # N <= 7: a pass then processes up to 1 + (W + G)(N - 1) = 61 tokens
 
 
-def _lookahead_run(target, lookahead_generate) -> Callable:
+def _lookahead_run(target) -> Callable:
     def run(ids, k, n, temperature, g):
         # k + 1 = the n-gram size N: a verified n-gram proposes N - 1 tokens, as a chain of k does.
         return lookahead_generate(target, ids, max_new_tokens=n, temperature=temperature, generator=g,
@@ -161,57 +161,36 @@ def _lookahead_run(target, lookahead_generate) -> Callable:
     return run
 
 
-def _tree_variant(name: str, draft: object, target) -> tuple[TreeDraft | None, bool]:
+def _tree_variant(name: str, draft: object) -> tuple[TreeDraft | None, bool]:
     """The draft's tree-growing form (and whether its trees are dynamic), or None when it makes chains only."""
-    if isinstance(draft, TreeDraft):
-        return draft, name.startswith("eagle") or name == "model"
     if isinstance(draft, ModelDraft):
         return TreeModelDraft(draft.model), True
-    for attr in ("tree_draft", "as_tree"):
-        fn = getattr(draft, attr, None)
-        if callable(fn):
-            return fn(), name.startswith("eagle")
+    if isinstance(draft, TreeDraft):  # Medusa (static trees), the EAGLEs (dynamic)
+        return draft, name.startswith("eagle")
     return None, False
 
 
-def make_entries(names: list[str], target, small) -> dict[str, Entry]:
-    """Every requested draft, ready to run, or with the reason it is not available."""
+def make_entries(names: list[str], target) -> dict[str, Entry]:
+    """Every requested draft, ready to run, or with the reason it is not available (a head set not shipped)."""
     entries = {}
-    try:
-        load_draft = importlib.import_module("specref").load_draft
-    except AttributeError:
-        load_draft = None
     for name in names:
         e = Entry(name)
         entries[name] = e
         if name == "lookahead":
-            try:
-                la = importlib.import_module("specref.decoding.lookahead").lookahead_generate
-            except (ImportError, AttributeError) as err:
-                e.reason = f"specref.decoding.lookahead.lookahead_generate not available ({err})"
-                continue
-            e.modes["lookahead"] = _lookahead_run(target, la)
+            e.modes["lookahead"] = _lookahead_run(target)
             e.max_k = LOOKAHEAD_MAX_K
             continue
         try:
-            if name == "model":
-                draft = load_draft("model", target) if load_draft else ModelDraft(small)
-            elif name == "prompt_lookup":
-                draft = load_draft("prompt_lookup", target) if load_draft else PromptLookupDraft.for_target(target)
-            elif load_draft is None:
-                e.reason = "specref.load_draft not available"
-                continue
-            else:
-                draft = load_draft(name, target)
-        except (FileNotFoundError, KeyError, ValueError, ImportError, NotImplementedError) as err:
+            draft = load_draft(name, target)
+        except (FileNotFoundError, KeyError, ValueError) as err:
             e.reason = f"load_draft({name!r}) failed: {type(err).__name__}: {err}"
             continue
         e.modes["chain"] = _chain_run(target, draft)
-        for attr in ("max_k", "n_heads", "depth"):
+        for attr in ("n_heads", "depth"):  # Medusa drafts at most one token per head, MTP one per module
             if isinstance(getattr(draft, attr, None), int):
                 e.max_k = getattr(draft, attr)
                 break
-        tree, dynamic = _tree_variant(name, draft, target)
+        tree, dynamic = _tree_variant(name, draft)
         if tree is not None:
             e.modes["tree"] = _tree_run(target, tree, dynamic)
         e.params = _trainable_params(draft, target)
@@ -222,17 +201,10 @@ def make_entries(names: list[str], target, small) -> dict[str, Entry]:
 
 # -- workloads -------------------------------------------------------------------------------------
 
-def make_workloads(n_prompts: int, prompt_tokens: int, new_tokens: int, dev) -> dict[str, list | str]:
-    """{workload: [1, T] prompts}, or the reason a workload is not available."""
-    out: dict[str, list | str] = {
-        "heldout": [torch.tensor([p], device=dev) for p in heldout_prompts(n_prompts, prompt_tokens)]}
-    try:
-        edit_prompts = importlib.import_module("specref.models.workloads").edit_prompts
-    except (ImportError, AttributeError) as err:
-        out["copy"] = f"specref.models.workloads.edit_prompts not available ({err})"
-        return out
-    out["copy"] = [torch.tensor([p], device=dev) for p in edit_prompts(n_prompts)]
-    return out
+def make_workloads(n_prompts: int, prompt_tokens: int, dev) -> dict[str, list[torch.Tensor]]:
+    """{workload: [1, T] prompts}: the held-out prompts (ordinary code) and the edit prompts (copy-heavy)."""
+    return {"heldout": [torch.tensor([p], device=dev) for p in heldout_prompts(n_prompts, prompt_tokens)],
+            "copy": [torch.tensor([p], device=dev) for p in edit_prompts(n_prompts)]}
 
 
 # -- measuring ---------------------------------------------------------------------------------------
@@ -453,11 +425,11 @@ def main(argv: list[str] | None = None) -> dict:
     t_start = time.perf_counter()
 
     target, small, _ = load_pair(device=dev)
-    entries = make_entries(args.drafts, target, small)
+    entries = make_entries(args.drafts, target)
     if args.no_trees:
         for e in entries.values():
             e.modes.pop("tree", None)
-    workloads = make_workloads(args.prompts, args.prompt_tokens, args.new_tokens, dev)
+    workloads = make_workloads(args.prompts, args.prompt_tokens, dev)
     machine = torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_model()
     print(f"machine: {machine}; torch {torch.__version__}; device {dev}; threads {torch.get_num_threads()}")
     print(f"target {target.config.n_layer}x{target.config.n_embd} (layers x width), float32; {args.prompts} prompts per "
@@ -473,10 +445,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows: list[dict] = []
     new_tokens: dict[str, int] = {}
     for wl in args.workloads:
-        prompts = workloads.get(wl)
-        if isinstance(prompts, str):
-            print(f"\n== workload {wl}: NOT AVAILABLE: {prompts}")
-            continue
+        prompts = workloads[wl]
         lengths = sorted({int(p.shape[1]) for p in prompts})
         n_new = min(args.new_tokens, target.config.n_positions - lengths[-1])  # the edit prompts leave 64 free
         new_tokens[wl] = n_new
@@ -536,8 +505,7 @@ def main(argv: list[str] | None = None) -> dict:
                             "params": e.params, "training_minutes": e.training_minutes, "max_k": e.max_k,
                             "record": e.record}
                    for e in entries.values()},
-        "workloads": {wl: (_portable(w) if isinstance(w, str) else {"prompts": len(w), "tokens": [int(p.shape[1]) for p in w]})
-                      for wl, w in workloads.items()},
+        "workloads": {wl: {"prompts": len(w), "tokens": [int(p.shape[1]) for p in w]} for wl, w in workloads.items()},
         "runs": rows,
         "goals": gl,
         "deepseek_second_token": list(DEEPSEEK_SECOND_TOKEN),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
@@ -15,7 +14,7 @@ from specref.checks.broken import MisreportedModelDraft
 from specref.checks.montecarlo import distribution_test
 from specref.models.gpt2 import GPT2
 from specref.sampling import SamplingParams, sample
-from model_factory import TINY_VOCAB, exact_first_two, noisy_copy, small_gpt2
+from model_factory import exact_first_two, noisy_copy, sample_first_two, small_gpt2
 from model_factory import tiny_pair as tiny_pair_models
 
 
@@ -39,7 +38,7 @@ def test_greedy_speculative_equals_greedy_target_batch_1(pair, k):
         assert 0 < stats.acceptance_rate < 1, "the draft should be partly right, so both paths run"
 
 
-@pytest.mark.parametrize("k", [1, 3, 4, 8])
+@pytest.mark.parametrize("k", range(1, 9))
 def test_greedy_speculative_equals_greedy_target_batch_4(pair, k):
     target, draft = pair
     g = torch.Generator().manual_seed(k)
@@ -113,19 +112,11 @@ def tiny_pair() -> tuple[GPT2, GPT2]:
     return tiny_pair_models()
 
 
-def _sample_first_two(target, draft, prompt, k, params, seed) -> np.ndarray:
-    ids = torch.tensor([prompt] * N_RUNS)
-    out, _ = speculative_generate(target, draft, ids, k=k, max_new_tokens=2, temperature=params.temperature,
-                                  top_k=params.top_k, generator=torch.Generator().manual_seed(seed))
-    pairs = out[:, len(prompt):].numpy()
-    return np.bincount(pairs[:, 0] * TINY_VOCAB + pairs[:, 1], minlength=TINY_VOCAB**2).reshape(TINY_VOCAB, TINY_VOCAB)
-
-
 @pytest.mark.parametrize("k,params", [(1, SamplingParams(1.0)), (2, SamplingParams(1.0)), (3, SamplingParams(0.7, top_k=4))])
 def test_sampled_first_two_tokens_follow_the_target(tiny_pair, k, params):
     target, draft = tiny_pair
     exact = exact_first_two(target, [1, 2], params)
-    counts = _sample_first_two(target, draft, [1, 2], k, params, seed=10 + k)
+    counts = sample_first_two(target, draft, [1, 2], k, params, seed=10 + k, n=N_RUNS)
     assert distribution_test(exact, counts=counts).passed
 
 
@@ -133,7 +124,7 @@ def test_negative_control_misprocessed_q_is_flagged(tiny_pair):
     target, draft = tiny_pair
     params = SamplingParams(1.0)
     exact = exact_first_two(target, [1, 2], params)
-    counts = _sample_first_two(target, MisreportedModelDraft(draft), [1, 2], 2, params, seed=21)
+    counts = sample_first_two(target, MisreportedModelDraft(draft), [1, 2], 2, params, seed=21, n=N_RUNS)
     assert distribution_test(exact, counts=counts).p_value < 1e-6
 
 
@@ -149,7 +140,7 @@ def test_negative_control_always_accept_is_flagged(tiny_pair, monkeypatch):
     target, draft = tiny_pair
     params = SamplingParams(1.0)
     exact = exact_first_two(target, [1, 2], params)
-    counts = _sample_first_two(target, draft, [1, 2], 2, params, seed=22)
+    counts = sample_first_two(target, draft, [1, 2], 2, params, seed=22, n=N_RUNS)
     assert distribution_test(exact, counts=counts).p_value < 1e-6
 
 

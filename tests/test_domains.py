@@ -41,8 +41,6 @@ def test_token_labels_take_the_first_non_blank_character():
 
 
 def test_acceptance_along_a_text_is_beta_of_the_processed_pair():
-    torch.manual_seed(0)
-
     class Fixed(torch.nn.Module):
         def __init__(self, logits):
             super().__init__()
@@ -52,7 +50,8 @@ def test_acceptance_along_a_text_is_beta_of_the_processed_pair():
         def forward(self, x):
             return self.logits[None, : x.shape[1]]
 
-    lt, ld = torch.randn(6, 5, dtype=torch.float64), torch.randn(6, 5, dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    lt, ld = torch.randn(6, 5, dtype=torch.float64, generator=g), torch.randn(6, 5, dtype=torch.float64, generator=g)
     beta, agree = acceptance_along(Fixed(lt), Fixed(ld), [1, 2, 3, 4, 0, 1], SamplingParams(0.7))
     p, q = torch.softmax(lt[:5] / 0.7, -1), torch.softmax(ld[:5] / 0.7, -1)
     assert torch.allclose(beta, torch.minimum(p, q).sum(-1), atol=1e-12)
@@ -61,6 +60,8 @@ def test_acceptance_along_a_text_is_beta_of_the_processed_pair():
     assert torch.equal(greedy.bool(), agree[:2])
     with pytest.raises(ValueError, match="at least 2"):
         acceptance_along(Fixed(lt), Fixed(ld), [1], SamplingParams(1.0))
+    with pytest.raises(TypeError, match="params must be a specref.sampling.SamplingParams"):
+        acceptance_along(Fixed(lt), Fixed(ld), [1, 2, 3], 0.7)
 
 
 def test_domain_view_means_and_the_plot_draws_them():

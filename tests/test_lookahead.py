@@ -80,6 +80,10 @@ def test_candidates_merge_into_a_breadth_first_trie_cut_to_depth_and_nodes():
     t = candidate_trie([(5, 6, 7), (5, 8, 1), (2, 3, 4)], max_depth=3, max_nodes=4)
     assert sorted(t.path_tokens(i) for i in range(t.n_nodes) if not t.children(i)) == [[5, 6, 7], [5, 8]]
     assert candidate_trie([(1, 2)], max_depth=0, max_nodes=5).n_nodes == 0
+    with pytest.raises(ValueError, match="max_nodes must be >= 0"):
+        candidate_trie([(1, 2)], max_depth=2, max_nodes=-1)
+    with pytest.raises(TypeError, match="max_depth"):
+        candidate_trie([(1, 2)], max_depth=2.0, max_nodes=5)
 
 
 def test_the_window_shifts_and_fills_the_pool_with_its_columns_ngrams():

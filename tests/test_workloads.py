@@ -9,6 +9,7 @@ from specref.decoding.chain import speculative_generate
 from specref.drafts import PromptLookupDraft
 from specref.models.pair import bundled_tokenizer, heldout_prompts, heldout_texts, load_pair
 from specref.models.workloads import EDIT_ROOM, MARKER, N_POSITIONS, edit_cases, edit_prompts
+from specref.sampling import SamplingParams
 
 
 def test_same_seed_same_prompts_other_seed_other_prompts():
@@ -51,8 +52,36 @@ def test_bad_arguments_are_rejected(kwargs, error, match):
         edit_prompts(**kwargs)
 
 
-def _tokens_per_pass(prompts: list[list[int]], k: int, new: int, temperature: float) -> float:
-    target, _, _ = load_pair()
+def _lookup_hit_rate(texts: list[tuple[list[int], int]]) -> float:
+    """Teacher-forced: the share of the continuation's tokens that prompt lookup's first proposal gets right.
+
+    texts: (tokens of prompt + true continuation, where the continuation starts).
+    """
+    draft = PromptLookupDraft(bundled_tokenizer().vocab_size)
+    hits = total = 0
+    for full, start in texts:
+        prefixes = [full[:j] for j in range(start, len(full))]
+        tokens = torch.tensor([p + [0] * (len(full) - len(p)) for p in prefixes])
+        draft.begin(len(prefixes))
+        x, _ = draft.propose(tokens, torch.tensor([len(p) for p in prefixes]), 1, SamplingParams(0.0))
+        hits += sum(int(a) == b for a, b in zip(x[:, 0].tolist(), full[start:]))
+        total += len(prefixes)
+    return hits / total
+
+
+def test_the_faithful_continuation_is_mostly_a_copy_of_the_prompt():
+    # The workload's claim, without a model: along the continuation a faithful edit writes (the rest of `edited`),
+    # prompt lookup guesses the next token far more often than along a held-out text's own continuation.
+    # Measured: 0.87 of the edit continuations' tokens, 0.26 of the held-out ones'.
+    tok = bundled_tokenizer()
+    edits = [(c.tokens + tok.encode(c.edited[len(c.head):]), len(c.tokens)) for c in edit_cases(8)]
+    ordinary = [(tok.encode(t)[: 64 + 48], 64) for t in heldout_texts()[:8]]  # `heldout_prompts(8, 64)`, continued
+    assert [f[:64] for f, _ in ordinary] == heldout_prompts(8, 64)
+    edit, held = _lookup_hit_rate(edits), _lookup_hit_rate(ordinary)
+    assert edit >= 0.7 and held <= 0.4, f"prompt lookup's hit rate: edit {edit:.3f}, held-out {held:.3f}"
+
+
+def _tokens_per_pass(target, prompts: list[list[int]], k: int, new: int, temperature: float) -> float:
     draft = PromptLookupDraft.for_target(target)
     emitted = steps = 0
     for i, p in enumerate(prompts):
@@ -62,12 +91,15 @@ def _tokens_per_pass(prompts: list[list[int]], k: int, new: int, temperature: fl
     return emitted / steps
 
 
-def test_prompt_lookup_copies_on_the_edit_workload():
-    # Measured (float32, 8 prompts, k = 8, 48 new tokens): greedy, 2.63 tokens per target pass on the edit
-    # workload and 2.29 on the held-out prompts; at temperature 1, 1.12 and 1.11. Greedy continuations of
-    # ordinary code fall into loops on this small target, which prompt lookup copies too, so the greedy gap is
-    # small; at temperature 1 there are no loops, and the target copies the edit prompts' snippet little.
-    edit = _tokens_per_pass(edit_prompts(8), k=8, new=48, temperature=0)
-    ordinary_sampled = _tokens_per_pass(heldout_prompts(8, 64), k=8, new=48, temperature=1.0)
-    assert edit >= 2.0, f"edit workload, greedy: {edit:.3f} tokens per pass"
+def test_prompt_lookup_pays_more_on_the_edit_workload_than_on_ordinary_code():
+    # Measured (float64: the same on every CPU; 8 prompts, k = 8, 48 new tokens): greedy, 2.63 tokens per target
+    # pass on the edit workload and 2.29 on the held-out prompts; at temperature 1, 1.16 and 1.09. Greedy
+    # continuations of ordinary code fall into loops on this small target, which prompt lookup copies too, so the
+    # greedy gap is small; at temperature 1 there are no loops, and the target copies the edit prompts' snippet
+    # little (notebook 05, section 5), so prompt lookup is weak on free writing.
+    target, _, _ = load_pair(dtype=torch.float64)
+    edit = _tokens_per_pass(target, edit_prompts(8), k=8, new=48, temperature=0)
+    ordinary = _tokens_per_pass(target, heldout_prompts(8, 64), k=8, new=48, temperature=0)
+    ordinary_sampled = _tokens_per_pass(target, heldout_prompts(8, 64), k=8, new=48, temperature=1.0)
+    assert edit >= 2.0 and edit >= ordinary + 0.2, f"greedy: edit {edit:.3f}, held-out {ordinary:.3f} tokens per pass"
     assert ordinary_sampled < 1.5, f"held-out prompts, temperature 1: {ordinary_sampled:.3f} tokens per pass"

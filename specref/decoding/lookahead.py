@@ -163,6 +163,8 @@ def candidate_trie(candidates: Sequence[Sequence[int]], max_depth: int, max_node
     Candidates are taken in order; shared prefixes become one node; a candidate that would
     exceed max_nodes keeps only the prefix that fits. Children are tried in the order they appear.
     """
+    check_int("max_depth", max_depth, 0, "the deepest trie node")
+    check_int("max_nodes", max_nodes, 0, "trie nodes")
     nodes: dict[tuple[int, ...], int] = {}  # prefix -> insertion order
     for cand in candidates:
         for d in range(1, min(len(cand), max_depth) + 1):

@@ -87,6 +87,9 @@ def acceptance_along(
     params: SamplingParams,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [T-1] beta, [T-1] bool
     """Teacher-forced along a text: beta at each position 1..T-1 (a draft from q accepted) and argmax agreement."""
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be a specref.sampling.SamplingParams (the processing of p and q), "
+                        f"got {type(params).__name__}")
     if len(ids) < 2:
         raise ValueError(f"ids must hold at least 2 tokens, got {len(ids)}")
     x = torch.tensor([list(ids)], device=target.device)
