@@ -68,7 +68,9 @@ from specref.perf.costs import pass_times
 ROOT = Path(__file__).resolve().parents[1]
 FULL = dict(batch_sizes=[1, 2, 4, 8, 16, 32, 64, 128, 256], tokens=list(range(1, 10)), contexts=[64, 192],
             ks=[0, 1, 2, 4, 8], prompt_tokens=32, new_tokens=64)
-QUICK = dict(batch_sizes=[1, 2, 4], tokens=[1, 2], contexts=[8, 16], ks=[0, 1, 2], prompt_tokens=8, new_tokens=6)
+# The quick grid times T = prompt_tokens too: the in-loop fit takes the prompt's pass out of each run's target time
+# with the grid's model, and extrapolated from T <= 2 on a loaded machine it could exceed the run's whole time.
+QUICK = dict(batch_sizes=[1, 2, 4], tokens=[1, 2, 8], contexts=[8, 16], ks=[0, 1, 2], prompt_tokens=8, new_tokens=6)
 SHAPES = {"bundled": None, "gpt2-medium": (24, 1024, 16), "gpt2-large": (36, 1280, 20)}  # n_layer, n_embd, n_head
 NOISE_FLOOR = 0.02  # "within noise" is never stricter than 2 %
 STAT_SUMS = ("accepted", "examined", "emitted", "steps", "target_passes", "draft_passes", "time_target", "time_draft",
@@ -194,13 +196,8 @@ def fit_draft_step(rows: list[tuple[int, int, float]]) -> tuple[PassModel, PassM
     X = np.stack([np.ones_like(t), B, k, B * k], 1) / t[:, None]
     c, _ = nnls(X, np.ones_like(t))
     fixed, step = PassModel(overhead=c[0], per_token=c[1]), PassModel(overhead=c[2], per_token=c[3])
-    err = _fit_error((c[0] + c[1] * B + k * (c[2] + c[3] * B)) / t - 1)
+    err = FitError.of((c[0] + c[1] * B + k * (c[2] + c[3] * B)) / t - 1)
     return replace(step, error=err), fixed
-
-
-def _fit_error(rel: np.ndarray) -> FitError:
-    r = np.abs(rel)
-    return FitError(median=float(np.median(r)), max=float(r.max()), rms=float(np.sqrt(np.mean(r**2))), n=len(r))
 
 
 def fit_alpha_sd(rows: list[tuple[float, int, int, float]], n: int) -> float:
@@ -222,8 +219,15 @@ def in_loop_model(grid_model: CostModel, runs: list[dict], P: int, n: int, train
     """
     spec = [r for r in runs if r["k"] > 0 and r["batch_size"] in train]
     S = grid_model.context
-    target = PassModel.fit([(r["batch_size"], r["k"] + 1, S, (r["time_target"] / r["run_repeats"]
-                             - grid_model.target(r["batch_size"], P, 0)) / _max_steps(r)) for r in spec])
+    verify = []  # (B, k + 1, S, seconds per verification pass): the run's target time less the prompt's pass
+    for r in spec:
+        total, prompt = r["time_target"] / r["run_repeats"], grid_model.target(r["batch_size"], P, 0)
+        if not prompt < total:
+            raise ValueError(f"the grid's model puts the prompt's pass at {prompt * 1e3:.1f} ms, more than the whole "
+                             f"target time of the run at B = {r['batch_size']}, k = {r['k']} ({total * 1e3:.1f} ms): "
+                             "the grid is too noisy to take the prompt out; measure again on a quieter machine")
+        verify.append((r["batch_size"], r["k"] + 1, S, (total - prompt) / _max_steps(r)))
+    target = PassModel.fit(verify)
     draft, fixed = fit_draft_step([(r["batch_size"], r["k"], r["time_draft"] / r["run_repeats"] / _max_steps(r))
                                    for r in spec])
     loop = PassModel.fit([(r["batch_size"], r["k"] + 1, S, (r["time_verify"] + r["time_overhead"])

@@ -112,6 +112,10 @@ def test_batch_steps_matches_a_simulation():
             tokens, steps = np.where(tokens < n, tokens + accepted + 1, tokens), steps + 1
         total += steps
     assert batch_steps(alpha, k, B, n) == pytest.approx(total / runs, rel=0.02)
+    # Negative controls, told apart by the same simulation at the same tolerance: one row's n / E (the batch
+    # not waiting for its slowest row), and half the batch.
+    assert n / expected_tokens_per_step(alpha, k) != pytest.approx(total / runs, rel=0.02)
+    assert batch_steps(alpha, k, B // 2, n) != pytest.approx(total / runs, rel=0.02)
 
 
 def test_h100_worked_example_reproduces_the_chapter():
@@ -159,6 +163,9 @@ def test_predict_time_counts_the_prompt_pass_and_the_steps():
     (lambda m: h100_cost_model(efficiency=1.5), ValueError),
     (lambda m: m.target(0, 1, 64), ValueError),
     (lambda m: batch_steps(0.8, 4, 8, 0), ValueError),
+    (lambda m: crossover_batch(0.8, 4, "not a model"), TypeError),
+    (lambda m: crossover_batch(0.8, 4, m, new_tokens=0), ValueError),
+    (lambda m: m.throughput(0.8, 4, "8"), TypeError),
 ])
 def test_bad_input_is_refused(call, error):
     with pytest.raises(error):

@@ -123,3 +123,42 @@ def test_an_unsolved_stub_reaches_the_learner_as_not_implemented():
     for check in (G.check_proposals, G.check_lossless, G.check_tokens_per_pass):
         with pytest.raises(NotImplementedError):
             check(stub)
+
+
+def test_an_answer_that_hard_codes_the_visible_streams_passes_them_and_fails_the_hidden_ones():
+    memo = {(tuple(c), k, a, b): lookup(c, k, a, b) for c, k, a, b in G._cases(150, seed=0)}
+
+    def hard_coded(context, k, max_ngram, min_ngram):
+        return memo.get((tuple(context), k, max_ngram, min_ngram), repeat_last(context, k, max_ngram, min_ngram))
+
+    G.check_proposals(hard_coded)  # the visible check alone cannot tell
+    with pytest.raises(AssertionError, match="check_proposals: wrong answer"):
+        G.check_proposals(hard_coded, n_cases=400, seed=1)  # the hidden test can
+
+
+def _scan(source: str) -> list[str]:
+    """What tools/grade.py's scan finds in an answer cell of exercise 5, with the solution's setup names."""
+    import json
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "tools"))
+    from grade_scan import imported_specref_names, names_used, scan
+
+    cells = json.loads((root / "solutions" / "ex05_prompt_lookup.ipynb").read_text())["cells"]
+    first = next(i for i, c in enumerate(cells) if c["metadata"].get("nbgrader", {}).get("solution"))
+    setup = imported_specref_names(["".join(c["source"]) for c in cells[:first] if c["cell_type"] == "code"])
+    solution = "".join(cells[first]["source"])
+    return [f.kind for f in scan(source or solution, setup, names_used(solution) & setup)]
+
+
+@pytest.mark.parametrize("source", [
+    "from specref.drafts.prompt_lookup import lookup\n\ndef lookup_proposal(c, k, a, b):\n    return lookup(c, k, a, b)\n",
+    "import specref.course.grading.prompt_lookup as g\ng.lookup = lambda *a: a[0][:a[1]]\n",
+    "def lookup_proposal(c, k, a, b):\n    return [c[-1]] * k\n\ncheck_proposals.__globals__['lookup'] = lookup_proposal\n",
+    "def lookup_proposal(c, k, a, b):\n    return list(edit_cases(1)[0].tokens[:k])\n",  # a setup name from specref
+])
+def test_an_answer_that_uses_or_patches_the_reference_is_flagged_and_the_solution_is_not(source):
+    assert _scan(source)  # flagged: grade.py withholds the task's points (exit 3, needs review)
+    assert _scan("") == []  # "": the solution's own answer, which is clean

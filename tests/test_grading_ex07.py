@@ -134,3 +134,21 @@ def test_grade_py_withholds_the_points_of_an_answer_that_uses_specref(tmp_path):
     tests = {t["grade_id"]: t for t in report["tests"]}
     check = tests["ex07_choose_k_check"]
     assert check["score"] == 0 and any("specref" in f for f in check["flags"])
+
+
+def test_an_answer_that_hard_codes_the_visible_tables_passes_them_and_fails_the_hidden_ones():
+    memo = {(a, B, km, tuple(t["pass_s"][B]), t["draft_s"][B]): reference(a, B, t, km)
+            for _, t, a, B, km in G._cases(40, 0)}  # what a learner could copy from the visible check's output
+
+    def hard_coded(alpha, B, table, k_max=8):
+        return memo.get((alpha, B, k_max, tuple(table["pass_s"][B]), table["draft_s"][B]), k_max)
+
+    G.check_choose_k(hard_coded)  # the visible check alone cannot tell
+    with pytest.raises(AssertionError, match="check_choose_k: wrong answer"):
+        G.check_choose_k(hard_coded, n_cases=200, seed=1)  # the hidden test can
+
+
+def test_a_hard_coded_day_and_night_pair_fails():
+    for pair in ((0, 8), (8, 8), (0, 0), (1, 4)):
+        with pytest.raises(AssertionError, match="check_day_and_night: wrong answer"):
+            G.check_day_and_night(lambda t, a, pair=pair: pair)

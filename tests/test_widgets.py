@@ -192,3 +192,26 @@ def test_load_widget_reports_the_models_speedup_and_the_policys_k():
     assert w.figure.value != png
     with pytest.raises(ValueError, match="measured batch sizes"):
         load_widget(view, B=3)
+
+
+def test_load_widget_k_and_alpha_sliders_move_the_prediction():
+    from specref.course.widgets import load_widget
+
+    view = _batch_view()
+    w = load_widget(view, B=1, k=4, alpha=0.8)
+    before = w.view["speedup"].copy()
+    w.alpha_slider.value = 0.4
+    assert w.view["alpha"] == pytest.approx(0.4) and (w.view["speedup"] < before).all()  # fewer accepted drafts
+    w.k_slider.value = 2
+    assert w.view["k"] == 2 and "k = 2" in w.summary.value
+    assert w.view["speedup"].tolist() == [view["model"].run_speedup(0.4, 2, int(B), view["new_tokens"])
+                                          for B in view["batch_sizes"]]
+
+
+@pytest.mark.parametrize("kwargs, match", [({"k": 0}, "k must be"), ({"k": 9}, "k must be"), ({"k": 2.0}, "k must be"),
+                                           ({"alpha": 0.99}, "alpha must be"), ({"alpha": "0.8"}, "alpha must be")])
+def test_load_widget_rejects_values_its_sliders_cannot_show(kwargs, match):
+    from specref.course.widgets import load_widget
+
+    with pytest.raises(ValueError, match=match):
+        load_widget(_batch_view(), B=8, **kwargs)

@@ -45,7 +45,7 @@ from specref.drafts.heads import (  # noqa: E402
 )
 from specref.models.gpt2 import GPT2  # noqa: E402
 from specref.models.pair import bundled_tokenizer, load_pair, training_record  # noqa: E402
-from train_pair import collect_corpus, encode_stream, eval_windows, lr_at  # noqa: E402
+from train_pair import collect_corpus, encode_stream, eval_windows, lr_at, open_log  # noqa: E402
 
 SECTION_BEGIN = "<!-- heads: begin (written by tools/train_heads.py) -->"
 SECTION_END = "<!-- heads: end -->"
@@ -417,7 +417,7 @@ WHAT = {
 }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(ROOT / "specref" / "assets" / "heads"))
     p.add_argument("--work", default=str(ROOT / ".train_heads"))
@@ -449,8 +449,62 @@ def main() -> None:
     p.add_argument("--resume", action="store_true",
                    help="start from the heads in --out (a new phase: fresh optimizer and schedule)")
     p.add_argument("--record-only", action="store_true", help="only rewrite TRAINING.md's section from heads.json")
-    args = p.parse_args()
+    return p.parse_args()
 
+
+def resume_heads(sets, out: Path, log) -> dict:
+    """Load the heads stored in `out` into `sets` (a new phase: fresh optimizer and schedule); returns what they record."""
+    from specref.drafts.heads import load_heads
+
+    prior = {"minutes": 0.0, "steps": 0, "phases": []}
+    for name, (m, cfg) in sets.items():
+        loaded, old = load_heads(out / f"{name}.safetensors")
+        m.load_state_dict(loaded.state_dict())
+        minutes, steps = old.notes.get("minutes_trained", 0.0), old.notes.get("steps", 0)
+        prior = {"minutes": minutes, "steps": steps,  # a first run's heads carry no phase list: one phase
+                 "phases": old.notes.get("phases") or [{"minutes": minutes, "steps": steps, "lr": None}]}
+    log(f"resumed from {out}: {prior['steps']} steps, {prior['minutes']} min")
+    return prior
+
+
+def make_optimizer(sets, args) -> torch.optim.AdamW:
+    """AdamW over every set's parameters, weight decay on matrices only."""
+    groups = []
+    for m, _ in sets.values():
+        m.train()
+        decay = [q for q in m.parameters() if q.ndim >= 2]
+        no_decay = [q for q in m.parameters() if q.ndim < 2]
+        groups += [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def final_evaluation(sets, target: GPT2, draft: GPT2, heldout_stream: torch.Tensor, args, out: Path, log):
+    """The heads as stored (float16), loaded back in float32, on held-out text and on the target's greedy output.
+
+    Returns (the loaded sets, the evaluation record).
+    """
+    from specref.drafts.heads import load_heads
+
+    sets = {n: (load_heads(out / f"{n}.safetensors")[0], cfg) for n, (_, cfg) in sets.items()}
+    text = eval_windows(heldout_stream, args.ctx - 1, args.eval_windows)  # [n, ctx]
+    ev_text = acceptance(sets, target, text, args.eval_k)
+    P, G = 64, 96
+    prompts = eval_windows(heldout_stream, P - 1, args.eval_prompts)  # [n, P], other windows than heldout_prompts
+    seqs = greedy_sequences(target, prompts, G)
+    ev_greedy = acceptance(sets, target, seqs, args.eval_k, first_start=P - 1)
+    ev = {"text": {"windows": len(text), "ctx": text.shape[1], "sets": ev_text,
+                   "draft_model_position1": draft_model_position1(draft, target, text, 0)},
+          "greedy": {"prompts": len(prompts), "prompt_len": P, "gen_len": G, "sets": ev_greedy,
+                     "draft_model_position1": draft_model_position1(draft, target, seqs, P - 1)}}
+    for n in sets:
+        log(f"[{n}] text by position {ev_text[n]['by_position']} | greedy by position "
+            f"{ev_greedy[n]['by_position']} run {ev_greedy[n]['run']} tokens/pass {ev_greedy[n]['tokens_per_pass']}")
+    log(f"draft model position 1: text {ev['text']['draft_model_position1']} greedy {ev['greedy']['draft_model_position1']}")
+    return sets, ev
+
+
+def main() -> None:
+    args = parse_args()
     out, work = Path(args.out), Path(args.work)
     if args.record_only:
         write_markdown(json.loads((out / "heads.json").read_text()), Path(args.training_md))
@@ -458,14 +512,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    logf = open(work / "train.log", "a")
-
-    def log(msg: str) -> None:
-        line = f"{time.strftime('%H:%M:%S')} {msg}"
-        print(line, flush=True)
-        logf.write(line + "\n")
-        logf.flush()
-
+    log = open_log(work)
     log(f"args: {vars(args)}")
     t0 = time.time()
     target, draft, _ = load_pair()
@@ -473,26 +520,11 @@ def main() -> None:
     train_stream, heldout_stream, corpus = token_streams(work, log)
     log(f"tokens: train {len(train_stream)} heldout {len(heldout_stream)}; setup {time.time() - t0:.0f}s")
     sets = make_sets(target, args)
-    prior = {"minutes": 0.0, "steps": 0, "phases": []}
-    if args.resume:  # a new phase (fresh optimizer and schedule) from the heads stored in --out
-        from specref.drafts.heads import load_heads
-        for name, (m, cfg) in sets.items():
-            loaded, old = load_heads(out / f"{name}.safetensors")
-            m.load_state_dict(loaded.state_dict())
-            minutes, steps = old.notes.get("minutes_trained", 0.0), old.notes.get("steps", 0)
-            prior = {"minutes": minutes, "steps": steps,  # a first run's heads carry no phase list: one phase
-                     "phases": old.notes.get("phases") or [{"minutes": minutes, "steps": steps, "lr": None}]}
-        log(f"resumed from {out}: {prior['steps']} steps, {prior['minutes']} min")
+    prior = resume_heads(sets, out, log) if args.resume else {"minutes": 0.0, "steps": 0, "phases": []}
     for name, (m, _) in sets.items():
         log(f"[{name}] {sum(q.numel() for q in m.parameters()):,} parameters")
 
-    groups = []
-    for name, (m, _) in sets.items():
-        m.train()
-        decay = [q for q in m.parameters() if q.ndim >= 2]
-        no_decay = [q for q in m.parameters() if q.ndim < 2]
-        groups += [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    opt = make_optimizer(sets, args)
     gen = torch.Generator().manual_seed(args.seed)
     noise_gen = torch.Generator().manual_seed(args.seed + 1)
     quick_windows = eval_windows(heldout_stream, args.ctx - 1, 6)  # [6, ctx] for the curve
@@ -563,23 +595,7 @@ def main() -> None:
     log(f"trained {minutes_trained} min, {step} steps; heads {total_bytes:,} bytes "
         f"({'within' if total_bytes <= 4_000_000 else 'OVER'} the 4 MB limit)")
 
-    # Final evaluation on the weights as stored (float16), loaded back in float32.
-    from specref.drafts.heads import load_heads
-    sets = {n: (load_heads(out / f"{n}.safetensors")[0], cfg) for n, (_, cfg) in sets.items()}
-    text = eval_windows(heldout_stream, args.ctx - 1, args.eval_windows)  # [n, ctx]
-    ev_text = acceptance(sets, target, text, args.eval_k)
-    P, G = 64, 96
-    prompts = eval_windows(heldout_stream, P - 1, args.eval_prompts)  # [n, P], other windows than heldout_prompts
-    seqs = greedy_sequences(target, prompts, G)
-    ev_greedy = acceptance(sets, target, seqs, args.eval_k, first_start=P - 1)
-    ev = {"text": {"windows": len(text), "ctx": text.shape[1], "sets": ev_text,
-                   "draft_model_position1": draft_model_position1(draft, target, text, 0)},
-          "greedy": {"prompts": len(prompts), "prompt_len": P, "gen_len": G, "sets": ev_greedy,
-                     "draft_model_position1": draft_model_position1(draft, target, seqs, P - 1)}}
-    for n in sets:
-        log(f"[{n}] text by position {ev_text[n]['by_position']} | greedy by position "
-            f"{ev_greedy[n]['by_position']} run {ev_greedy[n]['run']} tokens/pass {ev_greedy[n]['tokens_per_pass']}")
-    log(f"draft model position 1: text {ev['text']['draft_model_position1']} greedy {ev['greedy']['draft_model_position1']}")
+    sets, ev = final_evaluation(sets, target, draft, heldout_stream, args, out, log)
 
     last = history[-1]["train"] if history else {}
     record = {

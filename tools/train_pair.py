@@ -35,6 +35,7 @@ import platform
 import sys
 import sysconfig
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -310,6 +311,19 @@ def write_markdown(record: dict, path: Path) -> None:
     path.write_text("\n".join(lines))
 
 
+def open_log(work: Path) -> Callable[[str], None]:
+    """A log function: each message, time-stamped, to stdout and appended to work/train.log."""
+    logf = open(work / "train.log", "a")
+
+    def log(msg: str) -> None:
+        line = f"{time.strftime('%H:%M:%S')} {msg}"
+        print(line, flush=True)
+        logf.write(line + "\n")
+        logf.flush()
+
+    return log
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(ROOT / "specref" / "assets"))
@@ -358,14 +372,7 @@ def main() -> None:
         write_markdown(json.loads((out / "TRAINING.json").read_text()), out / "TRAINING.md")
         return
     work.mkdir(parents=True, exist_ok=True)
-    logf = open(work / "train.log", "a")
-
-    def log(msg: str) -> None:
-        line = f"{time.strftime('%H:%M:%S')} {msg}"
-        print(line, flush=True)
-        logf.write(line + "\n")
-        logf.flush()
-
+    log = open_log(work)
     log(f"args: {vars(args)}")
     t0 = time.time()
     train_docs, heldout_docs, corpus = collect_corpus(bool(args.include_tests), args.max_file_bytes,

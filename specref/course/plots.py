@@ -428,10 +428,16 @@ def plot_batch_speedup(view: dict, ax=None):
         if B_star is not None:
             ax.axvline(B_star, color=col, ls=":", lw=1)
     ax.axhline(1.0, color="k", lw=0.8)
+    return _batch_axes(ax, "speedup over plain decoding",
+                       f"{view['name']}: measured (dots, hollow = held out), model (lines), crossover (dotted)")
+
+
+def _batch_axes(ax, ylabel: str, title: str):
+    """Notebook 07's axes: batch size on a log2 x axis, a small title and legend, a light grid."""
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size B")
-    ax.set_ylabel("speedup over plain decoding")
-    ax.set_title(f"{view['name']}: measured (dots, hollow = held out), model (lines), crossover (dotted)", fontsize=9)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     return ax
@@ -447,11 +453,5 @@ def plot_load_view(view: dict, measured: dict | None = None, ax=None):
             pts = measured.get(key, {})
             ax.plot(list(pts), list(pts.values()), style, color="0.4" if key == "plain" else "C0", mfc="none",
                     label=lab)
-    ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("batch size B")
-    ax.set_ylabel("tokens per second over the batch")
-    ax.set_title(f"alpha = {view['alpha']:.2f}, k = {view['k']}", fontsize=9)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    return ax
+    return _batch_axes(ax, "tokens per second over the batch", f"alpha = {view['alpha']:.2f}, k = {view['k']}")

@@ -336,6 +336,10 @@ class LoadWidget(_Refreshing, widgets.VBox):
         Bs = [int(b) for b in view["batch_sizes"]]
         if B not in Bs:
             raise ValueError(f"B must be one of the measured batch sizes {Bs}, got {B}")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 8:
+            raise ValueError(f"k must be an integer in 1..8 (the k slider's range), got {k!r}")
+        if alpha is not None and not (isinstance(alpha, (int, float)) and 0.3 <= alpha <= 0.95):
+            raise ValueError(f"alpha must be a number in 0.3..0.95 (the alpha slider's range) or None, got {alpha!r}")
         self.batch_slider = widgets.SelectionSlider(options=Bs, value=B, description="B (batch size)",
                                                     continuous_update=False, style=_SLIDER_STYLE,
                                                     layout=_slider_layout())

@@ -89,6 +89,12 @@ class FitError:
     rms: float  # root mean square relative error (what the fit minimises)
     n: int  # rows
 
+    @classmethod
+    def of(cls, rel: np.ndarray) -> "FitError":
+        """From the rows' relative errors, predicted / measured - 1 (a 1-d array)."""
+        r = np.abs(np.asarray(rel, dtype=np.float64))
+        return cls(median=float(np.median(r)), max=float(r.max()), rms=float(np.sqrt(np.mean(r**2))), n=len(r))
+
 
 @dataclass(frozen=True)
 class PassModel:
@@ -226,8 +232,7 @@ def _rows(rows: object) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def _error(pred: np.ndarray, t: np.ndarray) -> FitError:
-    r = np.abs(np.asarray(pred) / t - 1)
-    return FitError(median=float(np.median(r)), max=float(r.max()), rms=float(np.sqrt(np.mean(r**2))), n=len(t))
+    return FitError.of(np.asarray(pred) / t - 1)
 
 
 def _fit_roofline(start: PassModel, B: np.ndarray, T: np.ndarray, S: np.ndarray, t: np.ndarray) -> PassModel:
@@ -352,7 +357,7 @@ class CostModel:
 
     def throughput(self, alpha: float, k: int, batch_size: int) -> float:
         """Predicted tokens per second over the whole batch, steady state."""
-        k = _count("k", k, 0)
+        k, batch_size = _count("k", k, 0), _count("batch_size", batch_size, 1)
         return batch_size * float(expected_tokens_per_step(alpha, k)) / self.step_time(k, batch_size)
 
     def predict_time(self, alpha: float, k: int, batch_size: int, prompt_len: int, new_tokens: int) -> float:
@@ -449,6 +454,11 @@ def _done_by_step(a: np.ndarray, k: int, n: int) -> np.ndarray:  # [m, n] P(row 
     return done
 
 
+def _check_model(cost_model: object) -> None:
+    if not isinstance(cost_model, CostModel):
+        raise TypeError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
+
+
 def choose_k(
     alpha: float, batch_size: int, cost_model: CostModel, k_max: int = 8, ks: Iterable[int] | None = None,
     margin: float = 0.0, new_tokens: int | None = None,
@@ -464,8 +474,7 @@ def choose_k(
     margin = _nonneg("margin", margin)
     if new_tokens is not None:
         _count("new_tokens", new_tokens, 1)
-    if not isinstance(cost_model, CostModel):
-        raise TypeError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
+    _check_model(cost_model)
     B = _count("batch_size", batch_size, 1)
     candidates = range(_count("k_max", k_max, 0) + 1) if ks is None else sorted({_count("k", k, 0) for k in ks})
     if not candidates:
@@ -491,6 +500,9 @@ def crossover_batch(
     With `new_tokens` the speedup is a whole batch's (`CostModel.run_speedup`), else the steady state's.
     """
     k, b_max = _count("k", k, 1), _count("b_max", b_max, 1)
+    _check_model(cost_model)
+    if new_tokens is not None:
+        _count("new_tokens", new_tokens, 1)
     for B in range(1, b_max + 1):
         s = (cost_model.predict_speedup(alpha, k, B) if new_tokens is None
              else cost_model.run_speedup(alpha, k, B, new_tokens))
