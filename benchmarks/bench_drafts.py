@@ -186,10 +186,7 @@ def make_entries(names: list[str], target) -> dict[str, Entry]:
             e.reason = f"load_draft({name!r}) failed: {type(err).__name__}: {err}"
             continue
         e.modes["chain"] = _chain_run(target, draft)
-        for attr in ("n_heads", "depth"):  # Medusa drafts at most one token per head, MTP one per module
-            if isinstance(getattr(draft, attr, None), int):
-                e.max_k = getattr(draft, attr)
-                break
+        e.max_k = draft.max_k  # Medusa drafts at most one token per head, MTP one per module
         tree, dynamic = _tree_variant(name, draft)
         if tree is not None:
             e.modes["tree"] = _tree_run(target, tree, dynamic)

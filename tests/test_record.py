@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specref import PromptLookupDraft, generate, load_pair
+from specref import PromptLookupDraft, generate, load_draft, load_pair
 from specref.course.widgets import draft_steps_widget, format_steps
 from specref.decoding.record import RecordedStep, record_generation
 from specref.drafts import ModelDraft
@@ -102,3 +102,19 @@ def test_draft_steps_widget_follows_the_dropdown_and_the_k_slider(pair):
     # Another draft, the same greedy text: only the step boundaries move.
     assert torch.equal(w.output, model_out)
     assert [len(s.emitted) for s in w.steps] != model_steps
+
+
+def test_the_k_slider_ends_at_the_chosen_drafts_max_k(pair):
+    # MTP drafts at most one token per module: choosing it lowers k to its depth instead of raising in the view.
+    target, small, tok = pair
+    ids = torch.tensor(heldout_prompts(1, 24)[0])
+    mtp = load_draft("mtp", target)
+    assert mtp.max_k is not None and mtp.max_k < 8
+    w = draft_steps_widget(target, {"model": ModelDraft(small), "mtp": mtp}, ids, tok, k=6, max_new_tokens=12)
+    assert w.k_slider.max == 8 and w.k_slider.value == 6
+    w.draft_dropdown.value = "mtp"
+    assert w.k_slider.max == mtp.max_k and w.k_slider.value == mtp.max_k
+    assert max(len(s.drafts) for s in w.steps) <= mtp.max_k
+    assert torch.equal(w.output, generate(target, ids[None], 12, temperature=0))
+    w.draft_dropdown.value = "model"
+    assert w.k_slider.max == 8 and w.k_slider.value == mtp.max_k

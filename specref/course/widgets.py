@@ -290,10 +290,23 @@ class DraftStepsWidget(_Refreshing, widgets.VBox):
         self.view.add_class("specref-draft-steps")
         self.steps: list = []
         self.output = None
+        self.k_max = k_max
         super().__init__([widgets.HBox([self.draft_dropdown, self.k_slider]), self.view])
-        for w in (self.draft_dropdown, self.k_slider):
-            w.observe(self._on_change, names="value")
+        self._fit_k_slider()
+        self.draft_dropdown.observe(self._on_draft, names="value")
+        self.k_slider.observe(self._on_change, names="value")
         self.refresh()
+
+    def _fit_k_slider(self) -> None:
+        """The k slider ends at the chosen draft's `max_k` (Medusa: its heads, MTP: its modules), else at k_max."""
+        limit = self.drafts[self.draft_dropdown.value].max_k
+        top = self.k_max if limit is None else min(self.k_max, limit)
+        self.k_slider.value = min(self.k_slider.value, top)  # before max: the slider would clamp silently
+        self.k_slider.max = top
+
+    def _on_draft(self, change: dict) -> None:
+        with self.held():  # a lowered k and the new draft: one redraw
+            self._fit_k_slider()
 
     def refresh(self) -> None:
         """Generate with the chosen draft and k (fixed seed) and redraw the highlighted text."""

@@ -51,6 +51,8 @@ class Draft(ABC):
     """The draft interface: `begin`, then alternately `propose` and `rollback`."""
 
     vocab_size: int
+    # The most tokens one chain proposal may hold (Medusa: its heads, MTP: its modules); None: no limit.
+    max_k: int | None = None
 
     @abstractmethod
     def begin(self, batch_size: int) -> None:

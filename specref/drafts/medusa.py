@@ -50,6 +50,7 @@ class MedusaDraft(FeatureDraft, ChainOrTreeDraft):
         self.target, self.heads = target, heads
         self.vocab_size = int(target.config.vocab_size)
         self.n_heads = heads.n_heads
+        self.max_k = self.n_heads  # head i drafts position i + 1
         self.passes = 0
 
     def observe(self, features: tuple[torch.Tensor, ...], starts: torch.Tensor) -> None:  # ([B, T, C],), [B]

@@ -75,6 +75,7 @@ class MTPDraft(FeatureDraft):
         super().__init__((target.config.n_layer,))
         self.target, self.modules = target, list(mods)
         self.depth = len(mods)
+        self.max_k = self.depth  # module d drafts position d
         self.n_embd = mods[0].n_embd
         self.vocab_size = int(target.config.vocab_size)
         self.caches: list[KVCache] | None = None  # per depth: the block's K/V over the true rows
