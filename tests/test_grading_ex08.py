@@ -129,11 +129,29 @@ def test_a_constant_check_is_flagged(verdict):
         G.check_lossless_check(lambda sampler: verdict)
 
 
-def test_a_check_that_looks_samplers_up_fails_on_unseen_ones():
+@pytest.mark.parametrize("hidden", [False, True])
+def test_a_check_that_looks_samplers_up_fails_even_on_the_visible_ones(hidden):
     table = {id(s): CLASSIFICATION[name] for name, s in G.SAMPLERS.items()}
-    G.check_lossless_check(lambda s: table[id(s)])
     with pytest.raises(AssertionError, match="your function raised KeyError"):
-        G.check_lossless_check(lambda s: table[id(s)], hidden=True)
+        G.check_lossless_check(lambda s: table[id(s)], hidden=hidden)
+
+
+def test_a_check_that_replays_verdicts_in_call_order_fails_when_the_order_is_drawn_fresh():
+    check, verdicts = make_check(), []
+    G.check_lossless_check(lambda s: verdicts.append(check(s)) or verdicts[-1], hidden=True, seed=0)
+
+    def replay():
+        answers = iter(list(verdicts))
+        return lambda s: next(answers)
+
+    G.check_lossless_check(replay(), hidden=True, seed=0)  # a known order can be replayed...
+    failed = 0
+    for _ in range(3):  # ...a fresh one cannot: 4 of 10 lossless, a replay matches one order in 210
+        try:
+            G.check_lossless_check(replay(), hidden=True)
+        except AssertionError:
+            failed += 1
+    assert failed >= 1
 
 
 def test_a_check_must_return_a_bool():
@@ -148,6 +166,7 @@ def test_a_check_must_return_a_bool():
         ({k: v for k, v in CLASSIFICATION.items() if k != "A"}, "missing: \\['A'\\]"),
         ({**CLASSIFICATION, "C": 1}, "not a bool"),
         (None, "not a dict"),
+        (type("Lying", (dict,), {})(CLASSIFICATION), "not a dict"),
     ],
 )
 def test_a_wrong_classification_is_flagged(answer, message):

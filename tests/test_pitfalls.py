@@ -123,6 +123,30 @@ def test_a_target_cache_not_rolled_back_breaks_greedy_equality_and_the_real_one_
     assert P.greedy_mismatch(target, B.StaleCacheTarget(target), ModelDraft(draft), prompts, 4, 20)[0] is not None
 
 
+def test_a_stale_cache_target_forgets_a_dead_cache_whose_id_comes_back():
+    # CPython reuses the id of a freed object; here the inner model hands back one recycled cache object,
+    # so the second generation's cache has the first one's id. Nothing the first one wrote is stale in it.
+    target, _ = _pair64()
+    recycled = target.new_cache(1, max_len=target.config.n_positions)
+
+    class Recycling(torch.nn.Module):
+        config, device, dtype = target.config, target.device, target.dtype
+
+        def new_cache(self, batch_size, max_len=None, device=None, dtype=None):
+            recycled.lengths = torch.zeros(1, dtype=torch.long)
+            return recycled
+
+        def forward(self, input_ids, cache=None, *args, **kwargs):
+            return target(input_ids, cache, *args, **kwargs)
+
+    stale = B.StaleCacheTarget(Recycling())
+    ids = torch.tensor([heldout_prompts(n=1, n_tokens=16)[0]])
+    stale(ids[:, :10], stale.new_cache(1))
+    cache = stale.new_cache(1)
+    stale(ids[:, :3], cache)
+    assert cache.lengths.tolist() == [3]
+
+
 # -- in-place edits of p -------------------------------------------------------------------------------
 
 
@@ -175,6 +199,22 @@ def test_tv_distance_on_tensors_and_dicts_and_bad_input():
         P.tv_distance(torch.ones(2), {(0,): 1.0})
     with pytest.raises(ValueError, match=r"p must be \[k\+1, V\]"):
         P.step_test(verify_chain, torch.ones(2, 3) / 3, torch.ones(2, 3) / 3, 10, torch.Generator())
+    p, q = _step()
+    with pytest.raises(ValueError, match="runs must be >= 1"):
+        P.step_test(verify_chain, p, q, 0, torch.Generator())
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        P.step_test(verify_chain, p, q, 10, 0)
+    with pytest.raises(TypeError, match="p must be a tensor"):
+        P.changed_inputs(verify_chain, torch.zeros((1, 2), dtype=torch.long), q[None], p.tolist())
+
+
+@pytest.mark.parametrize("cls", [B.MisreportedModelDraft, B.ArgmaxSoftmaxDraft, B.UnprocessedQModelDraft])
+def test_the_drafts_broken_on_the_sampling_path_refuse_greedy_decoding(cls):
+    _, draft = _pair64()
+    bad = cls(draft)
+    bad.begin(1)
+    with pytest.raises(ValueError, match=f"{cls.__name__} breaks sampling: use a temperature > 0"):
+        bad.propose(torch.tensor([[1, 2, 3]]), torch.tensor([3]), 2, SamplingParams(0.0))
 
 
 # -- a lossy rule: typical acceptance -------------------------------------------------------------------

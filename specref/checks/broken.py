@@ -15,15 +15,12 @@ import torch
 from ..drafts import ModelDraft
 from ..rejection import _check_chain, residual, verify_chain
 from ..sampling import SamplingParams, sample
+from .montecarlo import _uniforms, _with_final
 
 
-class MisreportedModelDraft(ModelDraft):
-    """Samples its drafts at temperature T / 2 but reports q at temperature T: q not processed like p.
+class _SampledDraft(ModelDraft):
+    """A broken ModelDraft whose bug is on the sampling path: it refuses greedy decoding, which never reads q."""
 
-    softmax(l / (T/2)) ** (1/2), renormalised, is softmax(l / T): the q a correct draft would report.
-    """
-
-    @torch.no_grad()
     def propose(
         self,
         tokens: torch.Tensor,  # [B, L]
@@ -33,32 +30,32 @@ class MisreportedModelDraft(ModelDraft):
         generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, k], [B, k, V]
         if params.greedy:
-            raise ValueError("MisreportedModelDraft breaks sampling: use a temperature > 0")
+            raise ValueError(f"{type(self).__name__} breaks sampling: use a temperature > 0")
+        return super().propose(tokens, lengths, k, params, generator)
+
+
+class MisreportedModelDraft(_SampledDraft):
+    """Samples its drafts at temperature T / 2 but reports q at temperature T: q not processed like p.
+
+    softmax(l / (T/2)) ** (1/2), renormalised, is softmax(l / T): the q a correct draft would report.
+    """
+
+    def _draw(
+        self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V] -> x [B], q [B, V]
         colder = SamplingParams(params.temperature / 2, params.top_k, params.top_p)
-        drafts, q_sampled = super().propose(tokens, lengths, k, colder, generator)
+        x, q_sampled = super()._draw(logits, colder, generator)
         q = q_sampled.sqrt()
-        return drafts, q / q.sum(-1, keepdim=True)
+        return x, q / q.sum(-1, keepdim=True)  # the bug: x was drawn from q_sampled
 
 
-class ArgmaxSoftmaxDraft(ModelDraft):
+class ArgmaxSoftmaxDraft(_SampledDraft):
     """BROKEN: drafts the argmax of the processed logits but reports their softmax as q.
 
     A draft that takes its argmax proposed x with probability 1, so the q that makes the
     rule exact is onehot(x); min(1, p(x) / softmax(x)) corrects for a sampling that never
     happened. (At temperature 0 the loop verifies greedily and never reads q: no bug there.)
     """
-
-    def propose(
-        self,
-        tokens: torch.Tensor,  # [B, L]
-        lengths: torch.Tensor,  # [B]
-        k: int,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, k], [B, k, V]
-        if params.greedy:
-            raise ValueError("ArgmaxSoftmaxDraft breaks sampling: use a temperature > 0")
-        return super().propose(tokens, lengths, k, params, generator)
 
     def _draw(
         self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
@@ -80,7 +77,7 @@ class StaleCacheTarget(torch.nn.Module):
         super().__init__()
         self.model = model
         self.config = model.config
-        self._written: dict[int, torch.Tensor] = {}  # id(cache) -> every slot written so far
+        self._written: dict[int, torch.Tensor | None] = {}  # id(cache) -> every slot written so far
 
     @property
     def device(self) -> torch.device:
@@ -91,7 +88,9 @@ class StaleCacheTarget(torch.nn.Module):
         return self.model.dtype
 
     def new_cache(self, batch_size: int, max_len: int | None = None, device=None, dtype=None):
-        return self.model.new_cache(batch_size, None, device, dtype)
+        cache = self.model.new_cache(batch_size, None, device, dtype)
+        self._written[id(cache)] = None  # a fresh cache: nothing of a dead cache that had this id is stale here
+        return cache
 
     def forward(self, input_ids: torch.Tensor, cache=None, *args: object, **kwargs: object):
         if cache is None:
@@ -142,8 +141,7 @@ def verify_count_not_prefix(
     """
     k, _ = _check_chain(draft_tokens, q, p, probs=True)
     B = draft_tokens.shape[0]
-    if u is None:
-        u = torch.rand((B, k + 1), generator=generator, dtype=p.dtype, device=p.device)
+    u = _uniforms(draft_tokens, p, generator, u)
     d = draft_tokens.long()
     px = p[:, :k].gather(-1, d[..., None]).squeeze(-1)  # [B, k]
     qx = q.gather(-1, d[..., None]).squeeze(-1)  # [B, k]
@@ -158,26 +156,14 @@ def verify_count_not_prefix(
     positions = torch.arange(k + 1, device=p.device)
     padded = torch.cat([d, torch.full((B, 1), -1, device=p.device, dtype=torch.long)], -1)
     tokens = torch.where(positions < n_acc[:, None], padded, torch.full_like(padded, -1))
-    return tokens.scatter(-1, n_acc[:, None], final[:, None]), n_acc
+    return _with_final(tokens, n_acc, final), n_acc
 
 
-class UnprocessedQModelDraft(ModelDraft):
+class UnprocessedQModelDraft(_SampledDraft):
     """BROKEN: samples its drafts from the processed distribution (temperature, top-k, top-p) but reports q raw.
 
     q = softmax(logits) while the drafts came from process_logits(logits): q not processed like p.
     """
-
-    def propose(
-        self,
-        tokens: torch.Tensor,  # [B, L]
-        lengths: torch.Tensor,  # [B]
-        k: int,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, k], [B, k, V]
-        if params.greedy:
-            raise ValueError("UnprocessedQModelDraft breaks sampling: use a temperature > 0")
-        return super().propose(tokens, lengths, k, params, generator)
 
     def _draw(
         self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None

@@ -130,6 +130,11 @@ def _uniforms(
     return torch.rand(shape, generator=generator, dtype=p.dtype, device=p.device)
 
 
+def _with_final(tokens: torch.Tensor, n_acc: torch.Tensor, final: torch.Tensor) -> torch.Tensor:  # [B, k+1]
+    """`tokens` with the token after the accepted prefix (column n_acc) replaced by `final` [B]."""
+    return tokens.scatter(1, n_acc[:, None], final[:, None])
+
+
 def verify_skip_residual(
     draft_tokens: torch.Tensor,  # [B, k]
     q: torch.Tensor,  # [B, k, V]
@@ -141,8 +146,7 @@ def verify_skip_residual(
     u = _uniforms(draft_tokens, p, generator, u)
     tokens, n_acc = verify_chain(draft_tokens, q, p, u=u)
     rows = torch.arange(draft_tokens.shape[0], device=p.device)
-    final = sample(p[rows, n_acc], u=u[:, -1])
-    return tokens.scatter(1, n_acc[:, None], final[:, None]), n_acc
+    return _with_final(tokens, n_acc, sample(p[rows, n_acc], u=u[:, -1])), n_acc
 
 
 def verify_always_accept(
@@ -175,7 +179,7 @@ def verify_bonus_off_by_one(
         return tokens, n_acc
     wrong = sample(p[:, k - 1], u=u[:, -1])  # the distribution that scored the last draft
     final = torch.where(n_acc == k, wrong, tokens.gather(1, n_acc[:, None]).squeeze(1))
-    return tokens.scatter(1, n_acc[:, None], final[:, None]), n_acc
+    return _with_final(tokens, n_acc, final), n_acc
 
 
 BROKEN_RULES: dict[str, ChainRule] = {

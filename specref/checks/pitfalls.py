@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from .._validate import check_int
 from ..decoding.chain import generate, speculative_generate
 from ..rejection import ChainRule, residual, verify_chain
 from ..sampling import SamplingParams, sample
@@ -103,21 +104,26 @@ def step_table(dist: Mapping[tuple[int, ...], float], k: int, V: int) -> torch.T
     return out
 
 
-def sample_steps(
+def step_test(
     rule: ChainRule,
     p: torch.Tensor,  # [k+1, V]
     q: torch.Tensor,  # [k, V]
     runs: int,
     generator: torch.Generator,
     reuse: bool = False,
-) -> torch.Tensor:  # [runs, k+1] padded with -1
-    """`runs` independent steps of `rule`, draft x_i ~ q_i (the setting of `exact.step_distribution`), in one batch.
+    alpha: float = ALPHA,
+) -> DistributionTest:
+    """`distribution_test` of `runs` steps of `rule` (drafts x_i ~ q_i, one batch) against the exact rule's closed form.
 
     reuse=True hands the rule the same p and q tensors twice, fresh drafts each time, and
-    returns the second call's tokens: what a caller sees who reads p again after the rule
+    tests the second call's tokens: what a caller sees who reads p again after the rule
     (a second sample from one target pass, a shared prefix, a tree's siblings).
     """
     p, q, k, V = _check_step_inputs(p, q)
+    check_int("runs", runs, 1, "steps sampled")
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    expected = step_table(step_distribution_formula(p, q), k, V)
     P = p.expand(runs, k + 1, V).clone()  # [N, k+1, V]
     Q = q.expand(runs, k, V).clone()  # [N, k, V]
 
@@ -128,23 +134,7 @@ def sample_steps(
 
     if reuse:
         rule(drafts(), Q, P, generator)
-    tokens, _ = rule(drafts(), Q, P, generator)
-    return tokens
-
-
-def step_test(
-    rule: ChainRule,
-    p: torch.Tensor,  # [k+1, V]
-    q: torch.Tensor,  # [k, V]
-    runs: int,
-    generator: torch.Generator,
-    reuse: bool = False,
-    alpha: float = ALPHA,
-) -> DistributionTest:
-    """`distribution_test` of `sample_steps` against the closed form of the exact rule's step distribution."""
-    p64, q64, k, V = _check_step_inputs(p, q)
-    expected = step_table(step_distribution_formula(p64, q64), k, V)
-    tokens = sample_steps(rule, p64, q64, runs, generator, reuse)
+    tokens, _ = rule(drafts(), Q, P, generator)  # [N, k+1] padded with -1
     return distribution_test(expected, samples=step_cells(tokens, V), alpha=alpha)
 
 
@@ -156,6 +146,9 @@ def changed_inputs(
     generator: torch.Generator | None = None,
 ) -> list[str]:
     """The names of the inputs `rule` modified in place (empty: it left them alone). The caller's tensors are not touched."""
+    for name, t in (("draft_tokens", draft_tokens), ("q", q), ("p", p)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
     given = {"draft_tokens": draft_tokens.clone(), "q": q.clone(), "p": p.clone()}
     rule(given["draft_tokens"], given["q"], given["p"], generator)
     originals = {"draft_tokens": draft_tokens, "q": q, "p": p}

@@ -16,7 +16,8 @@ whether a sampler is lossless is what it does.
 
 * `check_classification(answer)`: the learner's {name: True (lossless) / False} for the visible `SAMPLERS`;
 * `check_lossless_check(fn)`: the learner's is_lossless(sampler) -> bool must give the right verdict on every
-  visible sampler, and (hidden tests) on samplers the learner has not seen, under fresh opaque names.
+  visible sampler, and (hidden tests) on samplers the learner has not seen. Either way the check runs on fresh
+  samplers the grader builds, under opaque names, in an order the learner cannot know in advance.
 
 Every `check_*` function raises AssertionError with the input, the expected and the received answer and a
 hint, or returns None and prints one line on success.
@@ -225,9 +226,10 @@ def _truth(k: int, how: str, seed: int) -> tuple[bool, str]:
 def check_classification(answer: object) -> None:
     """Grade {name: True if lossless else False} for every sampler in SAMPLERS."""
     g = "check_classification"
-    if not isinstance(answer, dict):
+    if type(answer) is not dict:  # a plain dict: a subclass could answer differently each time it is read
         raise _fail(g, "the answer is not a dict.", [f"got {type(answer).__name__}"],
                     'give {"A": True or False, ...}: True means lossless.')
+    answer = dict(answer)
     missing = sorted(set(SAMPLERS) - set(answer))
     if missing:
         raise _fail(g, "some samplers are not classified.", [f"missing: {missing}"], "classify every sampler in SAMPLERS.")
@@ -261,22 +263,25 @@ def _opaque(sampler: Sampler, rnd: random.Random) -> tuple[str, Sampler]:
     return name, wrapped
 
 
-def check_lossless_check(fn: Callable[[Sampler], object], hidden: bool = False, seed: int = 0) -> None:
-    """Grade is_lossless(sampler) -> bool: the right verdict on every visible sampler (and hidden ones, if asked).
+def check_lossless_check(fn: Callable[[Sampler], object], hidden: bool = False, seed: int | None = None) -> None:
+    """Grade is_lossless(sampler) -> bool: the right verdict on every visible sampler (or on the hidden ones).
 
-    `seed` shuffles the hidden pool and its names. The learner's check is called once per sampler;
-    it sees only a function, never its name in SAMPLERS or how it was built.
+    The learner's check is called once per sampler, on a fresh function object built here (never an object
+    of SAMPLERS, which the learner's notebook holds and could replace), in an order drawn from `seed`: None,
+    the default of the exercise's tests, draws it from the OS, so no sequence of verdicts can be replayed.
+    It sees only a function, never its name in SAMPLERS or how it was built.
     """
     g = "check_lossless_check"
     rnd = random.Random(seed)
-    pool = [(f"SAMPLERS[{name!r}]", SAMPLERS[name], _VISIBLE[name]) for name in SAMPLERS]
-    if hidden:  # the unseen constructions, shuffled, under fresh names
-        keys = list(_HIDDEN)
-        rnd.shuffle(keys)
-        pool = [_opaque(_make(*key), rnd) + (key,) for key in keys]
+    keys = list(_HIDDEN) if hidden else list(_VISIBLE.values())
+    labels = [None] * len(keys) if hidden else [f"SAMPLERS[{name!r}]" for name in _VISIBLE]
+    order = list(range(len(keys)))
+    rnd.shuffle(order)
     n_lossless = 0
-    for label, sampler, key in pool:
-        want, why = _truth(*key, 0)  # a construction's verdict does not depend on the seed: computed once
+    for i in order:
+        name, sampler = _opaque(_make(*keys[i]), rnd)
+        label = labels[i] or name
+        want, why = _truth(*keys[i], 0)  # a construction's verdict does not depend on the order: computed once
         n_lossless += want
         where = f"wrong verdict on {label}."
         got = _call(g, where, [f"sampler: {label}"], fn, sampler)
@@ -287,4 +292,4 @@ def check_lossless_check(fn: Callable[[Sampler], object], hidden: bool = False, 
                     "this sampler is lossless; your check flagged it. Compare distributions exactly (with a "
                     "tolerance like 1e-9) or with a test whose threshold a correct sampler passes.")
             raise _fail(g, where, [f"expected {want}, your check said {got}"], hint)
-    _passed(g, f"{len(pool)} samplers, {n_lossless} lossless" + (", unseen ones included" if hidden else ""))
+    _passed(g, f"{len(keys)} samplers, {n_lossless} lossless" + (", unseen ones included" if hidden else ""))
