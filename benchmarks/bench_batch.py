@@ -267,7 +267,7 @@ def analyse(runs: list[dict], grid_model: CostModel, ks, P: int, n: int) -> tupl
             r["predicted_over_measured"] = r["predicted"] / r["speedup"]
             r["grid_only_over_measured"] = r["predicted_grid_only"] / r["speedup"]
             if k:  # steps: the model's (slowest of B rows) and decoding's; the costs alone, given decoding's steps
-                r["model_steps"] = batch_steps(a, k, B, n, model.alpha_sd)
+                r["model_steps"] = batch_steps(a, k, B, n, model.spread_at(a))
                 r["measured_steps"] = _max_steps(r)
                 at = replace(model, context=P + n // 2)
                 spec = model.predict_time(a, k, B, P, n) + (r["measured_steps"] - r["model_steps"]) * at.step_time(k, B)
@@ -394,6 +394,19 @@ def write(results: dict, out: str) -> None:
     print(f"results: {out}")
 
 
+def save_and_report(measured: dict, out: str | None) -> dict:
+    """Write the measurements, then analyse them and write again: an analysis that fails loses no measurement.
+
+    A failed analysis is rerun with `--from-json out` once the analysis is mended, nothing re-measured.
+    """
+    if out:
+        write(measured, out)
+    results = report(measured)
+    if out:
+        write(results, out)
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -464,11 +477,9 @@ def main() -> None:
                 cache_len={str(S): cache_len(target, S, run_len, slack) for S in grid["contexts"]},
                 load_average=[load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
                 date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), wall_s=wall)
-    results = report(dict(meta=meta, passes=passes, draft_passes=draft_passes, runs=runs))
-    print(f"wall clock: {wall:.0f} s")
     out = args.out or (None if args.quick else str(ROOT / "benchmarks" / "results" / f"batch_{args.device}.json"))
-    if out:
-        write(results, out)
+    save_and_report(dict(meta=meta, passes=passes, draft_passes=draft_passes, runs=runs), out)
+    print(f"wall clock: {wall:.0f} s")
 
 
 if __name__ == "__main__":

@@ -130,3 +130,19 @@ def test_a_grid_whose_prompt_pass_outlasts_a_runs_target_time_is_refused_with_th
     with pytest.raises(ValueError, match="too noisy to take the prompt out"):
         bench.in_loop_model(slow_prompt, runs, meta["prompt_tokens"], meta["new_tokens"],
                             bench.train_batches(meta["batch_sizes"]))
+
+
+def test_the_measurements_are_written_before_an_analysis_that_fails(tmp_path, monkeypatch):
+    # A 25-minute gpt2-medium grid once died in the analysis and took its measurements with it.
+    bench = _bench()
+    committed = json.loads((ROOT / "benchmarks" / "results" / "batch_cpu.json").read_text())
+    measured = {key: committed[key] for key in ("meta", "passes", "draft_passes", "runs")}
+
+    def broken_report(results: dict) -> dict:
+        raise ValueError("the analysis failed")
+
+    monkeypatch.setattr(bench, "report", broken_report)
+    out = tmp_path / "batch.json"
+    with pytest.raises(ValueError, match="the analysis failed"):
+        bench.save_and_report(measured, str(out))
+    assert json.loads(out.read_text()) == measured  # ready for --from-json

@@ -227,3 +227,19 @@ def test_cost_model_with_every_part_round_trips():
 def test_bad_spread_margin_or_length_is_refused(call):
     with pytest.raises(ValueError):
         call()
+
+
+def test_a_spread_fitted_at_one_alpha_is_capped_where_a_lower_mean_cannot_have_it():
+    # A random-initialised target accepts ~5 % of drafts, and its noisy step counts can fit sd = 0.28, more than
+    # a Beta of mean 0.054 allows (sqrt(0.054 x 0.946) = 0.226): the model caps it instead of raising mid-analysis.
+    model = replace(CostModel(flat(0.01), draft=0.1), alpha_sd=0.28)
+    a = 0.054
+    with pytest.raises(ValueError):
+        batch_steps(a, 4, 8, 64, alpha_sd=model.alpha_sd)  # the raw spread is refused where it cannot exist
+    cap = 0.99 * math.sqrt(a * (1 - a))
+    assert model.spread_at(a) == pytest.approx(cap) and model.spread_at(0.8) == 0.28  # 0.28 < 0.99 x 0.4: kept
+    assert model.spread_at(0.0) == 0.0 == model.spread_at(1.0)
+    assert model.run_speedup(a, 4, 8, 64) == replace(model, alpha_sd=cap).run_speedup(a, 4, 8, 64)
+    assert math.isfinite(model.predict_time(a, 4, 8, 32, 64))
+    with pytest.raises(ValueError):
+        model.spread_at(1.5)

@@ -353,7 +353,7 @@ class CostModel:
         if k == 0:
             expected_tokens_per_step(alpha, 0)  # raises on a bad alpha
             return 1.0
-        return n * self.plain_time(B) / (batch_steps(alpha, k, B, n, self.alpha_sd) * self.step_time(k, B))
+        return n * self.plain_time(B) / (batch_steps(alpha, k, B, n, self.spread_at(alpha)) * self.step_time(k, B))
 
     def throughput(self, alpha: float, k: int, batch_size: int) -> float:
         """Predicted tokens per second over the whole batch, steady state."""
@@ -376,7 +376,17 @@ class CostModel:
         draft_prompt = self.prompt_draft or (self.draft if isinstance(self.draft, PassModel) else None)
         if draft_prompt is not None:
             prompt += draft_prompt(B, P, 0)
-        return prompt + batch_steps(alpha, k, B, n, self.alpha_sd) * at.step_time(k, B)
+        return prompt + batch_steps(alpha, k, B, n, self.spread_at(alpha)) * at.step_time(k, B)
+
+    def spread_at(self, alpha: float) -> float:
+        """The rows' alpha spread at mean alpha: alpha_sd, capped below the largest a Beta of that mean can have.
+
+        alpha_sd is fitted at the runs' alphas; at a mean where sd^2 >= alpha (1 - alpha) no Beta
+        exists, so the cap (0.99 of the bound) keeps every prediction defined (alpha 0 or 1: 0).
+        """
+        a = float(np.asarray(alpha, dtype=np.float64))
+        expected_tokens_per_step(a, 0)  # raises on a bad alpha
+        return min(self.alpha_sd, 0.99 * math.sqrt(a * (1 - a)))
 
     def as_dict(self) -> dict:
         draft = self.draft.as_dict() if isinstance(self.draft, PassModel) else float(self.draft)
