@@ -79,3 +79,11 @@ def test_bench_drafts_acceptance_by_position_is_the_conditional_rate():
     # 2 steps accepted 0, 3 accepted 1, 5 accepted all 2: position 1 passed 8 of 10, position 2 passed 5 of 8.
     assert bench.by_position([2, 3, 5]) == [0.8, 0.625]
     assert bench.by_position([4, 0, 0]) == [0.0, None]  # no step reached position 2
+
+
+def test_acceptance_at_step_starts_finds_live_position_1_equal_to_teacher_forcing_at_the_step_starts():
+    out = _run("acceptance_at_step_starts.py", "--prompts", "2", "--prompt-tokens", "24", "--new-tokens", "24",
+               "--k", "4")
+    rows = re.findall(r"^(model|eagle) +live position 1 [01]\.\d{3} over \d+ steps; teacher forced at the same step "
+                      r"starts [01]\.\d{3} \((equal|NOT equal)\)", out, flags=re.M)
+    assert [r[0] for r in rows] == ["model", "eagle"] and all(r[1] == "equal" for r in rows), out
