@@ -28,6 +28,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from .._validate import check_int
 from ..sampling import SamplingParams, sample
 from ..trees import Tree
 from .shapes import DynamicTree, TreeShape
@@ -45,6 +46,14 @@ def draw(
         return x, torch.nn.functional.one_hot(x, logits.shape[-1]).to(logits.dtype)
     q = params.probs_unchecked(logits)
     return sample(q, generator), q
+
+
+def check_k(k: object, max_k: int | None, why: str) -> int:
+    """k as an int in 0..max_k (None: no upper limit); `why` says what sets the limit, for the error."""
+    k = check_int("k", k, 0, "tokens to propose")
+    if max_k is not None and k > max_k:
+        raise ValueError(f"k={k} but {why}, so k must be <= {max_k}")
+    return k
 
 
 class Draft(ABC):

@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import check_int
 from ..sampling import SamplingParams
 from ..trees import ROOT, Tree
-from .base import ChainOrTreeDraft, draw
+from .base import ChainOrTreeDraft, check_k, draw
 from .features import FeatureDraft, check_features_fit, check_lengths, check_target
 from .heads import MedusaHeads
 from .shapes import DynamicTree, TreeShape, as_tree_spec, grow_trees
@@ -77,10 +76,7 @@ class MedusaDraft(FeatureDraft, ChainOrTreeDraft):
         generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # drafts [B, k], q [B, k, V]
         """Draft position i + 1 from head i, all on f_t: argmax (q one-hot) or a draw from q = params.probs(logits)."""
-        k = check_int("k", k, 0, "tokens to propose")
-        if k > self.n_heads:
-            raise ValueError(f"k={k} but this Medusa draft has {self.n_heads} heads: head i drafts position i + 1, "
-                             f"so k must be <= {self.n_heads}")
+        k = check_k(k, self.max_k, f"this Medusa draft has {self.n_heads} heads: head i drafts position i + 1")
         B, V = tokens.shape[0], self.vocab_size
         dtype = self.target.lm_head.weight.dtype
         if k == 0:

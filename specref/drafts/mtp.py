@@ -38,10 +38,9 @@ from collections.abc import Sequence
 
 import torch
 
-from .._validate import check_int
 from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
-from .base import draw
+from .base import check_k, draw
 from .features import FeatureDraft, check_features_fit, check_lengths, check_target
 from .heads import MTPModule, MTPStack
 
@@ -127,10 +126,7 @@ class MTPDraft(FeatureDraft):
         params: SamplingParams,
         generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # drafts [B, k], q [B, k, V]
-        k = check_int("k", k, 0, "tokens to propose")
-        if k > self.depth:
-            raise ValueError(f"k={k} but this MTP draft has {self.depth} modules: module d drafts position d, "
-                             f"so k must be <= {self.depth}")
+        k = check_k(k, self.max_k, f"this MTP draft has {self.depth} modules: module d drafts position d")
         t = check_lengths(self, tokens, lengths)  # [B] the newest scored position
         B, V, dev = tokens.shape[0], self.vocab_size, tokens.device
         dtype = self.target.lm_head.weight.dtype
