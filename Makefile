@@ -51,7 +51,7 @@ help:
 	@echo "make test-portable        rerun the checked notebooks as other CPUs would round (CI runs it)"
 	@echo "make doctor               readiness report (python -m specref)"
 	@echo "make exercises            regenerate exercises/ from solutions/"
-	@echo "make grade NB=exercises/ex02_accept_reject.ipynb   grade one notebook (SOLUTION=... to name its solution)"
+	@echo "make grade NB=exercises/ex02_accept_reject.ipynb   grade one notebook (SOLUTION=... to name its solution, SEED=N|random for other hidden cases)"
 	@echo "make grade-all DIR=submissions/ [CSV=gradebook.csv]  grade a folder of submissions into a gradebook"
 	@echo "make execute              re-run notebooks/ and solutions/ in place, then make exercises"
 	@echo "make venv                 only the set-up"
@@ -105,15 +105,15 @@ check-exercises: venv
 NB ?=
 # File names never reach a shell or make's own expansion: $(value X) is the text as given, put in
 # single quotes with every ' escaped; unexport keeps make from expanding them into the environment.
-unexport NB DIR CSV SOLUTION
+unexport NB DIR CSV SOLUTION SEED
 _grade_q = '$(subst ','\'',$(value $(1)))'
 grade: venv
-	@test -n $(call _grade_q,NB) || { echo "usage: make grade NB=path/to/notebook.ipynb [SOLUTION=solutions/<name>.ipynb]"; exit 2; }
-	$(VPY) tools/grade.py $(if $(value SOLUTION),--solution $(call _grade_q,SOLUTION)) -- $(call _grade_q,NB)
+	@test -n $(call _grade_q,NB) || { echo "usage: make grade NB=path/to/notebook.ipynb [SOLUTION=solutions/<name>.ipynb] [SEED=N|random]"; exit 2; }
+	$(VPY) tools/grade.py $(if $(value SOLUTION),--solution $(call _grade_q,SOLUTION)) $(if $(value SEED),--seed $(call _grade_q,SEED)) -- $(call _grade_q,NB)
 
 grade-all: venv
-	@test -n $(call _grade_q,DIR) || { echo "usage: make grade-all DIR=submissions/ [CSV=gradebook.csv]"; exit 2; }
-	$(VPY) tools/grade.py --all $(call _grade_q,DIR) $(if $(value CSV),--csv $(call _grade_q,CSV))
+	@test -n $(call _grade_q,DIR) || { echo "usage: make grade-all DIR=submissions/ [CSV=gradebook.csv] [SEED=N|random]"; exit 2; }
+	$(VPY) tools/grade.py --all $(call _grade_q,DIR) $(if $(value CSV),--csv $(call _grade_q,CSV)) $(if $(value SEED),--seed $(call _grade_q,SEED))
 
 execute: venv
 	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \

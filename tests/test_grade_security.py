@@ -449,6 +449,19 @@ def test_make_grade_passes_the_file_name_to_no_shell(toy, tmp_path):
     assert not any((d / f"pwned{i}").exists() for d in (tmp_path, REPO, weird) for i in (1, 2, 3))
 
 
+def test_make_grade_passes_the_seed_to_no_shell_and_the_report_names_it(toy, tmp_path):
+    nb_path = tmp_path / "learner.ipynb"
+    nb_path.write_text(json.dumps(toy_solution()))
+    make = ["make", "-s", "--no-print-directory", "-C", str(REPO), "grade", f"NB={nb_path}",
+            f"SOLUTION={toy[0] / 'ex_toy.ipynb'}"]
+    bad = subprocess.run([*make, "SEED=7; touch pwned4 $(touch pwned5)"], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    assert bad.returncode != 0 and "--seed must be" in bad.stderr, bad.stdout + bad.stderr
+    assert not any((d / f"pwned{i}").exists() for d in (tmp_path, REPO) for i in (4, 5))
+    good = subprocess.run([*make, "SEED=3"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert good.returncode == 0 and "hidden seed 3)" in good.stdout, good.stdout + good.stderr
+
+
 @pytest.mark.slow
 def test_grade_all_writes_a_gradebook_of_isolated_runs(toy, tmp_path):
     sol_dir, sub_dir, exercise = toy
@@ -470,6 +483,7 @@ def test_grade_all_writes_a_gradebook_of_isolated_runs(toy, tmp_path):
     assert set(rows) == {"honest.ipynb", "stub.ipynb", "other.ipynb", "patcher.ipynb", "broken.ipynb"}
     assert (rows["honest.ipynb"]["total"], rows["honest.ipynb"]["double_check"], rows["honest.ipynb"]["status"]) == (
         "3", "2", "full marks")
+    assert rows["honest.ipynb"]["hidden_seed"] == "1" and rows["broken.ipynb"]["hidden_seed"] == ""
     assert rows["stub.ipynb"]["total"] == "0" and "NotImplementedError" in rows["stub.ipynb"]["reasons"]
     assert rows["other.ipynb"]["exercise"] == "ex_other" and rows["other.ipynb"]["possible"] == "7"
     assert rows["patcher.ipynb"]["status"] == "NEEDS REVIEW" and "math.isclose" in rows["patcher.ipynb"]["flags"]

@@ -22,6 +22,12 @@ How one submission is graded:
    environment's or other submissions'), and every process of that uid is killed at the end.
    Its results come back signed with a key only the grader and that process hold.
 
+Hidden tests draw their cases from ``HIDDEN_SEED``. The solutions set it to 1, and so does the
+grader unless told otherwise: ``--seed N`` (N >= 1; 0 draws the visible cases) or ``--seed random``
+grades with other hidden cases, which a learner who has read the solutions has never seen. The
+grader binds the seed at the top of every test cell that reads it, after the answers have run, so
+no answer can choose it. The report names the seed, so a grade can be reproduced.
+
 Exit status: 0 full marks; 1 some check failed; 2 could not be graded (unreadable
 notebook, no matching solution, the kernel died, a report is missing); 3 needs review
 (interference or use of the reference implementation was detected; flagged tasks score 0).
@@ -56,6 +62,7 @@ from make_exercises import MarkerError, strip_regions, tests_version  # noqa: E4
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = Path(__file__).resolve().parent / "grade_runner.py"
+DEFAULT_HIDDEN_SEED = 1  # what the solutions' setup cells set HIDDEN_SEED to (a test keeps them equal)
 CELL_TIMEOUT_S = 180
 RUN_TIMEOUT_S = 1800  # one submission, all of its tests together
 EXIT_FULL, EXIT_FAILED, EXIT_UNGRADABLE, EXIT_REVIEW = 0, 1, 2, 3
@@ -161,6 +168,7 @@ class Plan:
     flags: dict[int, list[str]]  # answer cell index -> findings (interference applies to all later tests)
     reference: dict[int, list[str]]  # answer cell index -> uses of specref (applies to dependent tests)
     syntax: dict[int, str]
+    seed: int = DEFAULT_HIDDEN_SEED  # HIDDEN_SEED in the test cells
 
 
 def _find_answer(sub_cells: list[dict], ref: dict, gid: str, notes: list[str]) -> dict | None:
@@ -187,7 +195,26 @@ def _saved_output_passing(cell: dict) -> bool | None:
     return not any(isinstance(o, dict) and o.get("output_type") == "error" for o in outs)
 
 
-def build_plan(solution: dict, submission: dict, solution_name: str = "solution") -> Plan:
+def hidden_seed(value: str | int) -> int:
+    """The seed of the hidden tests from --seed: an int >= 1, or "random" for a fresh one (printed in the report)."""
+    if isinstance(value, str) and value.strip().lower() == "random":
+        return 1 + secrets.randbelow(2**31 - 2)
+    try:
+        seed = int(value)
+    except (TypeError, ValueError):
+        raise GradeError(f"--seed must be an integer >= 1 or 'random', got {value!r}") from None
+    if isinstance(value, bool) or not 1 <= seed < 2**31:
+        raise GradeError(f"--seed must be in [1, 2**31) (0 draws the visible cases), got {value!r}")
+    return seed
+
+
+def with_seed(source: str, seed: int) -> str:
+    """A test cell's source as the grader runs it: HIDDEN_SEED bound on the line before, if the cell reads it."""
+    return f"HIDDEN_SEED = {seed}\n{source}" if "HIDDEN_SEED" in names_used(source) else source
+
+
+def build_plan(solution: dict, submission: dict, solution_name: str = "solution",
+               seed: int = DEFAULT_HIDDEN_SEED) -> Plan:
     sol_cells, sub_cells = solution["cells"], submission["cells"]
     notes: list[str] = []
     eid, ver = stamp(submission)
@@ -254,7 +281,7 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
                     notes.append(f"your copy of test cell {gid!r} differs from the exercise's; the exercise's "
                                  "tests were run")
             tests.append(spec)
-            cells.append({"n": i, "role": "test", "grade_id": gid, "source": spec.source})
+            cells.append({"n": i, "role": "test", "grade_id": gid, "source": with_seed(spec.source, seed)})
         elif ref.get("cell_type") == "code":
             try:
                 text = strip_regions(_source(ref), "code", f"{solution_name}: cell {i}")
@@ -291,7 +318,8 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
         t.depends = seen
     if not tests and not manual:
         raise GradeError(f"{solution_name} has no graded cells (metadata.nbgrader.grade)")
-    return Plan(eid or exercise_id(Path(solution_name)), version, cells, tests, manual, notes, flags, reference, syntax)
+    return Plan(eid or exercise_id(Path(solution_name)), version, cells, tests, manual, notes, flags, reference, syntax,
+                seed)
 
 
 # --------------------------------------------------------------------------------------
@@ -591,6 +619,7 @@ class Report:
     manual: list[tuple[str, float, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     error: str = ""
+    seed: int | None = None  # the hidden tests' seed (None: not graded)
 
     @property
     def flags(self) -> list[str]:
@@ -616,7 +645,8 @@ class Report:
         return EXIT_FULL if all(t.outcome == "passed" for t in self.tests) else EXIT_FAILED
 
     def text(self) -> str:
-        lines = [f"{self.path}: exercise {self.exercise or '?'}" + (f" (tests {self.version})" if self.version else "")]
+        lines = [f"{self.path}: exercise {self.exercise or '?'}" + (f" (tests {self.version}" if self.version else "")
+                 + (f", hidden seed {self.seed}" if self.seed is not None else "") + (")" if self.version else "")]
         if self.error:
             lines.append(f"could not be graded: {self.error}")
             return "\n".join(lines)
@@ -637,7 +667,8 @@ class Report:
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
-        return {"path": self.path, "exercise": self.exercise, "version": self.version, "error": self.error,
+        return {"path": self.path, "exercise": self.exercise, "version": self.version, "seed": self.seed,
+                "error": self.error,
                 "status": STATUS[self.exit_code], "exit_code": self.exit_code, "total": self.total,
                 "possible": self.possible, "notes": self.notes, "flags": self.flags,
                 "tests": [{"grade_id": t.grade_id, "points": t.points, "score": t.score, "outcome": t.outcome,
@@ -646,18 +677,23 @@ class Report:
 
 
 def grade(notebook: Path, solution: Path | None = None, solutions_dir: Path | None = None,
-          cell_timeout: float = CELL_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S) -> Report:
-    """Grade one submission file; never raises for a problem of the submission (see Report.error)."""
+          cell_timeout: float = CELL_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S,
+          seed: int = DEFAULT_HIDDEN_SEED) -> Report:
+    """Grade one submission file; never raises for a problem of the submission (see Report.error).
+
+    `seed` is HIDDEN_SEED, the seed of the hidden tests' cases (`hidden_seed` reads --seed).
+    """
     report = Report(str(notebook))
     try:
         submission = read_notebook(notebook)
         solution = solution or find_solution(submission, solutions_dir or ROOT / "solutions")
         sol = read_notebook(solution)
-        plan = build_plan(sol, submission, Path(solution).name)
+        plan = build_plan(sol, submission, Path(solution).name, seed)
     except GradeError as e:
         report.error = str(e)
         return report
     report.exercise, report.version, report.manual, report.notes = plan.exercise, plan.version, plan.manual, plan.notes
+    report.seed = plan.seed
     claimed, _ = stamp(submission)
     if claimed is not None and claimed != exercise_id(Path(solution)):
         report.exercise = exercise_id(Path(solution))
@@ -724,7 +760,9 @@ def grade_plan(plan: Plan, cell_timeout: float = CELL_TIMEOUT_S, run_timeout: fl
 # Batch grading
 # --------------------------------------------------------------------------------------
 def grade_all(folder: Path, csv_path: Path, solutions_dir: Path | None = None, cell_timeout: float = CELL_TIMEOUT_S,
-              run_timeout: float = RUN_TIMEOUT_S, progress: bool = True) -> list[Report]:
+              run_timeout: float = RUN_TIMEOUT_S, progress: bool = True,
+              seed: int = DEFAULT_HIDDEN_SEED) -> list[Report]:
+    """Grade every notebook under `folder` (all with the same hidden seed) and write a CSV gradebook."""
     files = sorted(p for p in Path(folder).rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
     try:
         from tqdm import tqdm
@@ -733,20 +771,23 @@ def grade_all(folder: Path, csv_path: Path, solutions_dir: Path | None = None, c
         it = files
     reports = []
     for path in it:
-        reports.append(grade(path, solutions_dir=solutions_dir, cell_timeout=cell_timeout, run_timeout=run_timeout))
+        reports.append(grade(path, solutions_dir=solutions_dir, cell_timeout=cell_timeout, run_timeout=run_timeout,
+                             seed=seed))
     ids: list[str] = []
     for rep in reports:
         ids += [t.grade_id for t in rep.tests if t.grade_id not in ids]
     with open(csv_path, "w", newline="", encoding="utf-8") as f:
         out = csv.writer(f)
-        out.writerow(["file", "exercise", "status", "exit_code", "total", "possible", *ids, "flags", "reasons"])
+        out.writerow(["file", "exercise", "status", "exit_code", "total", "possible", "hidden_seed", *ids, "flags",
+                      "reasons"])
         for rep in reports:
             scores = {t.grade_id: f"{t.score:g}" for t in rep.tests}
             reasons = [rep.error] if rep.error else []
             reasons += [f"{t.grade_id}: {t.outcome}: {t.message.splitlines()[0] if t.message else ''}".rstrip(": ")
                         for t in rep.tests if t.outcome != "passed"]
             out.writerow([os.path.relpath(rep.path, folder), rep.exercise, STATUS[rep.exit_code], rep.exit_code,
-                          f"{rep.total:g}", f"{rep.possible:g}", *[scores.get(g, "") for g in ids],
+                          f"{rep.total:g}", f"{rep.possible:g}", "" if rep.seed is None else rep.seed,
+                          *[scores.get(g, "") for g in ids],
                           " | ".join(rep.flags), " | ".join(reasons + rep.notes)])
     return reports
 
@@ -761,17 +802,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S, help="seconds per cell")
     ap.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds for one submission, all tests")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    ap.add_argument("--seed", default=str(DEFAULT_HIDDEN_SEED), metavar="N|random",
+                    help=f"seed of the hidden tests' cases (default {DEFAULT_HIDDEN_SEED}, the solutions'; 'random' "
+                         "draws a fresh one, named in the report)")
     args = ap.parse_args(argv)
+    try:
+        seed = hidden_seed(args.seed)
+    except GradeError as e:
+        ap.error(str(e))
     if args.all is not None:
         if not args.all.is_dir():
             print(f"error: no such folder: {args.all}", file=sys.stderr)
             return EXIT_UNGRADABLE
         reports = grade_all(args.all, args.csv or args.all / "gradebook.csv", args.solutions_dir, args.cell_timeout,
-                            args.timeout)
+                            args.timeout, seed=seed)
         codes = [r.exit_code for r in reports]
         for r in reports:
             print(f"{STATUS[r.exit_code]:>20}  {r.total:g}/{r.possible:g}  {r.path}")
-        print(f"gradebook: {args.csv or args.all / 'gradebook.csv'} ({len(reports)} notebooks)")
+        print(f"gradebook: {args.csv or args.all / 'gradebook.csv'} ({len(reports)} notebooks, hidden seed {seed})")
         for code in (EXIT_UNGRADABLE, EXIT_REVIEW, EXIT_FAILED):
             if code in codes:
                 return code
@@ -781,7 +829,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.notebook.is_file():
         print(f"error: no such notebook: {args.notebook}", file=sys.stderr)
         return EXIT_UNGRADABLE
-    report = grade(args.notebook, args.solution, args.solutions_dir, args.cell_timeout, args.timeout)
+    report = grade(args.notebook, args.solution, args.solutions_dir, args.cell_timeout, args.timeout, seed)
     print(json.dumps(report.as_dict(), indent=1) if args.json else report.text())
     return report.exit_code
 

@@ -1,0 +1,143 @@
+"""tools/grade.py --seed: the hidden tests' cases follow a seed the grader chooses, not the one in the solutions.
+
+A learner who has read solutions/ knows HIDDEN_SEED = 1 and could learn the hidden cases by heart.
+With another seed those answers fail, while a correct answer still gets full marks; and no answer
+can rebind the seed, because the grader binds it inside the test cell itself.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specref.course.grading import batch as G
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import grade  # noqa: E402
+from make_exercises import BEGIN_HIDDEN, END_HIDDEN  # noqa: E402
+
+SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
+HIDDEN = re.compile(re.escape(BEGIN_HIDDEN) + "(.*?)" + re.escape(END_HIDDEN), re.S)
+
+
+def _cells(path: Path) -> list[dict]:
+    return json.loads(path.read_text())["cells"]
+
+
+def _src(cell: dict) -> str:
+    return "".join(cell["source"])
+
+
+@pytest.mark.parametrize("value, want", [("7", 7), (7, 7), ("1", 1), (" 12 ", 12), (2**31 - 1, 2**31 - 1)])
+def test_hidden_seed_reads_an_integer_of_at_least_one(value, want):
+    assert grade.hidden_seed(value) == want
+
+
+@pytest.mark.parametrize("value", ["0", 0, "-3", "x", "1.5", 2**31, True, None])
+def test_hidden_seed_refuses_anything_else_and_says_what_is_allowed(value):
+    with pytest.raises(grade.GradeError, match="--seed must be"):
+        grade.hidden_seed(value)
+
+
+def test_a_random_seed_is_a_valid_seed_and_differs_between_draws():
+    seeds = {grade.hidden_seed("random") for _ in range(4)}
+    assert all(1 <= s < 2**31 for s in seeds) and len(seeds) > 1
+
+
+def test_with_seed_binds_hidden_seed_only_in_cells_that_read_it():
+    cell = "check(f)\n### BEGIN HIDDEN TESTS\ncheck(f, seed=HIDDEN_SEED)\n### END HIDDEN TESTS"
+    assert grade.with_seed(cell, 5) == "HIDDEN_SEED = 5\n" + cell
+    assert grade.with_seed("check(f)", 5) == "check(f)"
+    assert grade.with_seed("# HIDDEN_SEED in a comment only\ncheck(f)", 5).startswith("# HIDDEN_SEED")
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_every_seeded_hidden_test_follows_the_graders_seed(path):
+    # No hidden test passes a literal seed (it would ignore --seed), and a solution whose hidden tests read
+    # HIDDEN_SEED sets it, before its first answer cell, to the grader's default: so the solution run as a
+    # notebook (nbval) checks the very cases the grader draws by default.
+    cells = _cells(path)
+    hidden = [m for c in cells for m in HIDDEN.findall(_src(c))]
+    literal = [h.strip() for h in hidden if re.search(r"\bseed\s*=\s*\d", h)]
+    assert not literal, f"hidden tests with a literal seed: {literal}"
+    if not any("HIDDEN_SEED" in h for h in hidden):
+        return
+    first_answer = next(i for i, c in enumerate(cells) if c["metadata"].get("nbgrader", {}).get("solution"))
+    bound = [node.value for c in cells[:first_answer] if c["cell_type"] == "code"
+             for node in ast.parse(_src(c)).body
+             if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["HIDDEN_SEED"]]
+    assert [ast.literal_eval(v) for v in bound] == [grade.DEFAULT_HIDDEN_SEED]
+
+
+def _submission(answer_source: str) -> dict:
+    nb = json.loads((ROOT / "solutions" / "ex07_load_aware_k.ipynb").read_text())
+    nb["metadata"]["specref"] = {"exercise": "ex07_load_aware_k"}
+    for c in nb["cells"]:
+        if c["metadata"].get("nbgrader", {}).get("grade_id") == "ex07_choose_k_answer":
+            c["source"] = answer_source
+    return nb
+
+
+def test_the_plan_binds_the_seed_inside_each_test_cell_after_every_answer():
+    # An answer that rebinds HIDDEN_SEED (to 0: the visible cases) changes nothing: the test cell binds it again.
+    nb = _submission("HIDDEN_SEED = 0\n\ndef choose_k(alpha, batch_size, table, k_max=8):\n    return 0\n")
+    solution = json.loads((ROOT / "solutions" / "ex07_load_aware_k.ipynb").read_text())
+    plan = grade.build_plan(solution, nb, "ex07_load_aware_k.ipynb", seed=9)
+    tests = [c for c in plan.cells if c["role"] == "test"]
+    assert plan.seed == 9 and tests
+    assert all(c["source"].startswith("HIDDEN_SEED = 9\n") for c in tests if "HIDDEN_SEED" in c["source"])
+    assert sum("HIDDEN_SEED" in c["source"] for c in tests) == 2  # choose_k and day-and-night
+    default = grade.build_plan(solution, nb, "ex07_load_aware_k.ipynb")
+    assert default.seed == grade.DEFAULT_HIDDEN_SEED == 1
+
+
+def _memorising_answer() -> str:
+    # Every case the visible test (seed 0) and the solutions' hidden test (seed 1) ask, answered by exhaustive
+    # search beforehand and written into the answer as a table: no policy at all, only a lookup.
+    memo = {}
+    for seed, n in ((0, 40), (1, 200)):
+        for _, t, a, B, km in G._cases(n, seed):
+            memo[repr((a, B, km, t["pass_s"][B], t["draft_s"][B]))] = G.best_ks(t, a, B, km)[0]
+    return (f"MEMO = {memo!r}\n\n"
+            "def choose_k(alpha, batch_size, table, k_max=8):\n"
+            "    key = repr((alpha, batch_size, k_max, table['pass_s'][batch_size], table['draft_s'][batch_size]))\n"
+            "    return MEMO.get(key, k_max)\n")
+
+
+def _grade(tmp_path: Path, nb: dict, *args: str) -> dict:
+    path = tmp_path / "learner.ipynb"
+    path.write_text(json.dumps(nb))
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "grade.py"), str(path), "--json", *args],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.slow
+def test_answers_learned_by_heart_pass_the_solutions_seed_and_fail_another(tmp_path):
+    check = "ex07_choose_k_check"
+    memorised = _submission(_memorising_answer())
+    at_default = _grade(tmp_path, memorised)
+    assert at_default["seed"] == 1
+    assert {t["grade_id"]: t["outcome"] for t in at_default["tests"]}[check] == "passed"  # the leak is real
+    at_seven = _grade(tmp_path, memorised, "--seed", "7")
+    assert at_seven["seed"] == 7
+    assert {t["grade_id"]: t["outcome"] for t in at_seven["tests"]}[check] == "failed"
+    solution = json.loads((ROOT / "solutions" / "ex07_load_aware_k.ipynb").read_text())
+    solution["metadata"]["specref"] = {"exercise": "ex07_load_aware_k"}
+    honest = _grade(tmp_path, solution, "--seed", "7")
+    assert honest["total"] == honest["possible"] > 0, honest
+
+
+def test_grade_py_refuses_a_bad_seed_before_grading(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "grade.py"), str(tmp_path / "none.ipynb"),
+                           "--seed", "0"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--seed must be in [1, 2**31)" in done.stderr
