@@ -27,7 +27,7 @@ target of that shape instead of the bundled one (random weights time like traine
 its weights (1.2 GB in float32) fall out of every CPU cache, the memory-bound regime where
 verifying k + 1 tokens stays cheap. Its alpha against the bundled draft is near 0, so with
 it read the pass grid (and `CostModel` predictions at an assumed alpha), not the runs'
-speedups. Not yet run on the course's machine.
+speedups (benchmarks/README.md records a run on the course's machine).
 
 Goals (printed as met / NOT met): predicted / measured speedup within 0.85-1.15 over the
 grid; the policy's throughput >= the best fixed k's at every B within noise (the larger
@@ -49,7 +49,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import time
 from dataclasses import replace
@@ -64,6 +63,7 @@ from specref.models.gpt2 import GPT2, GPT2Config
 from specref.models.pair import heldout_prompts, heldout_texts
 from specref.perf.costmodel import CostModel, FitError, PassModel, batch_steps, choose_k, crossover_batch
 from specref.perf.costs import pass_times
+from specref.perf.machine import machine_name
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = dict(batch_sizes=[1, 2, 4, 8, 16, 32, 64, 128, 256], tokens=list(range(1, 10)), contexts=[64, 192],
@@ -455,7 +455,8 @@ def main() -> None:
         target = random_target(args.target_shape, target, args.device, getattr(torch, args.dtype))
     P, n = grid["prompt_tokens"], grid["new_tokens"]
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+    machine = machine_name(args.device)
+    print(f"machine: {machine}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"device {args.device}, dtype {args.dtype}, threads {torch.get_num_threads()}, clock {args.clock}, "
           f"load average {load0}")
     print(f"pair: target {target.config.n_layer}x{target.config.n_embd} ({args.target_shape}), draft "
@@ -469,7 +470,7 @@ def main() -> None:
                                draft.config.n_positions, 0)  # ModelDraft.begin allocates the full window
     runs = time_runs(target, draft, grid["batch_sizes"], grid["ks"], P, n, run_repeats, args.clock)
     wall = time.perf_counter() - t_start
-    meta = dict(machine=platform.processor() or platform.machine(), cores=os.cpu_count(),
+    meta = dict(machine=machine, cores=os.cpu_count(),
                 torch=torch.__version__, device=args.device, dtype=args.dtype, threads=torch.get_num_threads(),
                 clock=args.clock, repeats=repeats, run_repeats=run_repeats, quick=args.quick,
                 target_shape=args.target_shape, prompt_tokens=P, new_tokens=n, contexts=grid["contexts"],

@@ -30,7 +30,6 @@ import argparse
 import datetime
 import json
 import platform
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -48,6 +47,7 @@ from specref.drafts.heads import load_bundled_heads
 from specref.drafts.load import DRAFTS as HEAD_SETS
 from specref.models.pair import heldout_prompts, training_record
 from specref.models.workloads import edit_prompts
+from specref.perf.machine import machine_name
 from specref.theory import expected_tokens_per_step, speedup
 
 DRAFTS = ("model", "prompt_lookup", "medusa", "eagle", "eagle3", "eagle_notoken", "mtp", "lookahead")
@@ -385,12 +385,6 @@ def _portable(text: str) -> str:
     return text.replace(str(ROOT) + "/", "").replace(str(ROOT), ".")
 
 
-def _cpu_model() -> str:
-    try:
-        lines = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines()
-        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -427,7 +421,7 @@ def main(argv: list[str] | None = None) -> dict:
         for e in entries.values():
             e.modes.pop("tree", None)
     workloads = make_workloads(args.prompts, args.prompt_tokens, dev)
-    machine = torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_model()
+    machine = machine_name(dev)
     print(f"machine: {machine}; torch {torch.__version__}; device {dev}; threads {torch.get_num_threads()}")
     print(f"target {target.config.n_layer}x{target.config.n_embd} (layers x width), float32; {args.prompts} prompts per "
           f"workload, {args.new_tokens} new tokens each; k in {args.k}")

@@ -13,8 +13,6 @@ against the target's exact joint with `distribution_test` (chi-square, alpha = 1
 from __future__ import annotations
 
 import argparse
-import platform
-import subprocess
 import time
 
 import torch
@@ -22,6 +20,7 @@ import torch
 from specref.checks.montecarlo import distribution_test, simulate
 from specref.rejection import verify_chain
 from specref.checks.toy import MarkovChain, toy_pair
+from specref.perf.machine import machine_name
 
 V, K, N_TOKENS, START = 6, 4, 3, 0
 
@@ -46,12 +45,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _cpu_model() -> str:
-    try:
-        lines = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines()
-        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def main() -> None:
@@ -98,7 +91,7 @@ def main() -> None:
 
     gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
     threads = torch.get_num_threads()
-    print(f"machine: {_cpu_model()}, {threads} torch threads, torch {torch.__version__}, device {device}{gpu}")
+    print(f"machine: {machine_name(device)}, {threads} torch threads, torch {torch.__version__}, device {device}{gpu}")
     print(f"toy: V={V}, k={K}, first {N_TOKENS} tokens from start token {START}")
     print(f"vectorized: {args.runs} runs in {best * 1e3:.1f} ms (best of {args.repeats}) -> {vec_rate:,.0f} samples/s")
     print(f"  check vs exact joint: {vec_test}")

@@ -16,13 +16,13 @@ passes and the rule); best-k greedy speedup >= 1.5x on CPU.
 from __future__ import annotations
 
 import argparse
-import platform
 
 import torch
 
 from specref.perf.measure import plain_time, speculative_run
 from specref.models.pair import load_pair
 from specref.models.pair import heldout_prompts
+from specref.perf.machine import machine_name
 
 
 def main() -> None:
@@ -42,7 +42,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     target, draft, tokenizer = load_pair(device=args.device, dtype=dtype)
     prompts = [torch.tensor([p], device=args.device) for p in heldout_prompts(args.prompts, args.prompt_tokens)]
-    print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+    print(f"machine: {machine_name(args.device)}, torch {torch.__version__}, "
           f"device {args.device}, dtype {args.dtype}, threads {torch.get_num_threads()}")
     print(f"pair: target {target.config.n_layer}x{target.config.n_embd}, draft {draft.config.n_layer}x"
           f"{draft.config.n_embd}; {args.prompts} held-out prompts of {args.prompt_tokens} tokens, "

@@ -12,8 +12,6 @@ checked token for token against plain greedy decoding.
 from __future__ import annotations
 
 import argparse
-import platform
-import subprocess
 import time
 
 import torch
@@ -24,6 +22,7 @@ from specref.decoding.tree import tree_generate
 from specref.models.pair import load_pair
 from specref.models.pair import heldout_prompts
 from specref.drafts.shapes import DynamicTree, TreeShape
+from specref.perf.machine import machine_name
 
 CONFIGS: list[tuple[str, dict]] = [
     ("chain k=2", {"k": 2}),
@@ -39,12 +38,6 @@ CONFIGS: list[tuple[str, dict]] = [
 ]
 
 
-def _cpu_model() -> str:
-    try:
-        lines = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines()
-        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def main() -> None:
@@ -62,7 +55,7 @@ def main() -> None:
 
     target, draft, _ = load_pair(device=dev)
     prompts = [torch.tensor([p], device=dev) for p in heldout_prompts(args.prompts, args.prompt_tokens)]
-    machine = torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_model()
+    machine = machine_name(dev)
     print(f"machine: {machine}; torch {torch.__version__}; device {dev}; threads {torch.get_num_threads()}")
     print(f"pair: target {target.config.n_layer}x{target.config.n_embd}, draft {draft.config.n_layer}"
           f"x{draft.config.n_embd} (layers x width), float32; {args.prompts} held-out prompts of {args.prompt_tokens} "

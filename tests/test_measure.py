@@ -82,3 +82,24 @@ def test_forward_time_and_roofline_arithmetic(pair):
     assert weight_bytes(target) == 4 * n
     # 2 FLOPs per weight per token over 4 bytes per weight: intensity B * T / 2 in float32.
     assert arithmetic_intensity(target, 3, 5) == pytest.approx(7.5)
+
+
+def test_machine_name_reads_the_cpu_model_and_falls_back_without_lscpu(monkeypatch):
+    import platform
+    import subprocess
+
+    from specref.perf import machine
+
+    listing = "Architecture:  x86_64\n  Model name:    Some CPU 9000 @ 3.0GHz\nThread(s) per core:  1\n"
+    monkeypatch.setattr(machine.subprocess, "run",
+                        lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=listing, stderr=""))
+    assert machine.machine_name("cpu") == "Some CPU 9000 @ 3.0GHz"
+
+    def missing(*a, **k):
+        raise FileNotFoundError("lscpu")
+
+    monkeypatch.setattr(machine.subprocess, "run", missing)
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    assert machine.machine_name(torch.device("cpu")) == platform.machine()
+    monkeypatch.setattr(machine.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, "no model", ""))
+    assert machine.machine_name() == platform.machine()
