@@ -59,3 +59,20 @@ def sample_first_two(target: GPT2, draft, prompt: list[int], k: int, params, see
     pairs = out[:, len(prompt) : len(prompt) + 2].numpy()
     V = target.config.vocab_size
     return np.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V**2).reshape(V, V)
+
+
+def drawn_colder(propose):
+    """Negative control for a draft's propose: it draws at temperature T / 2 but reports q at temperature T.
+
+    softmax(l / (T/2)) ** (1/2), renormalised, is softmax(l / T): so the q it reports is exactly
+    the right-temperature distribution, and only the tokens betray it.
+    """
+    from specref.sampling import SamplingParams
+
+    def wrapped(self, tokens, lengths, k, params, generator=None):
+        colder = SamplingParams(params.temperature / 2, params.top_k, params.top_p)
+        x, q_drawn = propose(self, tokens, lengths, k, colder, generator)
+        q = q_drawn.sqrt()
+        return x, q / q.sum(-1, keepdim=True)
+
+    return wrapped

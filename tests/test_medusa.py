@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from model_factory import exact_first_two, sample_first_two, small_gpt2, tiny_pair
+from model_factory import drawn_colder, exact_first_two, sample_first_two, small_gpt2, tiny_pair
 from specref.checks.exact_trees import extended_distribution, target_distribution, target_rows, verify_tree_softmax_q
 from specref.checks.montecarlo import distribution_test
 from specref.checks.rng import exact_distribution
@@ -138,11 +138,7 @@ def _first_two(target, draft, k, params, seed) -> np.ndarray:  # [V, V] counts
 class _MisreportedMedusa(MedusaDraft):
     """Negative control: draws its drafts at temperature T / 2 but reports q at temperature T."""
 
-    def propose_chain(self, tokens, lengths, k, params, generator=None):
-        colder = SamplingParams(params.temperature / 2, params.top_k, params.top_p)
-        x, q_drawn = super().propose_chain(tokens, lengths, k, colder, generator)
-        q = q_drawn.sqrt()  # softmax(l / (T/2)) ** (1/2), renormalised, is softmax(l / T)
-        return x, q / q.sum(-1, keepdim=True)
+    propose_chain = drawn_colder(MedusaDraft.propose_chain)
 
 
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=4)], ids=str)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from model_factory import exact_first_two, sample_first_two, small_gpt2, tiny_pair
+from model_factory import drawn_colder, exact_first_two, sample_first_two, small_gpt2, tiny_pair
 from specref.checks.montecarlo import distribution_test
 from specref.decoding.chain import generate, speculative_generate, speculative_step
 from specref.decoding.loop import Sequences, SpecStats, prefill
@@ -175,11 +175,7 @@ def _first_two(target, draft, params, seed) -> np.ndarray:  # [V, V] counts
 class _MisreportedMTP(MTPDraft):
     """Negative control: draws its drafts at temperature T / 2 but reports q at temperature T."""
 
-    def propose(self, tokens, lengths, k, params, generator=None):
-        colder = SamplingParams(params.temperature / 2, params.top_k, params.top_p)
-        x, q_drawn = super().propose(tokens, lengths, k, colder, generator)
-        q = q_drawn.sqrt()  # softmax(l / (T/2)) ** (1/2), renormalised, is softmax(l / T)
-        return x, q / q.sum(-1, keepdim=True)
+    propose = drawn_colder(MTPDraft.propose)
 
 
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=4)], ids=str)
