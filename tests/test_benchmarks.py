@@ -87,3 +87,14 @@ def test_acceptance_at_step_starts_finds_live_position_1_equal_to_teacher_forcin
     rows = re.findall(r"^(model|eagle) +live position 1 [01]\.\d{3} over \d+ steps; teacher forced at the same step "
                       r"starts [01]\.\d{3} \((equal|NOT equal)\)", out, flags=re.M)
     assert [r[0] for r in rows] == ["model", "eagle"] and all(r[1] == "equal" for r in rows), out
+
+
+def test_target_copies_reports_both_settings_as_counts():
+    out = _run("target_copies.py", "--cases", "2")
+    rows = re.findall(r"^(exact repeat|edit prompt) +2 snippets: teacher forced, the target's argmax is the copy's "
+                      r"next token at ([01]\.\d{3}) of (\d+) positions; greedy, it follows the copy for \[(\d+), (\d+)\] "
+                      r"tokens of \[(\d+), (\d+)\]$", out, flags=re.M)
+    assert [r[0] for r in rows] == ["exact repeat", "edit prompt"], out
+    for _, forced, positions, f1, f2, n1, n2 in rows:
+        assert 0 <= float(forced) <= 1 and int(positions) == int(n1) + int(n2)
+        assert int(f1) <= int(n1) and int(f2) <= int(n2)
