@@ -82,9 +82,10 @@ def _close(a: object, b: object, rel: float = 1e-9) -> bool:
     return a == b
 
 
-def test_the_in_loop_model_never_sees_the_held_out_runs_or_the_plain_runs():
+@pytest.mark.parametrize("name", ["batch_cpu.json", "batch_cpu_2026-12-02.json"])  # notebook 07 reads both
+def test_the_in_loop_model_never_sees_the_held_out_runs_or_the_plain_runs(name):
     bench = _bench()
-    results = json.loads((ROOT / "benchmarks" / "results" / "batch_cpu.json").read_text())
+    results = json.loads((ROOT / "benchmarks" / "results" / name).read_text())
     meta = results["meta"]
     P, n = meta["prompt_tokens"], meta["new_tokens"]
     grid = CostModel.from_dict(results["grid_model"])
