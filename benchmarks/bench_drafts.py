@@ -385,8 +385,6 @@ def _portable(text: str) -> str:
     return text.replace(str(ROOT) + "/", "").replace(str(ROOT), ".")
 
 
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", help="cpu or cuda")

@@ -23,17 +23,13 @@ import argparse
 import torch
 
 from specref import generate, load_pair
-from specref.models.workloads import MARKER, edit_cases
+from specref.models.workloads import MARKER, copy_agreement, edit_cases, repeat_tokens
 
 
-def copy_figures(target, prompt: list[int], copy: list[int]) -> tuple[float, int]:
-    """(teacher-forced share of copy tokens that are the target's argmax, greedy tokens that follow the copy)."""
-    full = torch.tensor([prompt + copy])  # [1, P + C]
-    argmax = target(full).argmax(-1)[0, len(prompt) - 1 : -1]  # [C]: the target's token before each copy token
-    forced = (argmax == torch.tensor(copy)).float().mean().item()
+def followed(target, prompt: list[int], copy: list[int]) -> int:
+    """How many tokens the target's greedy continuation of `prompt` follows `copy` before it leaves it."""
     out = generate(target, torch.tensor([prompt]), max_new_tokens=len(copy), temperature=0.0)[0, len(prompt):]
-    followed = next((i for i, (a, b) in enumerate(zip(out.tolist(), copy)) if a != b), len(copy))
-    return forced, followed
+    return next((i for i, (a, b) in enumerate(zip(out.tolist(), copy)) if a != b), len(copy))
 
 
 @torch.no_grad()
@@ -43,27 +39,19 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     target, _, tok = load_pair(dtype=torch.float64)  # float64: the argmaxes are the same on every CPU
-    rows: dict[str, list[tuple[float, int, int]]] = {"exact repeat": [], "edit prompt": []}
+    rows: dict[str, list[tuple[int, int, int]]] = {"exact repeat": [], "edit prompt": []}
     for case in edit_cases(args.cases):
-        # Exact repeat, split in tokens (a split in the text after "\n" would cut a "\n    " token in two):
-        # the prompt holds the snippet, "\n" and the first third of the repeat; the copy is the rest.
-        full = tok.encode(case.snippet + "\n" + case.snippet)
-        cut = len(full) - 2 * len(tok.encode(case.snippet)) // 3
-        rows["exact repeat"].append((*copy_figures(target, full[:cut], full[cut:]), len(full) - cut))
-        # The edit prompt: its tokens are a prefix of the faithful edit's (edit_cases cuts mid-line for that).
-        full = tok.encode(case.snippet + MARKER.format(old=case.old, new=case.new) + case.edited)
-        if full[: len(case.tokens)] != case.tokens:
+        # The edit prompt's tokens are a prefix of the faithful edit's (edit_cases cuts mid-line for that).
+        edit = tok.encode(case.snippet + MARKER.format(old=case.old, new=case.new) + case.edited)
+        if edit[: len(case.tokens)] != case.tokens:
             raise RuntimeError(f"edit case from text {case.source}: its prompt is not a prefix of the edit in tokens")
-        rows["edit prompt"].append((*copy_figures(target, case.tokens, full[len(case.tokens):]),
-                                    len(full) - len(case.tokens)))
+        for name, (tokens, start) in (("exact repeat", repeat_tokens(case)), ("edit prompt", (edit, len(case.tokens)))):
+            hits, n = copy_agreement(target, tokens, start)
+            rows[name].append((hits, n, followed(target, tokens[:start], tokens[start:])))
     for name, figs in rows.items():
-        forced = sum(f * n for f, _, n in figs) / sum(n for *_, n in figs)
-        followed = [fl for _, fl, _ in figs]
-        lengths = [n for *_, n in figs]
+        hits, n, along = (list(col) for col in zip(*figs))
         print(f"{name:12s} {len(figs)} snippets: teacher forced, the target's argmax is the copy's next token at "
-              f"{forced:.3f} of {sum(lengths)} positions; greedy, it follows the copy for {followed} tokens of "
-              f"{lengths}")
-
+              f"{sum(hits) / sum(n):.3f} of {sum(n)} positions; greedy, it follows the copy for {along} tokens of {n}")
 
 if __name__ == "__main__":
     main()

@@ -8,7 +8,15 @@ import torch
 from specref.decoding.chain import speculative_generate
 from specref.drafts import PromptLookupDraft
 from specref.models.pair import bundled_tokenizer, heldout_prompts, heldout_texts, load_pair
-from specref.models.workloads import EDIT_ROOM, MARKER, N_POSITIONS, edit_cases, edit_prompts
+from specref.models.workloads import (
+    EDIT_ROOM,
+    MARKER,
+    N_POSITIONS,
+    copy_agreement,
+    edit_cases,
+    edit_prompts,
+    repeat_tokens,
+)
 from specref.sampling import SamplingParams
 
 
@@ -103,3 +111,41 @@ def test_prompt_lookup_pays_more_on_the_edit_workload_than_on_ordinary_code():
     ordinary_sampled = _tokens_per_pass(target, heldout_prompts(8, 64), k=8, new=48, temperature=1.0)
     assert edit >= 2.0 and edit >= ordinary + 0.2, f"greedy: edit {edit:.3f}, held-out {ordinary:.3f} tokens per pass"
     assert ordinary_sampled < 1.5, f"held-out prompts, temperature 1: {ordinary_sampled:.3f} tokens per pass"
+
+
+class _Oracle(torch.nn.Module):
+    """A stand-in target whose argmax after position j is `text[j + 1 + shift]` (shift 0: it copies perfectly)."""
+
+    def __init__(self, text: list[int], vocab: int, shift: int = 0) -> None:
+        super().__init__()
+        self.text, self.vocab, self.shift = text, vocab, shift
+        self.anchor = torch.nn.Parameter(torch.zeros(()))  # gives the stand-in a device
+
+    @property
+    def device(self) -> torch.device:
+        return self.anchor.device
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # [1, L] -> [1, L, V]
+        L = ids.shape[1]
+        nxt = [self.text[min(j + 1 + self.shift, len(self.text) - 1)] for j in range(L)]
+        return torch.nn.functional.one_hot(torch.tensor([nxt]), self.vocab).double()
+
+
+def test_copy_agreement_counts_the_positions_where_the_argmax_is_the_next_token():
+    text = [int(x) for x in torch.randint(0, 50, (40,), generator=torch.Generator().manual_seed(0))]
+    assert copy_agreement(_Oracle(text, 50), text, 10) == (30, 30)
+    hits, n = copy_agreement(_Oracle(text, 50, shift=1), text, 10)  # negative control: off by one position
+    assert n == 30 and hits <= 3
+    with pytest.raises(ValueError, match="start must be < len"):
+        copy_agreement(_Oracle(text, 50), text, 40)
+    with pytest.raises(ValueError, match="start must be >= 1"):
+        copy_agreement(_Oracle(text, 50), text, 0)
+
+
+def test_repeat_tokens_are_the_snippet_twice_cut_a_third_into_the_repeat():
+    tok = bundled_tokenizer()
+    for case in edit_cases(4):
+        tokens, start = repeat_tokens(case)
+        assert tok.decode(tokens) == case.snippet + "\n" + case.snippet
+        n = len(tok.encode(case.snippet))
+        assert len(tokens) - start == 2 * n // 3 and start > n

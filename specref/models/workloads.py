@@ -8,6 +8,8 @@ identifier renamed, from its start to the first word after the first renamed lin
 fits is the rest of the edited snippet, which is mostly a copy of text already in the
 prompt: the workload where copying drafts (prompt lookup) pay.
 Every prompt leaves at least `EDIT_ROOM` positions of the target's 256-token window free.
+`repeat_tokens` and `copy_agreement` measure whether a target copies at all (nb 05,
+benchmarks/target_copies.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import keyword
 import random
 import re
 from dataclasses import dataclass
+
+import torch
 
 from .._validate import check_int
 from .pair import bundled_tokenizer, heldout_texts
@@ -103,3 +107,27 @@ def _edit_case(text: str, source: int, n_tokens: int, rng: random.Random, tok) -
     if len(tokens) > N_POSITIONS - EDIT_ROOM:
         return None
     return EditPrompt(tokens, snippet, edited, head, old, new, source)
+
+
+def repeat_tokens(case: EditPrompt) -> tuple[list[int], int]:  # tokens [L], start
+    """The snippet, a newline and the snippet again, as tokens, and where its copy starts: a third into the repeat.
+
+    The cut is made in tokens (a cut in the text right after a newline would split a "\\n    " token).
+    """
+    tok = bundled_tokenizer()
+    tokens = tok.encode(case.snippet + "\n" + case.snippet)
+    return tokens, len(tokens) - 2 * len(tok.encode(case.snippet)) // 3
+
+
+def copy_agreement(target, tokens: list[int], start: int) -> tuple[int, int]:
+    """Teacher forced: (positions j >= start where the target's argmax after tokens[:j] is tokens[j], positions).
+
+    On a copy, this is how often greedy verification can keep a drafter's proposal of the copy.
+    """
+    start = check_int("start", start, 1, "the first scored position (a prompt of at least one token)")
+    if start >= len(tokens):
+        raise ValueError(f"start must be < len(tokens) = {len(tokens)}, got {start}")
+    ids = torch.tensor([tokens], device=target.device)  # [1, L]
+    with torch.no_grad():
+        guess = target(ids).argmax(-1)[0, start - 1 : -1]  # [L - start]: the target's token after each prefix
+    return int((guess == ids[0, start:]).sum()), len(tokens) - start
