@@ -45,7 +45,7 @@ def main() -> None:
     prompts = torch.tensor(heldout_prompts(args.prompts, P))  # [N, P]
     seqs = train_heads.greedy_sequences(target, prompts, args.new_tokens)  # [N, P + new]
     t_arg = target(seqs).argmax(-1)  # [N, T]: the target's token after position u
-    sets = {n: load_bundled_heads(n) for n in ("medusa", "eagle1", "eagle_notoken", "eagle3", "mtp")}
+    sets = {"eagle1": load_bundled_heads("eagle1")}  # the one head set whose guesses are compared
     guesses = {"model": small(seqs).argmax(-1),  # [N, T]: the draft's guess for the token after position u
                "eagle": torch.nn.functional.pad(train_heads.predictions(sets, target, seqs, 1)["eagle1"][:, :, 0],
                                                 (1, 0), value=-1)[:, : seqs.shape[1]]}  # start s: the token after s + 1

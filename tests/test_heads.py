@@ -278,3 +278,28 @@ def test_bad_arguments(target):
         mtp_inputs(12, hs[-1], ids, target)
     with pytest.raises(ValueError, match="n_heads"):
         medusa_inputs(hs, 12)
+
+
+def test_train_heads_predictions_runs_only_the_sets_it_is_given():
+    """A subset of the head sets gives exactly the full run's predictions for those sets, and no others."""
+    folder = assets_dir().joinpath("heads")
+    if not folder.joinpath("heads.json").is_file():
+        pytest.skip("the heads are not trained yet (tools/train_heads.py)")
+    import sys
+    from pathlib import Path
+
+    from specref.models.pair import heldout_prompts, load_pair
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import train_heads
+
+    target = load_pair()[0]
+    seqs = torch.tensor(heldout_prompts(2, 24))  # [2, 24]
+    names = ("medusa", "eagle1", "eagle_notoken", "eagle3", "mtp")
+    every = train_heads.predictions({n: load_bundled_heads(n) for n in names}, target, seqs, 3)
+    assert set(every) == set(names)
+    for subset in (("eagle1",), ("medusa", "mtp")):
+        some = train_heads.predictions({n: load_bundled_heads(n) for n in subset}, target, seqs, 3)
+        assert set(some) == set(subset)
+        for n in subset:
+            assert torch.equal(some[n], every[n])

@@ -196,23 +196,27 @@ def set_losses(sets, target: GPT2, hs, ids, target_logp, args, gen, noise_gen) -
 # -- evaluation ------------------------------------------------------------------------------
 @torch.no_grad()
 def predictions(sets, target: GPT2, seqs: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
-    """For each set, argmax predictions ``pred[b, t, j-1]`` of draft position j from start t (token t+1+j).
+    """For each set given, argmax predictions ``pred[b, t, j-1]`` of draft position j from start t (token t+1+j).
 
     Start t is the last position the target scored; draft position j predicts x_{t+1+j}, whose
-    target argmax sits at position t+j. Entries that do not exist are -1.
+    target argmax sits at position t+j. Entries that do not exist are -1. ``sets`` may hold any
+    subset of the five head sets; only those are run.
     """
     out = target(seqs, return_hidden=True)
     hs = out.hidden_states
     B, T = seqs.shape
     lm = target.lm_head
     preds = {}
-    med, cfg = sets["medusa"]
-    kk = min(k, cfg.n_heads)
-    p = torch.full((B, T, kk), -1, dtype=torch.long)
-    logits = med.logits(hs[-1], lm)  # [B, T, n, V]
-    p[:, :, :kk] = logits[:, :, :kk].argmax(-1)
-    preds["medusa"] = p
+    if "medusa" in sets:
+        med, cfg = sets["medusa"]
+        kk = min(k, cfg.n_heads)
+        p = torch.full((B, T, kk), -1, dtype=torch.long)
+        logits = med.logits(hs[-1], lm)  # [B, T, n, V]
+        p[:, :, :kk] = logits[:, :, :kk].argmax(-1)
+        preds["medusa"] = p
     for name in ("eagle1", "eagle_notoken", "eagle3"):
+        if name not in sets:
+            continue
         layer, cfg = sets[name]
         eb = eagle_inputs(layer, hs, seqs, target)
         steps = eagle_unroll(layer, eb, k)
@@ -221,12 +225,13 @@ def predictions(sets, target: GPT2, seqs: torch.Tensor, k: int) -> dict[str, tor
             a = lm(o).argmax(-1)  # [B, L]
             p[:, : T - 1 - (j - 1), j - 1] = a[:, j - 1:]
         preds[name] = p
-    stack, cfg = sets["mtp"]
-    kk = min(k, stack.depth)
-    p = torch.full((B, T, kk), -1, dtype=torch.long)
-    for d, h in enumerate(mtp_unroll(stack, hs, seqs, target)[:kk], 1):
-        p[:, : T - d, d - 1] = stack[d - 1].logits(h, lm).argmax(-1)
-    preds["mtp"] = p
+    if "mtp" in sets:
+        stack, cfg = sets["mtp"]
+        kk = min(k, stack.depth)
+        p = torch.full((B, T, kk), -1, dtype=torch.long)
+        for d, h in enumerate(mtp_unroll(stack, hs, seqs, target)[:kk], 1):
+            p[:, : T - d, d - 1] = stack[d - 1].logits(h, lm).argmax(-1)
+        preds["mtp"] = p
     return preds
 
 
