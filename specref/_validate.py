@@ -66,6 +66,20 @@ def check_int(name: str, x: object, minimum: int, what: str) -> int:
     return x
 
 
+def check_generator(generator: object, device: torch.device | str | None = None) -> torch.Generator | None:
+    """generator as given: None or a torch.Generator, on `device` (where it must draw) when that is given."""
+    if generator is None:
+        return None
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if device is not None:
+        want, have = torch.device(device), generator.device
+        if want.type != have.type or (want.index is not None and have.index is not None and want.index != have.index):
+            raise ValueError(f"generator is on {have} but must draw on {want}: "
+                             f"use torch.Generator(device={str(want)!r})")
+    return generator
+
+
 def as_int_tuple(name: str, x: object) -> tuple[int, ...]:
     """A sequence of ints or a 1-D integer tensor as a tuple of ints; TypeError/ValueError naming `name`."""
     if isinstance(x, torch.Tensor):

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import torch
 
-from ._validate import check_probs, check_tensor, check_tokens
-from .sampling import sample
+from ._validate import check_generator, check_probs, check_tensor, check_tokens
+from .sampling import _sample
 
 
 # A chain verification rule: rule(draft_tokens [B, k], q [B, k, V], p [B, k+1, V], generator=None, u=None)
@@ -108,6 +108,8 @@ def verify_chain(
     batched = draft_tokens.dim() == 2
     if u is not None:
         _check_uniforms(u, tuple(draft_tokens.shape[:-1]) + (k + 1,))
+    else:
+        check_generator(generator, p.device)
     if not batched:
         draft_tokens, q, p = draft_tokens[None], q[None], p[None]
         u = None if u is None else u[None]
@@ -161,7 +163,7 @@ def _verify_chain(
         final_dist = torch.where((n_accepted < k)[:, None], res, p[:, k])
     else:
         final_dist = p[:, 0]
-    final = sample(final_dist, u=u[:, k])  # [B]
+    final = _sample(final_dist, u=u[:, k])  # [B]
 
     positions = torch.arange(k + 1, device=p.device)
     padded = torch.cat([draft_tokens, torch.full((B, 1), -1, device=p.device, dtype=torch.long)], -1)

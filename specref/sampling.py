@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._validate import _fmt, check_tensor, tolerance
+from ._validate import _fmt, check_generator, check_probs, check_tensor, tolerance
 
 
 def process_logits(
@@ -75,7 +75,13 @@ def _process_logits(
     if temperature == 0:
         # Greedy is the limit temperature -> 0: all mass on the argmax.
         return torch.nn.functional.one_hot(x.argmax(-1), x.shape[-1]).to(x.dtype)
-    x = x / temperature
+    if temperature < 1:
+        # Finite logits divided by a small temperature can overflow to inf (and softmax then gives NaN).
+        # Shifting each row's max to 0 first keeps every value <= 0; no distribution changes.
+        x = x - x.amax(-1, keepdim=True)
+    # In float32 a temperature below its smallest normal number loses precision or rounds to 0 (0 / 0 = NaN):
+    # divide in float64 then.
+    x = (x.double() / temperature).to(x.dtype) if temperature < torch.finfo(x.dtype).tiny else x / temperature
     neg_inf = torch.tensor(float("-inf"), dtype=x.dtype, device=x.device)
     if top_k is not None and top_k < x.shape[-1]:
         kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
@@ -87,6 +93,7 @@ def _process_logits(
         # so the most likely token is always kept.
         before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
         keep_sorted = before < top_p
+        keep_sorted[..., 0] = True  # a top_p below the dtype's smallest number would round to 0 and keep none
         keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
         x = torch.where(keep, x, neg_inf)
     return torch.softmax(x, dim=-1)
@@ -101,8 +108,29 @@ def sample(
 
     Zero-probability tokens are never returned (their CDF step is empty). One uniform
     per row, drawn from `generator` (or passed as `u`), so the random stream is explicit.
+    probs must be probability rows (`check_probs`); u, if given, one uniform in [0, 1) per row.
     """
-    probs = check_tensor("probs", probs)
+    probs = check_probs("probs", probs)
+    if u is None:
+        check_generator(generator, probs.device)
+    else:
+        u = check_tensor("u", u)
+        if not u.is_floating_point():
+            raise TypeError(f"u must be a floating-point tensor of uniforms, got {u.dtype}")
+        if tuple(u.shape) != tuple(probs.shape[:-1]):
+            raise ValueError(f"u must have shape {list(probs.shape[:-1])} (one uniform per row of probs), "
+                             f"got {tuple(u.shape)}")
+        if u.numel() and not bool(((u >= 0) & (u < 1)).all()):
+            raise ValueError("u must hold uniforms in [0, 1) (no NaN)")
+    return _sample(probs, generator, u)
+
+
+def _sample(
+    probs: torch.Tensor,  # [..., V]
+    generator: torch.Generator | None = None,
+    u: torch.Tensor | None = None,  # [...]
+) -> torch.Tensor:  # [...] long
+    """`sample` without its input checks, for the decoding loop's hot paths (inputs already checked)."""
     if u is None:
         u = torch.rand(probs.shape[:-1], generator=generator, dtype=probs.dtype, device=probs.device)
     cdf = torch.cumsum(probs, dim=-1)
@@ -183,9 +211,7 @@ class TorchRNG:
     """
 
     def __init__(self, generator: torch.Generator | None) -> None:
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-        self.generator = generator
+        self.generator = check_generator(generator)
         self.device = generator.device if generator is not None else torch.device("cpu")
 
     def uniform(self) -> float:
@@ -196,7 +222,7 @@ class TorchRNG:
         """An index i drawn with probability probs[i] (probs: [V], summing to 1)."""
         t = as_distribution(probs, "rng.categorical")
         u = torch.rand((), generator=self.generator, dtype=torch.float64, device=self.device)
-        return int(sample(t, u=u.cpu()))
+        return int(_sample(t, u=u.cpu()))  # t was checked by as_distribution
 
 
 def as_rng(generator: torch.Generator | None, rng: object | None) -> object:

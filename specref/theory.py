@@ -14,8 +14,16 @@ import numpy as np
 Numbers = float | int | np.ndarray  # one number, or an array of them (the formulas broadcast)
 
 
+def _as_real(x: Numbers, name: str, allowed: str) -> np.ndarray:
+    """x as a float64 array; a TypeError naming `name` for anything but real numbers (a str is not parsed)."""
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must be a number {allowed} (or an array of them), got {x!r}")
+    return arr.astype(np.float64)
+
+
 def _as_alpha(alpha: Numbers) -> np.ndarray:
-    a = np.asarray(alpha, dtype=np.float64)
+    a = _as_real(alpha, "alpha", "in [0, 1]")
     if np.isnan(a).any() or (a < 0).any() or (a > 1).any():
         raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
     return a
@@ -32,7 +40,7 @@ def _as_k(k: Numbers, name: str = "k") -> np.ndarray:
 
 
 def _as_c(c: Numbers) -> np.ndarray:
-    cc = np.asarray(c, dtype=np.float64)
+    cc = _as_real(c, "c", ">= 0")
     if np.isnan(cc).any() or (cc < 0).any() or np.isinf(cc).any():
         raise ValueError(f"c must be a finite number >= 0, got {c!r}")
     return cc
@@ -48,7 +56,7 @@ def expected_tokens_per_step(alpha: Numbers, k: Numbers) -> float | np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         # expm1/log keep full precision as alpha -> 1, where the plain form cancels.
         la = np.log(a)
-        e = np.expm1((kk + 1) * la) / np.expm1(la)
+        e = np.expm1((kk + 1.0) * la) / np.expm1(la)  # kk + 1.0: no int64 overflow at k = 2**63 - 1
     return _out(np.where(a == 1, kk + 1.0, e))
 
 

@@ -327,6 +327,9 @@ def stack_tree_masks(
     A padding entry sees only itself and sits at a valid position; nothing attends
     to it, and its output is dropped.
     """
+    if len(trees) == 0 or len(trees) != len(starts):
+        raise ValueError(f"give one start per tree and at least one tree, got {len(trees)} trees "
+                         f"and {len(starts)} starts")
     extra = 1 if with_root else 0
     T = max(_check_tree(t).n_nodes for t in trees) + extra
     mask = torch.eye(T, dtype=torch.bool).repeat(len(trees), 1, 1)

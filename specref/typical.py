@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._validate import check_probs, check_tensor, check_tokens
-from .sampling import sample
+from ._validate import check_generator, check_probs, check_tensor, check_tokens
+from .sampling import _sample
 
 NEXT_TOKEN = ("argmax", "sample")
 
@@ -112,8 +112,7 @@ def verify_chain_typical(
     if draft_tokens.device != p.device:
         raise ValueError("draft_tokens and p must be on the same device")
     check_tokens("draft_tokens", draft_tokens, p.shape[-1])
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    check_generator(generator, p.device)
     return _verify_chain_typical(draft_tokens.long(), p, epsilon, delta, generator, next_token)
 
 
@@ -135,7 +134,7 @@ def _verify_chain_typical(
     if next_token == "argmax":
         final = at_stop.argmax(-1)
     else:
-        final = sample(at_stop, generator)
+        final = _sample(at_stop, generator)
     positions = torch.arange(k + 1, device=p.device)
     padded = torch.cat([draft_tokens, torch.full((B, 1), -1, device=p.device, dtype=torch.long)], -1)
     out = torch.where(positions < n_accepted[:, None], padded, torch.full_like(padded, -1))

@@ -27,7 +27,7 @@ import torch
 
 from .._validate import check_probs
 from ..rejection import ChainRule, residual, verify_chain
-from .toy import MarkovChain, MisreportedDraft
+from .toy import MarkovChain, MisreportedDraft, check_cells
 
 
 # Evaluations per rule call: bounds memory (each row holds [2k+1, V] float64).
@@ -160,6 +160,7 @@ def step_distribution(
     """
     p, q, k = _check_step(p, q)
     V = p.shape[-1]
+    check_cells(V**k * 2**k, f"a step of k={k} drafts over V={V}")
     drafts = _cartesian(V, k)  # [V**k, k]
     prob = q[torch.arange(k), drafts].prod(-1) if k else torch.ones(1, dtype=torch.float64)
     keep = prob > 0
@@ -255,6 +256,7 @@ def chain_step_distribution(
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise ValueError(f"k must be an int >= 0, got {k!r}")
     V = target.vocab_size
+    check_cells(V**k * 2**k, f"a step of k={k} drafts over V={V}")
     drafts = _cartesian(V, k)  # [V**k, k]
     prob = sampled.joint(context_token, k).reshape(-1)  # same lexicographic order as _cartesian
     keep = prob > 0
@@ -282,7 +284,10 @@ def generation_distribution(
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise ValueError(f"n must be an int >= 0, got {n!r}")
+    if not isinstance(target, MarkovChain):
+        raise TypeError(f"target must be a MarkovChain, got {type(target).__name__}")
     V = target.vocab_size
+    check_cells(V**n, f"the joint of n={n} tokens over V={V}")
     if isinstance(start_token, bool) or not isinstance(start_token, int) or not 0 <= start_token < V:
         raise ValueError(f"start_token must be an int in [0, {V}), got {start_token!r}")
     steps: dict[int, dict[tuple[int, ...], float]] = {}

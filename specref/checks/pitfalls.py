@@ -34,6 +34,8 @@ def tv_distance(a: torch.Tensor | Mapping, b: torch.Tensor | Mapping) -> float:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         if a.shape != b.shape:
             raise ValueError(f"a and b must have one shape, got {tuple(a.shape)} and {tuple(b.shape)}")
+        if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
+            raise ValueError("a and b must hold finite probabilities (no NaN or inf)")
         return 0.5 * float((a.double() - b.double()).abs().sum())
     raise TypeError(f"a and b must both be tensors or both dicts, got {type(a).__name__} and {type(b).__name__}")
 

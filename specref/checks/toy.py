@@ -17,6 +17,7 @@ buffer with per-row lengths, and its q is already processed (see `processed`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -115,6 +116,7 @@ class MarkovChain:
         """P(x_1..x_n | start) = prod_i transition[x_{i-1}, x_i] (chain rule), as a [V]*n tensor."""
         _check_start(start_token, self.vocab_size)
         n = _check_n(n)
+        check_cells(self.vocab_size**n, f"the joint of n={n} tokens over V={self.vocab_size}")
         out = torch.ones((), dtype=torch.float64, device=self.transition.device)
         if n > 0:
             out = self.transition[start_token]  # [V]
@@ -122,6 +124,16 @@ class MarkovChain:
             # out[..., y, x] = out[..., y] * transition[y, x]: extend every prefix ending in y by x.
             out = out[..., None] * self.transition
         return out
+
+
+MAX_CELLS = 2**26  # the most outcomes an exact enumeration builds: V^n joint cells, V^k x 2^k draft patterns
+
+
+def check_cells(cells: int, what: str) -> None:
+    """Raise a ValueError (not an allocation failure or a hang) when an exact table would hold > MAX_CELLS cells."""
+    if cells > MAX_CELLS:
+        raise ValueError(f"{what} has {cells:.3g} outcomes, more than exact enumeration builds ({MAX_CELLS}): "
+                         "use a smaller vocabulary, k or n")
 
 
 def _check_context(context: object) -> torch.Tensor:
@@ -150,11 +162,13 @@ def random_chain(vocab_size: int, sharpness: float, generator: torch.Generator) 
     """A chain whose rows are softmax(sharpness * standard normal): larger sharpness, peakier rows."""
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
         raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
-    if not isinstance(sharpness, (int, float)) or isinstance(sharpness, bool) or not sharpness >= 0:
-        raise ValueError(f"sharpness must be a number >= 0, got {sharpness!r}")
+    if not isinstance(sharpness, (int, float)) or isinstance(sharpness, bool) or not 0 <= sharpness < math.inf:
+        raise ValueError(f"sharpness must be a finite number >= 0, got {sharpness!r}")
     if not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     logits = sharpness * torch.randn((vocab_size, vocab_size), generator=generator, dtype=torch.float64)
+    if not bool(torch.isfinite(logits).all()):
+        raise ValueError(f"sharpness={sharpness!r} is too large: sharpness x N(0, 1) overflows float64")
     return MarkovChain(torch.softmax(logits, -1))
 
 

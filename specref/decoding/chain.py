@@ -16,15 +16,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .._validate import check_int
+from .._validate import check_generator, check_int
 from ..drafts import Draft, as_draft
 from ..models.kvcache import KVCache
 from ..rejection import _verify_chain, _verify_chain_greedy
-from ..sampling import SamplingParams, sample
+from ..sampling import SamplingParams, _sample
 from ..typical import TypicalAcceptance, as_acceptance
 from .loop import (
     Sequences,
     SpecStats,
+    check_eos,
     check_inputs,
     check_logits,
     check_pair,
@@ -53,6 +54,8 @@ def generate(
     """
     params = SamplingParams(temperature, top_k, top_p)  # raises on bad sampling arguments
     input_ids = check_inputs(model, input_ids, max_new_tokens)
+    check_eos(eos_token_id, model.config.vocab_size)
+    check_generator(generator, model.device)
     B, T = input_ids.shape
     tokens = Sequences(input_ids, max_new_tokens).tokens  # [B, T + max_new_tokens]
     lengths = torch.full((B,), T, dtype=torch.long, device=input_ids.device)  # [B]
@@ -62,7 +65,7 @@ def generate(
     cache = model.new_cache(B, max_len=T + max_new_tokens)  # no more: a large batch's cache is the biggest allocation
     logits = model(input_ids, cache=cache, logits_to_keep=1)[:, -1]  # [B, V]
     for i in range(max_new_tokens):
-        x = logits.argmax(-1) if params.greedy else sample(params.probs(logits), generator)  # [B]
+        x = logits.argmax(-1) if params.greedy else _sample(params.probs(logits), generator)  # [B]
         x = torch.where(done, torch.zeros_like(x), x)
         tokens[:, T + i] = x
         lengths = lengths + (~done).long()
@@ -175,6 +178,8 @@ def speculative_generate(
     drafter = as_draft(draft)
     check_pair(target, drafter)
     input_ids = check_inputs(target, input_ids, max_new_tokens, "the target")
+    check_eos(eos_token_id, target.config.vocab_size)
+    check_generator(generator, target.device)
     seqs = Sequences(input_ids, max_new_tokens)
     if max_new_tokens == 0:
         return seqs.tokens, stats

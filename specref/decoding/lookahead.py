@@ -60,11 +60,11 @@ from functools import lru_cache
 
 import torch
 
-from .._validate import check_int
+from .._validate import check_generator, check_int
 from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
 from ..trees import ROOT, Tree, TreeResult, tree_attention_mask, tree_position_ids, verify_tree, verify_tree_greedy
-from .loop import Sequences, check_inputs, prefill, timed
+from .loop import Sequences, check_eos, check_inputs, prefill, timed
 from .tree import TreeSpecStats, keep_path
 
 
@@ -116,6 +116,7 @@ def lookahead_layout(
     """
     if not isinstance(trie, Tree):
         raise TypeError(f"trie must be a specref.trees.Tree, got {type(trie).__name__}")
+    check_int("start", start, 0, "the root's position")
     if window is not None:
         check_int("window", window, 1, "columns")
         check_int("ngram", ngram, 2, "the n-gram size")
@@ -398,6 +399,8 @@ def lookahead_generate(
     state = LookaheadState(window, ngram, guesses)  # raises on bad W, N, G
     params = SamplingParams(temperature, top_k, top_p)  # raises on bad sampling arguments
     input_ids = check_inputs(target, input_ids, max_new_tokens, "the target")
+    check_eos(eos_token_id, target.config.vocab_size)
+    check_generator(generator)  # any device: verify_tree draws through TorchRNG
     n_ctx = target.config.n_positions
     if 1 + (window + guesses) * (ngram - 1) > n_ctx:
         raise ValueError(f"window={window}, ngram={ngram}, guesses={guesses}: one pass would hold "

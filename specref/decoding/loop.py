@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .._validate import check_probs, check_tokens
+from .._validate import check_int, check_probs, check_tokens
 from ..sampling import SamplingParams
 
 
@@ -44,6 +44,7 @@ class SpecStats:
     time_total: float = 0.0
 
     def __post_init__(self) -> None:
+        check_int("k", self.k, 0, "drafts per step")
         if self.accepted_hist.shape != (self.k + 1,):
             self.accepted_hist = np.zeros(self.k + 1, dtype=np.int64)
 
@@ -121,8 +122,26 @@ def timed(stats: SpecStats, name: str, device: torch.device) -> Iterator[None]:
 # -- checks ------------------------------------------------------------------------------------
 
 
+def check_model(model: object, name: str = "model") -> None:
+    """Raise a TypeError unless `model` is a GPT-2-like model: callable, with `config` and `new_cache()`."""
+    if not (callable(model) and hasattr(model, "config") and hasattr(model, "new_cache")):
+        raise TypeError(f"{name} must be a GPT-2-like model (specref.models.gpt2.GPT2: config, new_cache()), "
+                        f"got {type(model).__name__}")
+
+
+def check_eos(eos_token_id: object, vocab_size: int) -> None:
+    """eos_token_id must be None (no stop token) or a token id in [0, vocab_size)."""
+    if eos_token_id is None:
+        return
+    if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int):
+        raise TypeError(f"eos_token_id must be an int token id or None, got {eos_token_id!r}")
+    if not 0 <= eos_token_id < vocab_size:
+        raise ValueError(f"eos_token_id must be a token id in [0, {vocab_size}) or None, got {eos_token_id}")
+
+
 def check_inputs(model: torch.nn.Module, input_ids: object, max_new_tokens: object, name: str = "model") -> torch.Tensor:
     """input_ids as a [B, T] long tensor on the model's device; T + max_new_tokens must fit the window."""
+    check_model(model, name)
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"input_ids must be a [B, T] torch.Tensor of token ids, got {type(input_ids).__name__}")
     if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool or input_ids.is_complex():
@@ -147,6 +166,7 @@ def check_inputs(model: torch.nn.Module, input_ids: object, max_new_tokens: obje
 
 def check_pair(target: torch.nn.Module, draft: object) -> None:
     """Draft and target must share one vocabulary and one device."""
+    check_model(target, "target")
     if draft.vocab_size != target.config.vocab_size:
         raise ValueError(f"draft and target vocabularies differ ({draft.vocab_size} vs "
                          f"{target.config.vocab_size}): they must share one tokenizer")

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .._validate import check_int
+from .._validate import check_generator, check_int
 from ..drafts import ModelDraft
 from ..sampling import SamplingParams
 from .chain import speculative_step
-from .loop import Sequences, SpecStats, check_inputs, prefill
+from .loop import Sequences, SpecStats, check_inputs, check_pair, prefill
 
 
 @dataclass
@@ -53,7 +53,9 @@ def trace_step(
     params = SamplingParams(temperature)
     ids = check_inputs(target, input_ids, k + 1, "the target")  # [1, T]
     T = ids.shape[1]
+    check_generator(generator, target.device)
     drafter = _Watched(draft)
+    check_pair(target, drafter)
     drafter.begin(1)
     cache = target.new_cache(1)
     seqs = Sequences(ids, max_new_tokens=k + 1)  # room for every draft and the bonus

@@ -27,12 +27,13 @@ from dataclasses import dataclass
 
 import torch
 
+from .._validate import check_generator, check_tensor
 from ..drafts import ModelDraft, TreeDraft, as_tree_draft
 from ..drafts.shapes import DynamicTree, TreeShape, as_tree_spec
 from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
 from ..trees import Tree, TreeResult, stack_tree_masks, verify_tree, verify_tree_greedy
-from .loop import Sequences, SpecStats, check_inputs, check_pair, prefill, target_pass, timed
+from .loop import Sequences, SpecStats, check_eos, check_inputs, check_pair, prefill, target_pass, timed
 
 
 def score_tree(
@@ -60,6 +61,9 @@ def tree_inputs(
         raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
     if not isinstance(trees, (list, tuple)) or not all(isinstance(t, Tree) for t in trees):
         raise TypeError("trees must be a list of specref.trees.Tree, one per row")
+    roots = check_tensor("roots", roots)
+    if roots.is_floating_point() or roots.is_complex() or roots.dtype == torch.bool:
+        raise TypeError(f"roots must be an integer tensor of token ids, got {roots.dtype}")
     B = cache.batch_size
     if len(trees) != B or roots.shape != (B,):
         raise ValueError(f"the cache holds {B} rows: give {B} roots ([B]) and {B} trees, "
@@ -229,6 +233,8 @@ def tree_generate(
     drafter = as_tree_draft(draft)
     check_pair(target, drafter)
     input_ids = check_inputs(target, input_ids, max_new_tokens, "the target")
+    check_eos(eos_token_id, target.config.vocab_size)
+    check_generator(generator)  # any device: the tree rules draw through TorchRNG
     stats = TreeSpecStats(k=spec.depth, tree=repr(spec))
     seqs = Sequences(input_ids, max_new_tokens)
     if max_new_tokens == 0:

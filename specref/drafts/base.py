@@ -29,7 +29,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from .._validate import check_int
-from ..sampling import SamplingParams, sample
+from ..sampling import SamplingParams, _sample
 from ..trees import Tree
 from .shapes import DynamicTree, TreeShape
 
@@ -45,7 +45,7 @@ def draw(
         x = logits.argmax(-1)
         return x, torch.nn.functional.one_hot(x, logits.shape[-1]).to(logits.dtype)
     q = params.probs_unchecked(logits)
-    return sample(q, generator), q
+    return _sample(q, generator), q
 
 
 def check_k(k: object, max_k: int | None, why: str) -> int:

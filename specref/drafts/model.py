@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from .._validate import check_int
 from ..sampling import SamplingParams
 from ..trees import ROOT, Tree, stack_tree_masks
 from .base import Draft, TreeDraft, draw
@@ -21,6 +22,8 @@ class ModelDraft(Draft):
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
+        if getattr(getattr(model, "config", None), "vocab_size", None) is None:
+            raise TypeError(f"the draft must be a GPT2-like model (with config.vocab_size), got {type(model).__name__}")
         self.model = model
         self.vocab_size = int(model.config.vocab_size)
         self.cache = None
@@ -41,6 +44,7 @@ class ModelDraft(Draft):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.cache is None or self.fed is None:
             raise RuntimeError("call begin(batch_size) before propose")
+        k = check_int("k", k, 0, "tokens to propose")
         B, V = tokens.shape[0], self.vocab_size
         dev = tokens.device
         if k == 0:

@@ -23,6 +23,9 @@ from .base import Draft
 
 def lookup(context: Sequence[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:  # [L] -> [k]
     """The k tokens prompt lookup proposes after `context` (the module docstring states the rule)."""
+    check_int("k", k, 0, "tokens to propose")
+    check_int("min_ngram", min_ngram, 1, "the shortest suffix looked up")
+    check_int("max_ngram", max_ngram, min_ngram, "the longest suffix looked up, at least min_ngram")
     context = list(context)
     if not context:
         raise ValueError("prompt lookup needs a context of at least one token")
@@ -60,6 +63,8 @@ class PromptLookupDraft(Draft):
     @classmethod
     def for_target(cls, target: torch.nn.Module, max_ngram: int = 3, min_ngram: int = 1) -> PromptLookupDraft:
         """A prompt lookup draft over the target's vocabulary, with q in the target's dtype."""
+        if getattr(target, "config", None) is None or not hasattr(target, "dtype"):
+            raise TypeError(f"target must be a GPT-2 model (specref.models.gpt2.GPT2), got {type(target).__name__}")
         return cls(int(target.config.vocab_size), max_ngram, min_ngram, target.dtype)
 
     def begin(self, batch_size: int) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._validate import as_int_tuple
+from .._validate import as_int_tuple, check_int
 from ..sampling import SamplingParams, as_rng
 from ..trees import ROOT, Tree
 
@@ -39,6 +39,8 @@ class TreeShape:
         b = as_int_tuple("branching", self.branching)
         if any(x < 1 for x in b):
             raise ValueError(f"branching factors must be >= 1, got {list(b)}")
+        if not isinstance(self.sampled, bool):
+            raise TypeError(f"sampled must be a bool, got {self.sampled!r}")
         object.__setattr__(self, "branching", b)
 
     @property
@@ -128,7 +130,13 @@ def grow_trees(
     `generator`, or from `rng` (uniform()/categorical(probs)).
     """
     spec = as_tree_spec(spec)
+    batch_size = check_int("batch_size", batch_size, 1, "trees to grow, one per row")
     params = SamplingParams() if params is None else params
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be a specref.sampling.SamplingParams or None, got {type(params).__name__}")
+    for name, cap in (("max_depth", max_depth), ("max_nodes", max_nodes)):
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)):
+            raise TypeError(f"{name} must be an int or None, got {cap!r}")
     source = as_rng(generator, rng)
     depth = spec.depth if max_depth is None else max(0, min(spec.depth, max_depth))
     budget = spec.n_nodes if max_nodes is None else max(0, min(spec.n_nodes, max_nodes))

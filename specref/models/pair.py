@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .._validate import check_int
 from .gpt2 import GPT2
 from .pretrained import load_folder
 from .tokenizer import BPETokenizer, load_tokenizer
@@ -38,6 +39,8 @@ def bundled_tokenizer() -> BPETokenizer:
 def heldout_prompts(n: int = 8, n_tokens: int = 64) -> list[list[int]]:
     """The first n prompts, each cut to its first n_tokens tokens of the bundled tokenizer."""
     texts = heldout_texts()
+    check_int("n", n, 1, "prompts")
+    check_int("n_tokens", n_tokens, 1, "tokens per prompt")
     if not 1 <= n <= len(texts):
         raise ValueError(f"n must be in [1, {len(texts)}], got {n}")
     tok = bundled_tokenizer()

@@ -143,7 +143,8 @@ def _read_state_dict(folder: Any) -> dict[str, torch.Tensor]:
 
 def load_folder(folder: Any, device: torch.device | str | None, dtype: torch.dtype | None) -> GPT2:
     config = GPT2Config.from_dict(json.loads(folder.joinpath("config.json").read_text()))
-    model = GPT2(config)
+    with torch.random.fork_rng(devices=[]):  # the random init is overwritten: leave the caller's global RNG alone
+        model = GPT2(config)
     sd = _read_state_dict(folder)
     # Checkpoints are often stored in fp16; compute in fp32 unless asked otherwise.
     model.load_state_dict({k: v.to(torch.float32) for k, v in sd.items()})

@@ -7,6 +7,7 @@ as in GPT-2.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -41,7 +42,11 @@ class BPETokenizer:
         return [e.ids for e in self.tok.encode_batch(list(texts))]
 
     def decode(self, ids: Sequence[int] | Iterable[int]) -> str:
-        ids = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+        raw = ids.tolist() if hasattr(ids, "tolist") else ids
+        try:
+            ids = [operator.index(i) for i in raw]  # ints only: a float id is not silently truncated
+        except TypeError:
+            raise TypeError(f"ids must be a sequence of integer token ids, got {ids!r}") from None
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
             raise ValueError(f"ids must lie in [0, {self.vocab_size}), got {bad[:5]}")

@@ -53,7 +53,7 @@ import numpy as np
 from scipy.optimize import least_squares, nnls
 from scipy.stats import beta as scipy_beta
 
-from .._validate import check_int
+from .._validate import as_int_tuple, check_int
 from ..theory import expected_tokens_per_step
 
 FORMS = ("sum", "roofline")
@@ -71,6 +71,15 @@ def _nonneg(name: str, x: object) -> float:
     if not (math.isfinite(float(x)) and float(x) >= 0):
         raise ValueError(f"{name} must be a finite number >= 0, got {x!r}")
     return float(x)
+
+
+def _alpha(alpha: object) -> float:
+    """One acceptance rate as a float in [0, 1]; a TypeError naming alpha for an array, a str or a bool."""
+    a = np.asarray(alpha)
+    if a.ndim != 0 or a.dtype.kind not in "iuf":
+        raise TypeError(f"alpha must be one number in [0, 1], got {alpha!r}")
+    expected_tokens_per_step(float(a), 0)  # raises on a value outside [0, 1]
+    return float(a)
 
 
 def _positive(name: str, x: object) -> float:
@@ -184,6 +193,7 @@ class PassModel:
 
     def ridge_tokens(self, context: int = 0) -> float:
         """Tokens per pass (B x T, one row per token) where compute catches up with memory; inf if it never does."""
+        context = _count("context", context, 0)
         slope = self.per_token + self.attention * context
         return math.inf if slope == 0 else (self.weights + self.kv * context) / slope
 
@@ -203,11 +213,14 @@ class PassModel:
 
 
 def _grid(batch_size: object, n_tokens: object, context: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    for name, x in (("batch_size", batch_size), ("n_tokens", n_tokens), ("context", context)):
+        if np.asarray(x).dtype.kind not in "iuf":
+            raise TypeError(f"{name} must be a number (or an array of numbers), got {x!r}")
     B, T, S = (np.asarray(x, dtype=np.float64) for x in (batch_size, n_tokens, context))
-    if np.isnan(B).any() or (B < 1).any() or np.isnan(T).any() or (T < 1).any():
-        raise ValueError(f"batch_size and n_tokens must be >= 1, got {batch_size!r}, {n_tokens!r}")
-    if np.isnan(S).any() or (S < 0).any():
-        raise ValueError(f"context must be >= 0, got {context!r}")
+    if not (np.isfinite(B).all() and np.isfinite(T).all()) or (B < 1).any() or (T < 1).any():
+        raise ValueError(f"batch_size and n_tokens must be finite and >= 1, got {batch_size!r}, {n_tokens!r}")
+    if not np.isfinite(S).all() or (S < 0).any():
+        raise ValueError(f"context must be finite and >= 0, got {context!r}")
     return B, T, S
 
 
@@ -217,6 +230,10 @@ def _rows(rows: object) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     out = []
     for r in rows:
         if isinstance(r, Mapping):
+            missing = [key for key in ("batch_size", "n_tokens", "context") if key not in r]
+            if missing or not ("seconds" in r or "median_s" in r):
+                raise TypeError(f"each dict row needs batch_size, n_tokens, context and seconds (or median_s); "
+                                f"{r!r} lacks {missing or ['seconds']}")
             r = (r["batch_size"], r["n_tokens"], r["context"], r["seconds"] if "seconds" in r else r["median_s"])
         if isinstance(r, (str, bytes)) or not isinstance(r, Sequence) or len(r) != 4:
             raise TypeError(f"each row must be (batch_size, n_tokens, context, seconds), got {r!r}")
@@ -295,6 +312,9 @@ class CostModel:
         _check_sd(0.5, self.alpha_sd)
         _count("context", self.context, 0)
         _positive("verify_factor", self.verify_factor)
+        if not self.target(1, 1, self.context) > 0:  # every speedup divides by the plain step's time
+            raise ValueError(f"target predicts 0 seconds for a plain step at context={self.context}: "
+                             "give it an overhead, weights or per_token cost > 0")
 
     def pass_time(self, batch_size: int, n_tokens: int) -> float:
         """Seconds for one target pass over batch_size x n_tokens new tokens at this context."""
@@ -340,7 +360,7 @@ class CostModel:
 
     def predict_speedup(self, alpha: float, k: int, batch_size: int) -> float:
         """E(alpha, k) x plain step / speculative step = E / (v + c k): steady-state tokens per second vs plain."""
-        k = _count("k", k, 0)
+        k, alpha = _count("k", k, 0), _alpha(alpha)
         return float(expected_tokens_per_step(alpha, k)) * self.plain_time(batch_size) / self.step_time(k, batch_size)
 
     def run_speedup(self, alpha: float, k: int, batch_size: int, new_tokens: int) -> float:
@@ -350,14 +370,14 @@ class CostModel:
         at this model's context. At B = 1 and large n it approaches `predict_speedup`.
         """
         k, B, n = _count("k", k, 0), _count("batch_size", batch_size, 1), _count("new_tokens", new_tokens, 1)
+        alpha = _alpha(alpha)
         if k == 0:
-            expected_tokens_per_step(alpha, 0)  # raises on a bad alpha
             return 1.0
         return n * self.plain_time(B) / (batch_steps(alpha, k, B, n, self.spread_at(alpha)) * self.step_time(k, B))
 
     def throughput(self, alpha: float, k: int, batch_size: int) -> float:
         """Predicted tokens per second over the whole batch, steady state."""
-        k, batch_size = _count("k", k, 0), _count("batch_size", batch_size, 1)
+        k, batch_size, alpha = _count("k", k, 0), _count("batch_size", batch_size, 1), _alpha(alpha)
         return batch_size * float(expected_tokens_per_step(alpha, k)) / self.step_time(k, batch_size)
 
     def predict_time(self, alpha: float, k: int, batch_size: int, prompt_len: int, new_tokens: int) -> float:
@@ -369,6 +389,7 @@ class CostModel:
         """
         k, B = _count("k", k, 0), _count("batch_size", batch_size, 1)
         P, n = _count("prompt_len", prompt_len, 1), _count("new_tokens", new_tokens, 1)
+        alpha = _alpha(alpha)
         at = replace(self, context=P + n // 2)
         prompt = (self.prompt_target or self.target)(B, P, 0)
         if k == 0:
@@ -384,8 +405,7 @@ class CostModel:
         alpha_sd is fitted at the runs' alphas; at a mean where sd^2 >= alpha (1 - alpha) no Beta
         exists, so the cap (0.99 of the bound) keeps every prediction defined (alpha 0 or 1: 0).
         """
-        a = float(np.asarray(alpha, dtype=np.float64))
-        expected_tokens_per_step(a, 0)  # raises on a bad alpha
+        a = _alpha(alpha)
         return min(self.alpha_sd, 0.99 * math.sqrt(a * (1 - a)))
 
     def as_dict(self) -> dict:
@@ -432,8 +452,7 @@ def batch_steps(alpha: float, k: int, batch_size: int, new_tokens: int, alpha_sd
     against 25 for alike rows.
     """
     k, B, n = _count("k", k, 0), _count("batch_size", batch_size, 1), _count("new_tokens", new_tokens, 1)
-    a = float(np.asarray(alpha, dtype=np.float64))
-    expected_tokens_per_step(a, k)  # raises on a bad alpha
+    a = _alpha(alpha)
     sd = _check_sd(a, alpha_sd) if 0 < a < 1 else 0.0 * _nonneg("alpha_sd", alpha_sd)  # alpha 0 or 1: no spread
     if k == 0:
         return float(n)
@@ -489,7 +508,7 @@ def choose_k(
     candidates = range(_count("k_max", k_max, 0) + 1) if ks is None else sorted({_count("k", k, 0) for k in ks})
     if not candidates:
         raise ValueError("ks must hold at least one k")
-    expected_tokens_per_step(alpha, 0)  # raises on a bad alpha, even when only k = 0 is allowed
+    alpha = _alpha(alpha)  # raises on a bad alpha, even when only k = 0 is allowed
 
     def gain(k: int) -> float:
         if new_tokens is None:
@@ -509,7 +528,7 @@ def crossover_batch(
 
     With `new_tokens` the speedup is a whole batch's (`CostModel.run_speedup`), else the steady state's.
     """
-    k, b_max = _count("k", k, 1), _count("b_max", b_max, 1)
+    k, b_max, alpha = _count("k", k, 1), _count("b_max", b_max, 1), _alpha(alpha)
     _check_model(cost_model)
     if new_tokens is not None:
         _count("new_tokens", new_tokens, 1)
@@ -553,8 +572,9 @@ def h100_worked_example(
 
     With the defaults: B = 8 -> 40 tokens, v = 1, about 2.8x; B = 128 -> 640 tokens, v = 5, about 0.65x.
     """
+    batch_sizes = as_int_tuple("batch_sizes", batch_sizes)
     model = h100_cost_model(efficiency=efficiency)
-    E = float(expected_tokens_per_step(alpha, k))
+    E = float(expected_tokens_per_step(_alpha(alpha), k))
     return [{"batch_size": B, "tokens_per_pass": B * (k + 1), "E": E, "v": model.v(k, B), "c": model.c(B),
              "plain_step_s": model.pass_time(B, 1), "verify_s": model.pass_time(B, k + 1),
              "speedup": model.predict_speedup(alpha, k, B)} for B in batch_sizes]
