@@ -57,7 +57,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from grade_scan import imported_specref_names, names_bound, names_used, scan  # noqa: E402
+from grade_scan import UNREADABLE, imported_specref_names, names_bound, names_used, scan  # noqa: E402
 from make_exercises import MarkerError, strip_regions, tests_version  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,6 +65,7 @@ RUNNER = Path(__file__).resolve().parent / "grade_runner.py"
 DEFAULT_HIDDEN_SEED = 1  # what the solutions' setup cells set HIDDEN_SEED to (a test keeps them equal)
 CELL_TIMEOUT_S = 180
 RUN_TIMEOUT_S = 1800  # one submission, all of its tests together
+MEMORY_MB = 8192  # one kernel's private memory (RLIMIT_DATA); the largest exercise (ex04) peaks near 450 MB
 EXIT_FULL, EXIT_FAILED, EXIT_UNGRADABLE, EXIT_REVIEW = 0, 1, 2, 3
 STATUS = {EXIT_FULL: "full marks", EXIT_FAILED: "some checks failed", EXIT_UNGRADABLE: "could not be graded",
           EXIT_REVIEW: "NEEDS REVIEW"}
@@ -92,6 +93,8 @@ def read_notebook(path: Path) -> dict:
     except json.JSONDecodeError as e:
         raise GradeError(f"{path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
                          "was it saved by Jupyter?") from e
+    except RecursionError as e:
+        raise GradeError(f"{path} is nested too deeply to be a notebook") from e
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise GradeError(f"{path} is not a notebook (no list of cells)")
     if not isinstance(nb.get("metadata", {}), dict):
@@ -260,8 +263,8 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
             except SyntaxError as e:
                 syntax[i] = f"syntax error in answer cell {gid!r}, line {e.lineno}: {e.msg}"
                 findings = []
-            except (ValueError, RecursionError) as e:
-                syntax[i] = f"answer cell {gid!r} cannot be read as Python: {e}"
+            except UNREADABLE as e:  # null bytes, or nested too deeply for the parser (RecursionError, MemoryError)
+                syntax[i] = f"answer cell {gid!r} cannot be read as Python: {str(e) or 'it is nested too deeply'}"
                 findings = []
             for f in findings:
                 (reference if f.kind == "reference" else flags).setdefault(i, []).append(
@@ -400,8 +403,10 @@ def _environment(home: str, marker: str) -> dict[str, str]:
     return env
 
 
-def _limits() -> None:  # runs in the child before exec
-    limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, 256 << 20)]
+def _limits(memory_mb: int) -> None:  # runs in the child before exec
+    """The kernel's limits: no core files, files of at most 256 MB, `memory_mb` of private memory (a memory bomb
+    meets MemoryError instead of taking the host's memory), and as root at most 1024 processes."""
+    limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, 256 << 20), (resource.RLIMIT_DATA, memory_mb << 20)]
     if _as_root():  # counted per uid: only the run's own fresh uid may be capped (fork bombs)
         limits.append((resource.RLIMIT_NPROC, 1024))
     for lim, value in limits:
@@ -449,7 +454,7 @@ def _kill_all(proc: subprocess.Popen, uid: int | None, marker: str) -> None:
             return
 
 
-def run_cells(cells: list[dict], cell_timeout: float, deadline: float) -> KernelRun:
+def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb: int = MEMORY_MB) -> KernelRun:
     """Run the cells (setup, answers, others, tests; in order) in a fresh sandboxed kernel."""
     secret = secrets.token_bytes(32)
     marker = secrets.token_hex(8)
@@ -472,7 +477,7 @@ def run_cells(cells: list[dict], cell_timeout: float, deadline: float) -> Kernel
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, cwd=work,
                                     env=_environment(str(work), marker), pass_fds=(w,), start_new_session=True,
-                                    preexec_fn=_limits)
+                                    preexec_fn=lambda: _limits(memory_mb))
         except OSError as e:
             return KernelRun(setup_error=f"could not start the grading kernel ({cmd[0]}): {e}")
         os.close(w)
@@ -572,6 +577,12 @@ def _collect(proc, plan: bytes, r: int, secret: bytes, cells: list[dict], cell_t
     return run
 
 
+def printable(text: str) -> str:
+    """Text for a terminal: every control character but newline and tab escaped (\\x1b, \\u202e, ...), so that
+    an escape sequence in a learner's message or answer cannot erase or redraw lines of the report."""
+    return "".join(c if c.isprintable() or c in "\n\t" else ascii(c)[1:-1] for c in text)
+
+
 def _cell_words(cell: dict) -> str:
     role = cell.get("role")
     if role == "answer":
@@ -664,7 +675,7 @@ class Report:
             lines.append(f"note: {note}")
         lines.append(f"score: {self.total:g} / {self.possible:g} (autograded)")
         lines.append(f"status: {STATUS[self.exit_code]}")
-        return "\n".join(lines)
+        return printable("\n".join(lines))
 
     def as_dict(self) -> dict:
         return {"path": self.path, "exercise": self.exercise, "version": self.version, "seed": self.seed,
@@ -678,10 +689,11 @@ class Report:
 
 def grade(notebook: Path, solution: Path | None = None, solutions_dir: Path | None = None,
           cell_timeout: float = CELL_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S,
-          seed: int = DEFAULT_HIDDEN_SEED) -> Report:
+          seed: int = DEFAULT_HIDDEN_SEED, memory_mb: int = MEMORY_MB) -> Report:
     """Grade one submission file; never raises for a problem of the submission (see Report.error).
 
-    `seed` is HIDDEN_SEED, the seed of the hidden tests' cases (`hidden_seed` reads --seed).
+    `seed` is HIDDEN_SEED, the seed of the hidden tests' cases (`hidden_seed` reads --seed); `memory_mb` caps
+    each kernel's memory.
     """
     report = Report(str(notebook))
     try:
@@ -699,7 +711,7 @@ def grade(notebook: Path, solution: Path | None = None, solutions_dir: Path | No
         report.exercise = exercise_id(Path(solution))
         report.notes.insert(0, f"the notebook says it is exercise {claimed!r}; it was graded against "
                                f"{Path(solution).name}, as asked")
-    report.tests = grade_plan(plan, cell_timeout, run_timeout)
+    report.tests = grade_plan(plan, cell_timeout, run_timeout, memory_mb)
     for t, spec in zip(report.tests, plan.tests):
         if spec.saved_passing and t.outcome != "passed":
             report.notes.append(f"the saved output of test cell {t.grade_id!r} shows it passing, but run again it "
@@ -707,7 +719,8 @@ def grade(notebook: Path, solution: Path | None = None, solutions_dir: Path | No
     return report
 
 
-def grade_plan(plan: Plan, cell_timeout: float = CELL_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S) -> list[TestResult]:
+def grade_plan(plan: Plan, cell_timeout: float = CELL_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S,
+               memory_mb: int = MEMORY_MB) -> list[TestResult]:
     """Run the plan's tests in as few kernels as possible: a fresh one after a test that hung or killed its kernel."""
     deadline = time.monotonic() + run_timeout
     outcomes: dict[int, RunOutcome] = {}
@@ -720,7 +733,7 @@ def grade_plan(plan: Plan, cell_timeout: float = CELL_TIMEOUT_S, run_timeout: fl
         wanted = {t.n for t in pending}
         last = max(wanted)
         cells = [c for c in plan.cells if (c["role"] != "test" and c["n"] < last) or c["n"] in wanted]
-        run = run_cells(cells, cell_timeout, deadline)
+        run = run_cells(cells, cell_timeout, deadline, memory_mb)
         if run.setup_error:
             for t in pending:
                 outcomes[t.n] = RunOutcome("not graded", run.setup_error)
@@ -761,7 +774,7 @@ def grade_plan(plan: Plan, cell_timeout: float = CELL_TIMEOUT_S, run_timeout: fl
 # --------------------------------------------------------------------------------------
 def grade_all(folder: Path, csv_path: Path, solutions_dir: Path | None = None, cell_timeout: float = CELL_TIMEOUT_S,
               run_timeout: float = RUN_TIMEOUT_S, progress: bool = True,
-              seed: int = DEFAULT_HIDDEN_SEED) -> list[Report]:
+              seed: int = DEFAULT_HIDDEN_SEED, memory_mb: int = MEMORY_MB) -> list[Report]:
     """Grade every notebook under `folder` (all with the same hidden seed) and write a CSV gradebook."""
     files = sorted(p for p in Path(folder).rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
     try:
@@ -772,7 +785,7 @@ def grade_all(folder: Path, csv_path: Path, solutions_dir: Path | None = None, c
     reports = []
     for path in it:
         reports.append(grade(path, solutions_dir=solutions_dir, cell_timeout=cell_timeout, run_timeout=run_timeout,
-                             seed=seed))
+                             seed=seed, memory_mb=memory_mb))
     ids: list[str] = []
     for rep in reports:
         ids += [t.grade_id for t in rep.tests if t.grade_id not in ids]
@@ -801,6 +814,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--solutions-dir", type=Path, default=ROOT / "solutions", help="where solutions are found by id")
     ap.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S, help="seconds per cell")
     ap.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds for one submission, all tests")
+    ap.add_argument("--memory", type=int, default=MEMORY_MB, metavar="MB", help="memory of one grading kernel")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--seed", default=str(DEFAULT_HIDDEN_SEED), metavar="N|random",
                     help=f"seed of the hidden tests' cases (default {DEFAULT_HIDDEN_SEED}, the solutions'; 'random' "
@@ -815,10 +829,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: no such folder: {args.all}", file=sys.stderr)
             return EXIT_UNGRADABLE
         reports = grade_all(args.all, args.csv or args.all / "gradebook.csv", args.solutions_dir, args.cell_timeout,
-                            args.timeout, seed=seed)
+                            args.timeout, seed=seed, memory_mb=args.memory)
         codes = [r.exit_code for r in reports]
         for r in reports:
-            print(f"{STATUS[r.exit_code]:>20}  {r.total:g}/{r.possible:g}  {r.path}")
+            print(printable(f"{STATUS[r.exit_code]:>20}  {r.total:g}/{r.possible:g}  {r.path}"))
         print(f"gradebook: {args.csv or args.all / 'gradebook.csv'} ({len(reports)} notebooks, hidden seed {seed})")
         for code in (EXIT_UNGRADABLE, EXIT_REVIEW, EXIT_FAILED):
             if code in codes:
@@ -829,7 +843,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.notebook.is_file():
         print(f"error: no such notebook: {args.notebook}", file=sys.stderr)
         return EXIT_UNGRADABLE
-    report = grade(args.notebook, args.solution, args.solutions_dir, args.cell_timeout, args.timeout, seed)
+    report = grade(args.notebook, args.solution, args.solutions_dir, args.cell_timeout, args.timeout, seed, args.memory)
     print(json.dumps(report.as_dict(), indent=1) if args.json else report.text())
     return report.exit_code
 

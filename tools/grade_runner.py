@@ -17,8 +17,9 @@ The learner's code runs in this process, so nothing here is a secret from code t
 inspects memory (frames, gc, ctypes); tools/grade.py flags such code before it runs. What
 this file does against code that does not go that far:
 
-* before the test cell, everything the exercise's setup bound (names, modules, classes,
-  functions' code, sys hooks, torch's function modes, sys.modules) is compared with a
+* before the test cell, everything the exercise's setup bound (names and the contents of the
+  lists, dicts and sets among them, modules, classes, functions' code, sys hooks, torch's
+  function modes, sys.modules) is compared with a
   snapshot taken before the first answer cell ran, put back, and every difference is
   reported as interference;
 * the test cell sees the setup's own objects, never names the learner rebound;
@@ -143,6 +144,9 @@ class _Snapshot:
             self.modules["the exercise's setup"] = (setup_ns, _dict(setup_ns))
             for v in setup_ns.values():
                 self._add(v)
+            self.contents = {}  # id -> (name, container, its items): what the setup's lists, dicts and sets hold
+            for k, v in setup_ns.items():
+                self._add_contents(k, v, 0)
             for t in (int, float, bool, complex, str, bytes, list, tuple, dict, set, frozenset, object, type,
                       BaseException, Exception, AssertionError):
                 self._add(t)
@@ -168,6 +172,18 @@ class _Snapshot:
                     m = m.__func__
                 if _type(m) is _FunctionType:
                     self.functions[_id(m)] = (m, m.__code__, m.__defaults__, m.__kwdefaults__)
+
+    def _add_contents(self, name, v, depth):
+        """The items of a list, dict or set the setup bound (and of those inside it): a check that reads them
+        (ex08's SAMPLERS) must not meet them cleared or edited in place, which comparing names alone misses."""
+        t = _type(v)
+        if depth > 4 or not (t is list or t is dict or t is set or t is tuple) or _id(v) in self.contents:
+            return
+        items = _list(dict.items(v)) if t is dict else _list(v)
+        if t is not tuple:
+            self.contents[_id(v)] = (name, v, items)
+        for x in items:
+            self._add_contents(name + "[...]", x[1] if t is dict else x, depth + 1)
 
     def compare_and_restore(self):
         """Every difference from the snapshot, described; each one is put back where Python allows."""
@@ -233,6 +249,26 @@ class _Snapshot:
                 if f.__code__ is not code or f.__defaults__ is not defaults or f.__kwdefaults__ is not kwdefaults:
                     found.append(f"the code of {getattr(f, '__module__', '?')}.{f.__qualname__} was changed")
                     f.__code__, f.__defaults__, f.__kwdefaults__ = code, defaults, kwdefaults
+        for name, v, items in self.contents.values():
+            t = _type(v)
+            now = _list(dict.items(v)) if t is dict else _list(v)
+            if t is set:
+                changed = {_id(x) for x in now} != {_id(x) for x in items}
+            elif t is dict:
+                changed = _len(now) != _len(items) or any(a[0] is not b[0] or a[1] is not b[1]
+                                                          for a, b in zip(now, items))
+            else:
+                changed = _len(now) != _len(items) or any(a is not b for a, b in zip(now, items))
+            if changed:
+                found.append(f"the contents of the exercise's {name} were changed in place")
+                if t is dict:
+                    dict.clear(v)
+                    dict.update(v, items)
+                elif t is set:
+                    set.clear(v)
+                    set.update(v, items)
+                else:
+                    list.__setitem__(v, slice(None), items)
         for k, v in self.hooks.items():
             if getattr(sys, k, None) is not v:
                 found.append(f"sys.{k} was replaced")

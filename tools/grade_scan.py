@@ -14,6 +14,7 @@ solution's own answer uses it (e.g. ``residual`` in chapter 6).
 from __future__ import annotations
 
 import ast
+import sys
 
 # Modules an answer may import. Anything else (os, sys, subprocess, ctypes, gc, inspect,
 # importlib, builtins, threading, signal, io, pickle, ...) is flagged.
@@ -32,9 +33,27 @@ RISKY_ATTRS = {"load", "save", "loadtxt", "savetxt", "fromfile", "tofile", "memm
                "f_code", "tb_frame", "tb_next", "co_code", "mro", "register_forward_hook",
                "register_forward_pre_hook", "register_full_backward_hook", "register_hook",
                "set_default_dtype", "set_default_tensor_type", "set_grad_enabled", "manual_seed", "seed",
-               "set_printoptions", "set_num_threads", "setstate", "set_rng_state", "with_traceback"}
+               "set_printoptions", "set_num_threads", "setstate", "set_rng_state", "with_traceback",
+               # attribute access and eval driven by a string: string.Formatter().get_field("0.__globals__", ...);
+               # typing.get_type_hints evaluates string annotations, and so does singledispatch's register()
+               "get_field", "get_type_hints", "singledispatch", "singledispatchmethod",
+               # writes through .data bypass a tensor's version counter, which is how the grader sees in-place edits
+               "data"}
+# Modules that the allowed ones hand out as attributes (torch.sys, torch.os, torch.builtins, dataclasses.builtins,
+# enum.bltns, typing.types, re.copyreg, ...): reaching one is importing it. Every standard-library module an
+# answer may not import, but for the names of tensor and array methods, and a few aliases and packages.
+TENSOR_METHODS = {"array", "chunk", "select", "trace"}
+MODULE_ATTRS = (set(sys.stdlib_module_names) - ALLOWED_IMPORTS - TENSOR_METHODS) | {
+    "bltns", "mp", "typing_extensions", "torchgen", "charset_normalizer"}
+# Builtins that other modules re-export under the same name (io.open, builtins.getattr); model.eval() is honest.
+RISKY_NAME_ATTRS = RISKY_NAMES - {"eval"}
 ALLOWED_DUNDERS = {"__init__", "__repr__", "__str__", "__name__", "__doc__", "__len__", "__iter__",
                    "__post_init__", "__future__"}
+
+
+# What ast.parse raises for source it cannot read, besides SyntaxError: null bytes (ValueError), and
+# expressions nested too deeply for the parser (RecursionError, MemoryError), which must not crash the grader.
+UNREADABLE = (ValueError, RecursionError, MemoryError)
 
 
 class Finding:
@@ -86,7 +105,8 @@ def scan(source: str, specref_names: set[str] = frozenset(), allowed_specref: se
                     add("interference", node, f"imports {m}")
             if isinstance(node, ast.ImportFrom):
                 for a in node.names:
-                    if a.name in RISKY_SUBMODULES or a.name in RISKY_ATTRS or a.name in RISKY_NAMES or a.name == "*":
+                    if (a.name in RISKY_SUBMODULES or a.name in RISKY_ATTRS or a.name in RISKY_NAMES or a.name == "*"
+                            or a.name in MODULE_ATTRS):
                         add("interference", node, f"imports {a.name} from {node.module}")
         elif isinstance(node, ast.Name):
             if node.id == "specref":
@@ -100,8 +120,11 @@ def scan(source: str, specref_names: set[str] = frozenset(), allowed_specref: se
                 add("interference", node, f"uses the attribute {node.attr}")
             elif node.attr.startswith("_") and not _dunder(node.attr):
                 add("interference", node, f"uses the private attribute .{node.attr}")
-            elif node.attr in RISKY_ATTRS or node.attr in RISKY_SUBMODULES:
+            elif node.attr in RISKY_ATTRS or node.attr in RISKY_SUBMODULES or node.attr in RISKY_NAME_ATTRS:
                 add("interference", node, f"uses .{node.attr}")
+            elif node.attr in MODULE_ATTRS:
+                add("interference", node,
+                    f"uses .{node.attr} (the module {node.attr}, which an answer may not import)")
             if isinstance(node.ctx, (ast.Store, ast.Del)):
                 root = _root(node)
                 if not (isinstance(root, ast.Name) and root.id in ("self", "cls")):
@@ -144,7 +167,7 @@ def imported_specref_names(sources: list[str]) -> set[str]:
 def names_used(source: str) -> set[str]:
     try:
         return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
-    except SyntaxError:
+    except (SyntaxError, *UNREADABLE):
         return set()
 
 
@@ -152,7 +175,7 @@ def names_bound(source: str) -> set[str]:
     """Top-level names a cell binds (functions, classes, assignments, imports)."""
     try:
         tree = ast.parse(source)
-    except SyntaxError:
+    except (SyntaxError, *UNREADABLE):
         return set()
     out: set[str] = set()
     for node in tree.body:

@@ -126,8 +126,18 @@ class _Memo(torch.nn.Module):
         return logits.clone()
 
 
-def _graded_pair(memo: tuple[dict, dict] | None = None) -> tuple[_Memo, _Memo]:
+def _learners_pair() -> tuple[torch.nn.Module, torch.nn.Module]:
+    """Copies of the float64 pair for the learner's code, made once per check: what that code does to the models
+    it is handed (weights written through .data, say) stays in its copies, never in `_pair64`, the reference
+    every expected answer is computed from (in this check and in the later ones)."""
     target, draft = _pair64()
+    return copy.deepcopy(target), copy.deepcopy(draft)
+
+
+def _graded_pair(pair: tuple[torch.nn.Module, torch.nn.Module], memo: tuple[dict, dict] | None = None
+                 ) -> tuple[_Memo, _Memo]:
+    """Counting wrappers around `pair`: the learner's copies (`_learners_pair`), never the reference."""
+    target, draft = pair
     return _Memo(target, memo[0] if memo else None), _Memo(draft, memo[1] if memo else None)
 
 
@@ -200,9 +210,10 @@ def check_propose(fn: Callable[..., object], cases=PROPOSE_CASES, seed: int = 0)
     """Grade propose(draft, draft_cache, seq, k, temperature, top_k, generator) -> (drafts, q)."""
     g = "check_propose"
     _, draft_real = _pair64()
+    mine = _learners_pair()
     for n, (pi, n_tok, k, temp, top_k, m) in enumerate(cases, 1):
         seq = heldout_prompts(n=pi + 1, n_tokens=n_tok)[pi]
-        _, draft = _graded_pair()
+        _, draft = _graded_pair(mine)
         cache = _prefilled(draft, seq[:m], room=len(seq) - m + k + 1)
         draft.calls = 0
         draft.inputs = []
@@ -379,11 +390,12 @@ def _step_caches(fn: Callable[..., object], seed: int) -> int:
     g = "check_speculative_step"
     target_real, draft_real = _pair64()
     V = target_real.config.vocab_size
+    mine = _learners_pair()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         cases = _step_cases()
         for n, (label, seq, k, temp, top_k, case_seed) in enumerate(cases, 1):
-            target, draft = _graded_pair()
+            target, draft = _graded_pair(mine)
             tc = _prefilled(target, seq[:-1], room=k + 2)
             dc = _prefilled(draft, seq[:-1], room=k + 2)
             where = f"wrong answer on step case {n} of {len(cases)} ({label})."
@@ -421,7 +433,7 @@ def _first_two_tokens(fn: Callable[..., object], sampling: dict | None, seed: in
         exact = exact_first_two(target_real, prompt, temp, top_k)
         cells = {c: i for i, c in enumerate(sorted(exact))}
         expected = torch.tensor([exact[c] for c in sorted(exact)] + [0.0], dtype=torch.float64)
-        target, draft = _graded_pair()
+        target, draft = _graded_pair(_learners_pair())
         tc0 = _prefilled(target, prompt[:-1], room=2 * (k + 1) + 2)
         dc0 = _prefilled(draft, prompt[:-1], room=2 * (k + 1) + 2)
         gen = torch.Generator().manual_seed(seed + 1)
@@ -522,6 +534,7 @@ def check_speculative_decode(
     is called once per step plus once for the prompt; a sampled run returns max_new_tokens tokens."""
     g = "check_speculative_decode"
     target_real, _ = _pair64()
+    mine = _learners_pair()
     prompts = heldout_prompts(n=first_prompt + n_prompts, n_tokens=24)[first_prompt:]
     for prompt in prompts:
         ids = torch.tensor([prompt])
@@ -534,7 +547,7 @@ def check_speculative_decode(
                 if i < max_new_tokens - 1:
                     logits = target_real(torch.tensor([[expected[-1]]]), cache=cache)[0, -1]
         for k in ks:
-            target, draft = _graded_pair()
+            target, draft = _graded_pair(mine)
             where = f"k = {k}, greedy (temperature 0), {max_new_tokens} new tokens."
             inputs = [f"prompt: {len(prompt)} tokens of a held-out file"]
             try:
@@ -556,8 +569,12 @@ def check_speculative_decode(
             if target.calls > steps + 1:
                 raise _fail(g, where, inputs + [f"your decoder called the target {target.calls} times"],
                             f"speculative decoding needs {steps} passes here, one per step, plus one for the prompt.")
+            if target.calls < steps:  # the output came from passes the wrapper did not see: another model's
+                raise _fail(g, where, inputs + [f"your decoder called the target {target.calls} times"],
+                            f"every step verifies its drafts in one pass of the `target` it is given: {steps} steps "
+                            "here, so at least as many passes of that target (not of another model).")
     # A sampled run: the right number of valid tokens.
-    target, draft = _graded_pair()
+    target, draft = _graded_pair(mine)
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         out = fn(target, draft, list(prompts[0]), 3, 10, 0.8, 5, torch.Generator().manual_seed(1))
     got = _as_token_list(out)

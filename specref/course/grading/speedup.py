@@ -33,7 +33,7 @@ def check_expected_tokens_value(value: object, alpha: float = 0.6, k: int = 3) -
     inputs = [f"alpha = {alpha}, k = {k}"]
     if v is None:
         raise _fail(g, "give a single number.", inputs + [f"got {value!r}"])
-    if abs(v - want) > 0.005:
+    if not abs(v - want) <= 0.005:  # NaN is no answer: written as `> 0.005`, NaN would pass
         hint = _expected_hint(alpha, k, v)
         raise _fail(g, "wrong value.", inputs + [f"expected {want:.2f}", f"got      {v:.4g}"], hint)
     _passed(g, f"E = {want:.2f} tokens per step")

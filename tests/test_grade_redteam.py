@@ -1,0 +1,269 @@
+"""tools/grade.py against a cheating learner, second round: every attack here got marks or broke the grader.
+
+Most tests grade the toy exercise of tests/test_grade_security.py (pure Python: a kernel starts in a
+fraction of a second) with the same rule: the attacked task scores 0, or the submission is flagged
+(exit 3) or ungradable (exit 2). The others grade the course's own exercises, or call a grader of
+specref.course.grading directly, where the hole was in that exercise's check.
+
+GRADE_PY=path/to/another/grade.py runs the CLI tests against another grader, as in test_grade_security.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_grade_security import (  # noqa: F401  (toy: the fixture, used by name)
+    GRADE_PY,
+    answer,
+    assert_no_marks_silently,
+    attacked,
+    grade,
+    scores,
+    solved,
+    toy,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def exercise(name: str) -> dict:
+    nb = json.loads((REPO / "exercises" / f"{name}.ipynb").read_text(encoding="utf-8"))
+    for c in nb["cells"]:
+        c["source"] = "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+    return nb
+
+
+def grade_exercise(nb: dict, tmp_path: Path, *args: str, timeout: float = 300) -> tuple[int, dict, str]:
+    """Grade a submission of one of the course's exercises (its solution found by the exercise id)."""
+    path = tmp_path / "learner.ipynb"
+    path.write_text(json.dumps(nb), encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(GRADE_PY), str(path), "--solutions-dir", str(REPO / "solutions"),
+                           "--json", *args], capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        report = {}
+    return proc.returncode, report, proc.stdout + proc.stderr
+
+
+def with_answer(nb: dict, grade_id: str, source: str) -> dict:
+    """The notebook with one answer cell's source replaced."""
+    nb = copy.deepcopy(nb)
+    answer(nb, grade_id)["source"] = source
+    return nb
+
+
+# -- 1. forging the kernel's signed results without any flagged syntax ----------------------------
+# The kernel's signing key and emitter live in the runner's module (__main__). An answer that reaches
+# it can report every test passed; the scan must flag every way there that it does not already see.
+_EMIT_ALL_PASSED = '''
+emit = get(main, "_emit")
+for c in get(main, "_plan")["cells"]:
+    if c["role"] == "test":
+        emit({"ev": "result", "n": c["n"], "grade_id": c["grade_id"], "outcome": "passed", "message": "",
+              "flags": []})
+emit({"ev": "done"})
+get(get(main, "os"), "_exit")(0)
+'''
+_MAIN = '"_" * 2 + "main" + "_" * 2'  # the string "__main__", which the scan would flag as a constant
+# One expression that does all of the above, for the routes that evaluate a string.
+_FORGE_EXPR = ("(lambda m: [m._emit(dict(ev='result', n=c['n'], grade_id=c['grade_id'], outcome='passed', "
+               "message='', flags=[])) for c in m._plan['cells'] if c['role'] == 'test'] + [m._emit(dict(ev='done')), "
+               "m.os._exit(0)])(__import__('sys').modules['_' '_main_' '_'])")
+
+
+@pytest.mark.parametrize("attack", [
+    pytest.param("import dataclasses, typing\nget = dataclasses.builtins.getattr\n"
+                 f"main = typing.sys.modules[{_MAIN}]" + _EMIT_ALL_PASSED, id="module-attributes-typing.sys"),
+    pytest.param("from enum import bltns\nimport statistics\nget = bltns.getattr\n"
+                 f"main = statistics.sys.modules[{_MAIN}]" + _EMIT_ALL_PASSED, id="from-import-enum.bltns"),
+    pytest.param("import string\ndef f():\n    pass\nfield = string.Formatter().get_field\n"
+                 "get = field('0.__globals__[__builtins__].getattr', [f], {})[0]\n"
+                 "imp = field('0.__globals__[__builtins__].__import__', [f], {})[0]\n"
+                 f"main = imp('sys').modules[{_MAIN}]" + _EMIT_ALL_PASSED, id="string-formatter-get-field"),
+    pytest.param(f"import typing\ndef f(x: {_FORGE_EXPR!r}):\n    pass\ntyping.get_type_hints(f)",
+                 id="typing-get-type-hints-evaluates-a-string"),
+    pytest.param(f"import functools\n@functools.singledispatch\ndef g(x):\n    pass\ndef f(x: {_FORGE_EXPR!r}):\n"
+                 "    pass\ng.register(f)", id="singledispatch-register-evaluates-a-string"),
+])
+def test_reaching_the_kernels_signing_key_through_an_allowed_module_is_flagged(toy, attack):
+    """The scan flags a module reached as an attribute, builtins under other names, and string-driven attribute
+    access or evaluation: each of these forged full marks with no flag."""
+    nb = attacked(toy[2], attack)
+    code, report, out = grade(nb, toy)
+    assert_no_marks_silently(code, report)
+    assert_no_marks_silently(code, report, "pair_check")
+    assert code == 3, out
+
+
+def test_forging_results_through_torch_on_a_real_exercise_is_flagged(tmp_path):
+    """torch hands out sys, os and builtins as attributes (torch.sys, torch.os, torch.builtins): 8/8 on ex02."""
+    forge = ("import torch\nget = torch.builtins.getattr\n"
+             f"main = torch.sys.modules[{_MAIN}]" + _EMIT_ALL_PASSED)
+    nb = exercise("ex02_accept_reject")
+    cell = answer(nb, "ex02_worked_answer")
+    cell["source"] = forge + "\n" + cell["source"]
+    code, report, out = grade_exercise(nb, tmp_path)
+    assert code == 3 and report["total"] == 0, out
+    assert "torch.sys" in out or "uses .sys" in out, out
+
+
+# -- 2. ex04: the models a check hands the learner ---------------------------------------------------
+def _plain_decode_through_the_wrapped_model(target, draft, prompt, k, max_new_tokens, temperature=0.0, top_k=None,
+                                            generator=None):
+    """Plain greedy decoding, no speculation, on the model behind the pass counter (`target.model`)."""
+    model = target.model
+    cache, out = model.new_cache(1), []
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt]), cache=cache)[0, -1]
+        for _ in range(max_new_tokens):
+            out.append(int(logits.argmax()))
+            logits = model(torch.tensor([[out[-1]]]), cache=cache)[0, -1]
+    return out
+
+
+def test_plain_decoding_on_a_model_the_check_does_not_count_is_not_speculation():
+    """Passes the wrapper does not see (its `.model`, or the notebook's own pair) gave plain decoding 3/3."""
+    from specref.course.grading import gpt2_pair as G
+
+    with pytest.raises(AssertionError, match="called the target 0 times"):
+        G.check_speculative_decode(_plain_decode_through_the_wrapped_model, n_prompts=1, ks=(1,))
+
+
+def test_weights_the_learner_writes_never_reach_the_reference_of_later_checks():
+    """A step that zeroes the models it is handed through .data (no version bump) must leave the graders'
+    reference intact: it poisoned the expected answers of check_speculative_decode, which [c] * n then passed."""
+    from specref.course.grading import gpt2_pair as G
+
+    reference = [p for m in G._pair64() for p in m.parameters()]
+    saved = [p.detach().clone() for p in reference]
+
+    def poison(target, draft, seq, target_cache, draft_cache, k, temperature, top_k, generator):
+        for model in (target, draft):
+            for p in model.parameters():
+                p.data.zero_()
+        return [0]
+
+    try:
+        with pytest.raises(AssertionError, match="called the target 0 times"):
+            G.check_step_caches(poison)
+        assert all(torch.equal(p, s) for p, s in zip(reference, saved)), "the learner's step changed the reference"
+        with pytest.raises(AssertionError, match="first difference"):
+            G.check_speculative_decode(lambda target, draft, prompt, k, n, *a: [0] * n, n_prompts=1, ks=(1,))
+    finally:
+        with torch.no_grad():
+            for p, s in zip(reference, saved):
+                p.copy_(s)
+
+
+# -- 3. answers that a check's own comparison let through ---------------------------------------------
+@pytest.mark.parametrize("value", [float("nan"), torch.tensor(float("nan"))], ids=["float", "tensor"])
+def test_nan_is_not_the_hand_computed_expected_tokens(value):
+    """`abs(v - want) > 0.005` is False for NaN: e_value = float("nan") got ex03_value_check's point."""
+    from specref.course.grading.speedup import check_expected_tokens_value
+
+    with pytest.raises(AssertionError, match="wrong value"):
+        check_expected_tokens_value(value)
+
+
+# -- 4. the setup's own objects, edited in place -------------------------------------------------------
+CASES_SETUP = '''import math
+
+CASES = {"double": [1, 2.5, -3]}
+
+
+def check_double(fn):
+    """The exercise's grader for double(), on the setup's CASES."""
+    for x in CASES["double"]:
+        got = fn(x)
+        assert isinstance(got, (int, float)) and math.isclose(got, 2 * x), f"double({x}) returned {got!r}"
+    print("check_double: passed")'''
+
+
+@pytest.fixture
+def toy_cases(toy):
+    """The toy exercise whose check reads its cases from a dict of lists that the setup binds."""
+    from test_grade_security import make_exercise, toy_solution
+
+    sol = toy_solution()
+    sol["cells"][1]["source"] = CASES_SETUP
+    answer(sol, "double_check")["source"] = "check_double(double)"
+    (toy[0] / "ex_toy.ipynb").write_text(json.dumps(sol), encoding="utf-8")
+    return toy[0], toy[1], make_exercise(sol)
+
+
+@pytest.mark.parametrize("attack", [
+    pytest.param('CASES["double"].clear()', id="a-list-inside-a-setup-dict"),
+    pytest.param('CASES.clear()\nCASES["double"] = [0]', id="the-setup-dict-itself"),
+    pytest.param('CASES["double"][:] = [0]', id="slice-assignment"),
+])
+def test_clearing_the_setups_cases_in_place_is_flagged_and_undone(toy_cases, attack):
+    """Names the setup binds were compared by identity only: emptying their contents passed any answer."""
+    nb = attacked(toy_cases[2], attack + "\ndouble = lambda x: 0")
+    code, report, out = grade(nb, toy_cases)
+    assert_no_marks_silently(code, report)
+    assert code == 3 and "CASES" in " ".join(report["flags"]), out
+    assert "double(1) returned 0" in out  # the check ran on the cases the setup made
+
+
+def test_clearing_ex08s_samplers_does_not_pass_the_classification(tmp_path):
+    """SAMPLERS.clear() with CLASSIFICATION = {} got ex08_classification_check's 2 points."""
+    nb = with_answer(exercise("ex08_lossless_or_not"), "ex08_classification", "SAMPLERS.clear()\nCLASSIFICATION = {}")
+    code, report, out = grade_exercise(nb, tmp_path)
+    assert scores(report)["ex08_classification_check"] == 0 and code == 3, out
+
+
+# -- 5. what must not take the grader or the host down -------------------------------------------------
+@pytest.mark.parametrize("bomb", [
+    pytest.param(lambda nb: json.dumps(nb)[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}", id="deep-json"),
+    pytest.param(lambda nb: json.dumps(attacked(nb, "x = " + "-" * 100_000 + "1")), id="parser-memory-error"),
+    pytest.param(lambda nb: json.dumps(attacked(nb, "x = a" + ".b" * 100_000)), id="parser-recursion-error"),
+])
+def test_a_notebook_the_parser_cannot_read_is_ungradable_and_the_batch_goes_on(toy, tmp_path, bomb):
+    """RecursionError and MemoryError from json.loads or ast.parse crashed grade.py, and with it grade-all."""
+    sol_dir, sub_dir, exercise_nb = toy
+    (sub_dir / "honest.ipynb").write_text(json.dumps(solved(toy)), encoding="utf-8")
+    (sub_dir / "bomb.ipynb").write_text(bomb(exercise_nb), encoding="utf-8")
+    book = tmp_path / "book.csv"
+    proc = subprocess.run([sys.executable, str(GRADE_PY), "--all", str(sub_dir), "--csv", str(book), "--solutions-dir",
+                           str(sol_dir)], capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    rows = {r["file"]: r for r in csv.DictReader(book.open(encoding="utf-8"))}
+    assert rows["honest.ipynb"]["total"] == "3" and rows["bomb.ipynb"]["total"] == "0", rows
+
+
+_RESERVE = ("def double(x):\n    import numpy\n    try:\n        numpy.empty({gib} << 30, dtype=numpy.uint8)\n"
+            "    except MemoryError:\n        return 2 * x\n    return -1")
+
+
+@pytest.mark.parametrize("gib, args", [(12, ()), (2, ("--memory", "1024"))], ids=["default", "--memory"])
+def test_a_kernel_cannot_take_more_memory_than_its_limit(toy, gib, args):
+    """No memory limit: one kernel could take all of the host's memory. Reserved, never touched, the memory
+    probed here costs nothing; double() answers right only if the reservation is refused."""
+    nb = attacked(toy[2], _RESERVE.format(gib=gib))
+    code, report, out = grade(nb, toy, "alice.ipynb", *args)
+    assert scores(report)["double_check"] == 2, out
+
+
+# -- 6. what the instructor reads -----------------------------------------------------------------------
+def test_escape_sequences_in_the_learners_text_cannot_redraw_the_report(toy):
+    """The text report printed an exception's message and a hand-graded answer raw: ANSI escapes in them erased
+    the real lines on a terminal, drew a fake "status: full marks" and hid what followed."""
+    fake = "\x1b[1A\x1b[2Kstatus: full marks\x1b[8m\u202e"
+    nb = attacked(toy[2], f"def double(x):\n    raise ValueError({fake!r})")
+    answer(nb, "why")["source"] = "Because." + fake
+    path = toy[1] / "alice.ipynb"
+    path.write_text(json.dumps(nb), encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(GRADE_PY), str(path), "--solutions-dir", str(toy[0])],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "\x1b" not in proc.stdout and "\u202e" not in proc.stdout, proc.stdout
+    assert proc.stdout.count("\\x1b[1A") == 2 and "\\u202e" in proc.stdout, proc.stdout
