@@ -67,7 +67,7 @@ def test_bench_drafts_quick_runs_two_drafts_checks_greedy_and_writes_its_results
     assert all(1 <= r["tokens_per_pass"] <= r["k"] + 1 for r in result["runs"])
 
 
-def test_bench_drafts_acceptance_by_position_is_the_conditional_rate():
+def _bench_drafts():
     import importlib.util
     spec = importlib.util.spec_from_file_location("bench_drafts", ROOT / "benchmarks" / "bench_drafts.py")
     bench = importlib.util.module_from_spec(spec)
@@ -76,9 +76,28 @@ def test_bench_drafts_acceptance_by_position_is_the_conditional_rate():
         spec.loader.exec_module(bench)
     finally:
         del sys.modules["bench_drafts"]
+    return bench
+
+
+def test_bench_drafts_acceptance_by_position_is_the_conditional_rate():
+    bench = _bench_drafts()
     # 2 steps accepted 0, 3 accepted 1, 5 accepted all 2: position 1 passed 8 of 10, position 2 passed 5 of 8.
     assert bench.by_position([2, 3, 5]) == [0.8, 0.625]
     assert bench.by_position([4, 0, 0]) == [0.0, None]  # no step reached position 2
+    assert bench.tried([2, 3, 5]) == [10, 8] and bench.tried([4, 0, 0]) == [4, 0]
+
+
+DRAFT_RESULTS = sorted((ROOT / "benchmarks" / "results").glob("drafts_cpu*.json"))
+
+
+@pytest.mark.parametrize("path", DRAFT_RESULTS, ids=[p.name for p in DRAFT_RESULTS])
+def test_stored_draft_results_hold_the_goals_their_runs_give(path):
+    """Every committed bench_drafts file's goal verdicts are what the script's `goals` says of its own runs."""
+    import json
+    bench, result = _bench_drafts(), json.loads(path.read_text())
+    assert result["goals"] == bench.goals(result["runs"], result["target_params"])
+    for r in result["runs"]:
+        assert r["acceptance_by_position"] == bench.by_position(r["accepted_hist"])
 
 
 def test_acceptance_at_step_starts_finds_live_position_1_equal_to_teacher_forcing_at_the_step_starts():

@@ -58,6 +58,25 @@ def test_medusa_shapes_start_and_label_alignment(target):
         torch.testing.assert_close(target.lm_head(lab), target(ids)[:, 1 + i:], rtol=0, atol=1e-12)
 
 
+
+def test_medusa_runs_only_the_heads_it_is_asked_for(target):
+    hs = _hidden(target, _ids())
+    heads = _f64(MedusaHeads(C, 4))
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(0, 0.3, generator=torch.Generator().manual_seed(3))
+    every = heads.logits(hs[-1], target.lm_head)  # [2, 12, 4, V]
+    for n in (1, 2, 4):
+        some = heads.logits(hs[-1], target.lm_head, n)
+        assert some.shape == (2, 12, n, V)
+        torch.testing.assert_close(some, every[:, :, :n], rtol=0, atol=1e-12)
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match="n"):
+            heads(hs[-1], bad)
+    with pytest.raises(TypeError, match="n"):
+        heads(hs[-1], 2.0)
+
+
 def test_eagle_inputs_read_feature_t_token_t_plus_1_position_t_plus_1(target):
     ids = _ids()
     hs = _hidden(target, ids)

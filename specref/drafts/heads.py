@@ -149,14 +149,18 @@ class MedusaHeads(nn.Module):
         self.weight = nn.Parameter(torch.zeros(n_heads, n_embd, n_embd))  # [n, C_in, C_out]
         self.bias = nn.Parameter(torch.zeros(n_heads, n_embd))  # [n, C]
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, n_heads, C]
+    def forward(self, h: torch.Tensor, n: int | None = None) -> torch.Tensor:  # [B, T, C] -> [B, T, n, C]
+        """Heads 0 .. n-1 (all when n is None) on every row of h; a head never reads another's output."""
         h = _check_features("h", h, self.n_embd)
-        z = torch.einsum("btc,ncd->btnd", h, self.weight) + self.bias  # [B, T, n, C]
+        n = self.n_heads if n is None else check_int("n", n, 1, f"heads to run (at most {self.n_heads})")
+        if n > self.n_heads:
+            raise ValueError(f"n must be at most n_heads = {self.n_heads}, got {n}")
+        z = torch.einsum("btc,ncd->btnd", h, self.weight[:n]) + self.bias[:n]  # [B, T, n, C]
         return h[:, :, None, :] + F.silu(z)
 
-    def logits(self, h: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:  # [B, T, C] -> [B, T, n_heads, V]
-        """``lm_head(forward(h))``: head i's logits at row t are for token ``x_{t+2+i}``."""
-        return lm_head(self(h))
+    def logits(self, h: torch.Tensor, lm_head: nn.Module, n: int | None = None) -> torch.Tensor:  # -> [B, T, n, V]
+        """``lm_head(forward(h, n))``: head i's logits at row t are for token ``x_{t+2+i}``; only heads 0 .. n-1 run."""
+        return lm_head(self(h, n))
 
 
 # -- EAGLE -----------------------------------------------------------------------------------
@@ -555,7 +559,8 @@ def load_heads(path: Any, device: torch.device | str | None = None,
     if "config" not in meta:
         raise ValueError(f"{path} has no head-set config in its metadata (not written by save_heads)")
     config = HeadsConfig.from_dict(json.loads(meta["config"]))
-    module = build_heads(config)
+    with torch.random.fork_rng(devices=[]):  # the random init is overwritten: leave the caller's global RNG alone
+        module = build_heads(config)
     module.load_state_dict(load_file(str(path)))
     return module.to(device=device, dtype=dtype).eval(), config
 

@@ -64,7 +64,7 @@ class MedusaDraft(FeatureDraft, ChainOrTreeDraft):
             return None  # a one-token prompt: nothing scored yet (all rows share the prompt length)
         (f_t,) = self.gather(t[:, None].to(self.feature_lengths.device))  # [B, 1, C]
         self.passes += 1
-        return self.heads.logits(f_t, self.target.lm_head)[:, 0, :n]  # [B, n, V]: head i -> x_{t+2+i}
+        return self.heads.logits(f_t, self.target.lm_head, n)[:, 0]  # [B, n, V]: head i -> x_{t+2+i}; only n run
 
     @torch.no_grad()
     def propose_chain(
