@@ -8,6 +8,8 @@ exercises/ to the solutions/ they come from.
 
 from __future__ import annotations
 
+import ast
+import re
 import sys
 from pathlib import Path
 
@@ -267,3 +269,74 @@ def test_committed_exercises_are_generated_from_the_solutions():
 def test_every_graded_cell_passes_on_the_solution_and_fails_on_the_stub(solution):
     problems = grading_selfcheck.self_check(solution)
     assert problems == [], "\n".join(problems)
+
+
+# -- a learner who runs the exercise top to bottom ------------------------------------------
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp, ast.SetComp,
+           ast.DictComp, ast.GeneratorExp)
+
+
+def _top_level(node: ast.AST):
+    """The nodes of one cell's own scope: nested functions, classes and comprehensions are not entered."""
+    for child in ast.iter_child_nodes(node):
+        yield child
+        if not isinstance(child, _SCOPES):
+            yield from _top_level(child)
+
+
+def _bound(tree: ast.Module) -> set[str]:
+    """The names a cell binds in the notebook's namespace."""
+    names = set()
+    for n in _top_level(tree):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            names.add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in n.names)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            names.add(n.name)
+    return names
+
+
+def unbound_reads(exercise, solution) -> list[str]:
+    """Names an exercise's code cell reads at top level that no cell up to it binds: NameErrors to be.
+
+    An answer cell counts as binding what its solution binds, where the exercise's text up to that cell names it
+    (the learner is asked for `beta`); a helper only a solution region defines, and the text never asks for,
+    is unbound in the learner's copy.
+    """
+    import builtins
+
+    known, problems, text = set(dir(builtins)), [], ""
+    for i, (cell, sol) in enumerate(zip(exercise.cells, solution.cells)):
+        text += "\n" + cell.source
+        if cell.cell_type != "code":
+            continue
+        tree = ast.parse(cell.source)
+        known |= _bound(tree)
+        if cell.metadata.get("nbgrader", {}).get("solution"):
+            known |= {n for n in _bound(ast.parse(sol.source)) if re.search(rf"\b{re.escape(n)}\b", text)}
+        reads = {n.id for n in _top_level(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        problems += [f"cell {i} reads {name!r}, which no cell up to it defines" for name in sorted(reads - known)]
+    return problems
+
+
+def test_unbound_reads_finds_a_name_only_a_solution_region_defined():
+    sol = toy_solution()
+    sol.cells.insert(3, new_code_cell("def helper(x):\n    return x\n### BEGIN SOLUTION\ndef extra():\n    return 1\n"
+                                      "### END SOLUTION", metadata=nbgrader("helper", 0, True, graded=False)))
+    sol.cells.append(new_code_cell("print(helper(answer), extra())"))
+    assert unbound_reads(sol, sol) == []  # the solution defines both
+    assert unbound_reads(make_exercise(sol), sol) == [f"cell {len(sol.cells) - 1} reads 'extra', which no cell up "
+                                                      "to it defines"]
+    sol.cells[3].source = "# extra: a helper you write\n" + sol.cells[3].source  # now the exercise asks for it
+    assert unbound_reads(make_exercise(sol), sol) == []
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=[p.stem for p in SOLUTIONS])
+def test_every_name_an_exercise_reads_is_defined_by_then_without_the_solutions(solution):
+    """A learner who fills in the answers and runs the exercise from the top meets no NameError: no cell outside
+    the answers uses a helper that only a solution region defined (nor a name a later cell defines)."""
+    sol = nbformat.read(solution, as_version=4)
+    assert unbound_reads(make_exercise(sol, solution.name), sol) == []

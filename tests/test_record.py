@@ -7,7 +7,7 @@ import torch
 
 from specref import PromptLookupDraft, generate, load_draft, load_pair
 from specref.course.widgets import draft_steps_widget, format_steps
-from specref.decoding.record import RecordedStep, record_generation
+from specref.decoding.record import RecordedStep, acceptance_by_position, record_generation
 from specref.drafts import ModelDraft
 from specref.models.pair import heldout_prompts
 
@@ -118,3 +118,42 @@ def test_the_k_slider_ends_at_the_chosen_drafts_max_k(pair):
     assert torch.equal(w.output, generate(target, ids[None], 12, temperature=0))
     w.draft_dropdown.value = "model"
     assert w.k_slider.max == 8 and w.k_slider.value == mtp.max_k
+
+
+def _step(drafts, n_accepted):
+    return RecordedStep(0, list(drafts), n_accepted, list(drafts[:n_accepted]) + [9])
+
+
+def test_acceptance_by_position_counts_the_steps_that_reach_each_position():
+    steps = [_step([1, 2, 3], 0), _step([1, 2, 3], 1), _step([1, 2, 3], 3), _step([1, 2, 3], 2),
+             _step([4], 1),  # k shrank at the end of the budget: reaches position 1 only
+             _step([], 0)]  # no drafts: reaches nothing
+    # position 1: 5 steps drafted it, 4 kept it; position 2: the 3 full steps that kept 1, 2 kept it; position 3: 2, 1
+    assert acceptance_by_position(steps, 3) == [(4, 5), (2, 3), (1, 2)]
+    assert acceptance_by_position(steps, 4) == [(4, 5), (2, 3), (1, 2), (0, 0)]
+    assert acceptance_by_position(steps, 1) == [(4, 5)]
+    assert acceptance_by_position([], 2) == [(0, 0), (0, 0)]
+
+
+@pytest.mark.parametrize("kind", ["model", "medusa"])
+def test_acceptance_by_position_agrees_with_the_loops_own_counts(pair, kind):
+    target, small, _ = pair
+    draft = ModelDraft(small) if kind == "model" else load_draft("medusa", target)
+    k = 4
+    _, steps, stats = record_generation(target, draft, torch.tensor(heldout_prompts(1, 32)), k, 40)
+    counts = acceptance_by_position(steps, k)
+    assert sum(a for a, _ in counts) == stats.accepted  # every accepted draft sits at exactly one position
+    assert counts[0][1] == sum(1 for s in steps if s.drafts)
+    # Over the steps that drafted all k, position i is reached by the steps that kept >= i - 1 (the loop's histogram).
+    full = acceptance_by_position([s for s in steps if len(s.drafts) == k], k)
+    hist = stats.accepted_hist.tolist()
+    assert full == [(sum(hist[i:]), sum(hist[i - 1:])) for i in range(1, k + 1)]
+
+
+def test_acceptance_by_position_rejects_bad_input():
+    with pytest.raises(ValueError, match="k"):
+        acceptance_by_position([_step([1], 1)], 0)
+    with pytest.raises(TypeError, match="RecordedStep"):
+        acceptance_by_position([(1, 2)], 2)
+    with pytest.raises(TypeError, match="RecordedStep"):
+        acceptance_by_position(_step([1], 1), 2)

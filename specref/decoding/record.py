@@ -94,3 +94,23 @@ def _steps(calls: list[tuple[str, object, object]], tokens: list[int]) -> list[R
     ends = [s for s, _ in starts[1:]] + [len(tokens)]
     return [RecordedStep(start, drafts, n - start, tokens[start:end])
             for (start, drafts), n, end in zip(starts, valid, ends)]
+
+
+def acceptance_by_position(steps: list[RecordedStep], k: int) -> list[tuple[int, int]]:
+    """(accepted, reached) at draft position i = 1..k: a step reaches i when it drafted >= i and kept 1..i-1.
+
+    accepted / reached is P(draft i accepted | drafts 1..i-1 were), the conditional acceptance
+    of chapter 5. A step that drafted fewer than i tokens (k shrinks at the end of a budget)
+    does not reach i; a step with no drafts reaches nothing.
+    """
+    k = check_int("k", k, 1, "draft positions")
+    if not isinstance(steps, (list, tuple)) or not all(isinstance(s, RecordedStep) for s in steps):
+        raise TypeError("steps must be a list of RecordedStep (from record_generation)")
+    counts = [[0, 0] for _ in range(k)]
+    for s in steps:
+        for i in range(1, min(k, len(s.drafts)) + 1):
+            if s.n_accepted < i - 1:
+                break
+            counts[i - 1][1] += 1
+            counts[i - 1][0] += s.n_accepted >= i
+    return [(a, r) for a, r in counts]

@@ -1,0 +1,100 @@
+"""Grader for exercise 5's second part: acceptance by draft position, counted from recorded steps.
+
+The learner writes acceptance_by_position(steps, k) -> [(accepted, reached)] for positions
+1..k over `specref.decoding.record.RecordedStep` lists (the rule of
+`specref.decoding.record.acceptance_by_position`), then uses it to measure why Medusa's later
+positions accept less than EAGLE's. It is graded on random step lists, with steps whose k
+shrank and steps without drafts among them; the learner gets a fresh copy of each list.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from ...decoding.record import RecordedStep, acceptance_by_position
+from .report import _call, _fail, _passed
+
+Counter = Callable[[list[RecordedStep], int], object]
+
+
+def _as_counts(out: object, k: int) -> list[tuple[int, int]] | None:
+    """The learner's answer as k (accepted, reached) pairs of plain ints, or None when it is not that."""
+    if isinstance(out, torch.Tensor):
+        if out.is_floating_point() or out.is_complex() or out.dtype == torch.bool or tuple(out.shape) != (k, 2):
+            return None
+        out = out.tolist()
+    if not isinstance(out, (list, tuple)) or len(out) != k:
+        return None
+    pairs = []
+    for pair in out:
+        if isinstance(pair, torch.Tensor):
+            pair = pair.tolist() if pair.dim() == 1 and not pair.is_floating_point() else None
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            return None
+        if any(isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) for x in pair):
+            return None
+        pairs.append((int(pair[0]), int(pair[1])))
+    return pairs
+
+
+def _random_steps(rng: random.Random, k: int) -> list[RecordedStep]:
+    """A generation's worth of steps: mostly k drafts, some fewer (the budget's end), some none."""
+    steps, start = [], 16
+    for _ in range(rng.randint(0, 14)):
+        m = k if rng.random() < 0.8 else rng.randint(0, k)
+        drafts = [rng.randrange(50) for _ in range(m)]
+        n = min(m, int(rng.expovariate(0.6))) if m else 0
+        emitted = drafts[:n] + [rng.randrange(50)]
+        steps.append(RecordedStep(start, drafts, n, emitted))
+        start += len(emitted)
+    return steps
+
+
+def _cases(n_cases: int, seed: int) -> list[tuple[list[RecordedStep], int]]:
+    """(steps, k): a worked example, then random generations."""
+    worked = [RecordedStep(10, [1, 2, 3], 0, [7]), RecordedStep(11, [4, 5, 6], 3, [4, 5, 6, 8]),
+              RecordedStep(15, [1, 2, 3], 1, [1, 9]), RecordedStep(17, [3], 1, [3, 2])]
+    cases = [(worked, 3), ([], 2)]
+    rng = random.Random(seed)
+    while len(cases) < n_cases:
+        k = rng.randint(1, 6)
+        cases.append((_random_steps(rng, k), k))
+    return cases[:n_cases]
+
+
+def _hint(steps: list[RecordedStep], k: int, got: list[tuple[int, int]]) -> str:
+    every = [(sum(s.n_accepted >= i for s in steps), sum(1 for s in steps if s.drafts)) for i in range(1, k + 1)]
+    if got == every:
+        return ("position i is reached only by steps that kept drafts 1..i-1: count those as `reached`, "
+                "not every step (the acceptance is conditional).")
+    return ("a step reaches position i when it drafted at least i tokens and accepted drafts 1..i-1 "
+            "(n_accepted >= i - 1); of those, it accepts i when n_accepted >= i.")
+
+
+def _show(steps: list[RecordedStep]) -> str:
+    return "[" + ", ".join(f"(drafts={s.drafts}, n_accepted={s.n_accepted})" for s in steps[:6]) + \
+        (", ...]" if len(steps) > 6 else "]")
+
+
+def check_acceptance_counts(fn: Counter, n_cases: int = 100, seed: int = 0) -> None:
+    """Grade acceptance_by_position(steps, k) against the reference on recorded-step lists."""
+    g = "check_acceptance_counts"
+    for n, (steps, k) in enumerate(_cases(n_cases, seed), 1):
+        where = f"wrong answer on case {n} of {n_cases}."
+        inputs = [f"steps = {_show(steps)} ({len(steps)} steps)", f"k = {k}"]
+        want = acceptance_by_position(steps, k)
+        arg = copy.deepcopy(steps)
+        out = _call(g, where, inputs, fn, arg, k)
+        if arg != steps:
+            raise _fail(g, where, inputs, "your function changed `steps`; read them, do not edit them.")
+        got = _as_counts(out, k)
+        if got is None:
+            raise _fail(g, where, inputs + [f"got {out!r}"], f"return a list of {k} (accepted, reached) pairs of ints.")
+        if got != want:
+            raise _fail(g, where, inputs + [f"expected {want}", f"got      {got}"], _hint(steps, k, got))
+    _passed(g, f"{n_cases} step lists, counts equal the reference")
