@@ -267,3 +267,20 @@ def test_escape_sequences_in_the_learners_text_cannot_redraw_the_report(toy):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "\x1b" not in proc.stdout and "\u202e" not in proc.stdout, proc.stdout
     assert proc.stdout.count("\\x1b[1A") == 2 and "\\u202e" in proc.stdout, proc.stdout
+
+
+def test_an_endless_line_on_the_result_channel_cannot_grow_the_graders_memory():
+    """The channel keeps at most max_bytes of an unfinished line; a longer one is dropped, counted once, and skipped
+    to its end, and the events around it still arrive."""
+    sys.path.insert(0, str(REPO / "tools"))
+    import grade
+
+    lines, rest, skipping, over = grade._split_events(b"", b'{"a"}\n{"b', False, max_bytes=8)
+    assert (lines, rest, skipping, over) == ([b'{"a"}'], b'{"b', False, 0)
+    lines, rest, skipping, over = grade._split_events(rest, b"x" * 20, skipping, max_bytes=8)  # no newline: a flood
+    assert (lines, rest, skipping, over) == ([], b"", True, 1)
+    for _ in range(1000):  # the flood goes on: nothing is kept, nothing counted again
+        lines, rest, skipping, over = grade._split_events(rest, b"y" * 4096, skipping, max_bytes=8)
+        assert (lines, rest, skipping, over) == ([], b"", True, 0)
+    lines, rest, skipping, over = grade._split_events(rest, b'zz\n{"c"}\n{"d', skipping, max_bytes=8)
+    assert (lines, rest, skipping, over) == ([b'{"c"}'], b'{"d', False, 0)  # the flood's end, then events again

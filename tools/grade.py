@@ -66,6 +66,7 @@ DEFAULT_HIDDEN_SEED = 1  # what the solutions' setup cells set HIDDEN_SEED to (a
 CELL_TIMEOUT_S = 180
 RUN_TIMEOUT_S = 1800  # one submission, all of its tests together
 MEMORY_MB = 8192  # one kernel's private memory (RLIMIT_DATA); the largest exercise (ex04) peaks near 450 MB
+MAX_EVENT_BYTES = 1 << 20  # a signed event is a short JSON line; a longer "line" is a flood, never an event
 EXIT_FULL, EXIT_FAILED, EXIT_UNGRADABLE, EXIT_REVIEW = 0, 1, 2, 3
 STATUS = {EXIT_FULL: "full marks", EXIT_FAILED: "some checks failed", EXIT_UNGRADABLE: "could not be graded",
           EXIT_REVIEW: "NEEDS REVIEW"}
@@ -502,13 +503,39 @@ def _feed(proc: subprocess.Popen, data: bytes) -> None:
         pass
 
 
+def _split_events(buf: bytes, chunk: bytes, skipping: bool,
+                  max_bytes: int = MAX_EVENT_BYTES) -> tuple[list[bytes], bytes, bool, int]:
+    """Whole lines of the result channel in buf + chunk; the rest stays buffered, but never more than max_bytes.
+
+    A line that grows past max_bytes is dropped as it arrives (counted once in `overlong`) and the channel
+    skips to its end, so a kernel that writes one endless line cannot grow the grader's memory.
+    Returns (lines, rest, skipping, overlong).
+    """
+    buf += chunk
+    lines, overlong = [], 0
+    while True:
+        if skipping:
+            end = buf.find(b"\n")
+            if end < 0:
+                return lines, b"", True, overlong
+            buf, skipping = buf[end + 1:], False
+        end = buf.find(b"\n")
+        if end < 0:
+            break
+        lines.append(buf[:end])
+        buf = buf[end + 1:]
+    if len(buf) > max_bytes:
+        return lines, b"", True, overlong + 1
+    return lines, buf, False, overlong
+
+
 def _collect(proc, plan: bytes, r: int, secret: bytes, cells: list[dict], cell_timeout: float, deadline: float,
              log: Path) -> KernelRun:
     import threading
     threading.Thread(target=_feed, args=(proc, plan), daemon=True).start()
     roles = {c["n"]: c for c in cells}
     run = KernelRun()
-    buf, current, started = b"", None, time.monotonic()
+    buf, skipping, current, started = b"", False, None, time.monotonic()
     errors: list[str] = []
     forged = 0
     done = False
@@ -529,9 +556,9 @@ def _collect(proc, plan: bytes, r: int, secret: bytes, cells: list[dict], cell_t
         chunk = os.read(r, 1 << 16)
         if not chunk:
             break
-        buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
+        lines, buf, skipping, overlong = _split_events(buf, chunk, skipping)
+        forged += overlong
+        for line in lines:
             event = _verify(line, secret)
             if event is None:
                 forged += 1
