@@ -284,3 +284,17 @@ def test_an_endless_line_on_the_result_channel_cannot_grow_the_graders_memory():
         assert (lines, rest, skipping, over) == ([], b"", True, 0)
     lines, rest, skipping, over = grade._split_events(rest, b'zz\n{"c"}\n{"d', skipping, max_bytes=8)
     assert (lines, rest, skipping, over) == ([b'{"c"}'], b'{"d', False, 0)  # the flood's end, then events again
+
+
+@pytest.mark.parametrize("source", [
+    "import torch\ntorch.nn.modules.module.register_module_forward_hook(lambda m, i, o: o * 0)",
+    "from torch.nn.modules.module import register_module_forward_pre_hook\nregister_module_forward_pre_hook(print)",
+    "import torch\ntorch.nn.modules.module.register_module_full_backward_hook(print)",
+], ids=["forward-hook", "from-import-pre-hook", "backward-hook"])
+def test_hooks_on_every_module_at_once_are_flagged_before_they_run(source):
+    """A global module hook would rewrite every model's outputs, the reference's included: the scan names it."""
+    sys.path.insert(0, str(REPO / "tools"))
+    import grade_scan
+
+    found = grade_scan.scan(source)
+    assert any(f.kind == "interference" and "register_module_" in f.text for f in found), found

@@ -38,7 +38,12 @@ RISKY_ATTRS = {"load", "save", "loadtxt", "savetxt", "fromfile", "tofile", "memm
                # typing.get_type_hints evaluates string annotations, and so does singledispatch's register()
                "get_field", "get_type_hints", "singledispatch", "singledispatchmethod",
                # writes through .data bypass a tensor's version counter, which is how the grader sees in-place edits
-               "data"}
+               "data",
+               # hooks on every module at once (torch.nn.modules.module): they would rewrite the reference's outputs
+               "register_module_forward_hook", "register_module_forward_pre_hook",
+               "register_module_full_backward_hook", "register_module_full_backward_pre_hook",
+               "register_module_backward_hook", "register_module_module_registration_hook",
+               "register_module_parameter_registration_hook", "register_module_buffer_registration_hook"}
 # Modules that the allowed ones hand out as attributes (torch.sys, torch.os, torch.builtins, dataclasses.builtins,
 # enum.bltns, typing.types, re.copyreg, ...): reaching one is importing it. Every standard-library module an
 # answer may not import, but for the names of tensor and array methods, and a few aliases and packages.
