@@ -41,6 +41,7 @@ import torch
 
 from specref import generate, load_draft, load_pair, lookahead_generate, speculative_generate, tree_generate
 from specref.decoding.loop import sync
+from specref.decoding.record import counts_from_histogram
 from specref.drafts import DynamicTree, ModelDraft, TreeModelDraft, TreeShape
 from specref.drafts.base import TreeDraft
 from specref.drafts.heads import load_bundled_heads
@@ -209,17 +210,14 @@ def make_workloads(n_prompts: int, prompt_tokens: int, dev) -> dict[str, list[to
 MIN_TRIED = 20  # a draft position's acceptance is compared only when at least this many steps tried it
 
 
-def tried(hist: list[int] | np.ndarray) -> list[int]:
-    """Steps that tried draft position i = 1..k (accepted 1..i-1), from the accepted-count histogram [k + 1]."""
-    h = np.asarray(hist, dtype=np.int64)
-    return [int(h[i - 1:].sum()) for i in range(1, len(h))]
-
-
 def by_position(hist: list[int] | np.ndarray) -> list[float | None]:
     """Acceptance at draft position i = 1..k: P(accepted >= i | accepted >= i - 1), from the accepted-count histogram."""
-    h = np.asarray(hist, dtype=np.float64)
-    reached = h[::-1].cumsum()[::-1]  # reached[i] = steps with at least i accepted
-    return [float(reached[i] / reached[i - 1]) if reached[i - 1] else None for i in range(1, len(h))]
+    return [a / r if r else None for a, r in counts_from_histogram(hist)]
+
+
+def tried(hist: list[int] | np.ndarray) -> list[int]:
+    """Steps that tried draft position i = 1..k (accepted 1..i-1), from the accepted-count histogram [k + 1]."""
+    return [r for _, r in counts_from_histogram(hist)]
 
 
 _SUMMED = ("target_passes", "draft_passes", "steps", "proposed", "examined", "accepted", "emitted",

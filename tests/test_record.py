@@ -7,7 +7,7 @@ import torch
 
 from specref import PromptLookupDraft, generate, load_draft, load_pair
 from specref.course.widgets import draft_steps_widget, format_steps
-from specref.decoding.record import RecordedStep, acceptance_by_position, record_generation
+from specref.decoding.record import RecordedStep, acceptance_by_position, counts_from_histogram, record_generation
 from specref.drafts import ModelDraft
 from specref.models.pair import heldout_prompts
 
@@ -147,7 +147,8 @@ def test_acceptance_by_position_agrees_with_the_loops_own_counts(pair, kind):
     # Over the steps that drafted all k, position i is reached by the steps that kept >= i - 1 (the loop's histogram).
     full = acceptance_by_position([s for s in steps if len(s.drafts) == k], k)
     hist = stats.accepted_hist.tolist()
-    assert full == [(sum(hist[i:]), sum(hist[i - 1:])) for i in range(1, k + 1)]
+    assert full == counts_from_histogram(hist)
+    assert counts_from_histogram([2, 3, 5]) == [(8, 10), (5, 8)]  # by hand
 
 
 def test_acceptance_by_position_rejects_bad_input():

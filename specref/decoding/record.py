@@ -114,3 +114,15 @@ def acceptance_by_position(steps: list[RecordedStep], k: int) -> list[tuple[int,
             counts[i - 1][1] += 1
             counts[i - 1][0] += s.n_accepted >= i
     return [(a, r) for a, r in counts]
+
+
+def counts_from_histogram(hist: object) -> list[tuple[int, int]]:
+    """(accepted, reached) at positions 1..k from steps counted by drafts accepted (`SpecStats.accepted_hist`, [k + 1]).
+
+    For steps that all drafted k tokens this equals `acceptance_by_position`: position i is reached by the
+    steps that accepted at least i - 1 drafts and accepted by those that accepted at least i.
+    """
+    h = [int(x) for x in hist]
+    if any(x < 0 for x in h):
+        raise ValueError(f"hist must hold step counts >= 0, got {h}")
+    return [(sum(h[i:]), sum(h[i - 1:])) for i in range(1, len(h))]
