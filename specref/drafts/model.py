@@ -12,6 +12,9 @@ from .base import Draft, TreeDraft, draw
 from .shapes import DynamicTree, TreeShape, grow_trees
 
 
+FIRST_CACHE_LEN = 32  # the draft cache's first size in tokens per row; it doubles as rows grow
+
+
 class ModelDraft(Draft):
     """A smaller language model as draft: k autoregressive steps with its own KV cache.
 
@@ -30,7 +33,9 @@ class ModelDraft(Draft):
         self.fed: torch.Tensor | None = None  # [B]
 
     def begin(self, batch_size: int) -> None:
-        self.cache = self.model.new_cache(batch_size)
+        # Small at first, grown as the rows do (`_room`): a batch of thousands would otherwise hold the
+        # whole window from the start (1 GB at B = 2,000 in float64 for the bundled 1-layer draft's 256).
+        self.cache = self.model.new_cache(batch_size, max_len=min(FIRST_CACHE_LEN, self.model.config.n_positions))
         self.fed = torch.zeros(batch_size, dtype=torch.long, device=self.model.device)
 
     @torch.no_grad()
@@ -59,6 +64,7 @@ class ModelDraft(Draft):
                 qs.append(q)
             drafts.append(x)
             if i < k - 1:  # the last draft is never fed: the target scores it
+                self._room(1)
                 logits = self.model(x[:, None], cache=self.cache)[:, -1]
         self.fed = lengths + (k - 1)
         x = torch.stack(drafts, 1)  # [B, k]
@@ -84,8 +90,13 @@ class ModelDraft(Draft):
         width = int((lengths - self.fed).max().clamp(min=1))
         start = lengths - width  # [B]
         self.cache.truncate(start)
+        self._room(width)
         chunk = tokens.gather(1, start[:, None] + torch.arange(width, device=tokens.device))  # [B, width]
         return self.model(chunk, cache=self.cache, logits_to_keep=1)[:, -1]
+
+    def _room(self, n_new: int) -> None:
+        """Grow the cache, if it must, to take `n_new` more tokens in every row (at most the model's window)."""
+        self.cache.reserve(int(self.cache.lengths.max()) + n_new, limit=self.model.config.n_positions)
 
     def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
         if self.fed is None:
@@ -155,6 +166,7 @@ class TreeModelDraft(ModelDraft, TreeDraft):
                 index.append([need.index(n) for n in f])
             self.cache.truncate(context)
             mask, pos = stack_tree_masks(subtrees, (context - 1).tolist(), with_root=False)  # [B, T, T], [B, T]
+            self._room(pos.shape[1])
             self.cache.check_room(pos.shape[1], "the draft tree")
             ids = torch.zeros(pos.shape, dtype=torch.long, device=dev)
             for b, s in enumerate(subtrees):

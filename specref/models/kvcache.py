@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .._validate import check_int
+
 
 class KVCache:
     """Per-layer keys and values, ``k[layer]`` and ``v[layer]`` of shape ``[B, n_head, max_len, head_dim]``.
@@ -105,6 +107,25 @@ class KVCache:
             raise ValueError(f"new_lengths must satisfy 0 <= new_lengths <= lengths={self.lengths.tolist()}, "
                              f"got {new.tolist()}")
         self.lengths = new
+
+    def reserve(self, n_slots: int, limit: int) -> None:
+        """Grow the storage to hold ``n_slots`` tokens per sequence (doubling, at most ``limit``); contents kept.
+
+        For caches allocated small and grown as decoding goes (a draft's), so that a large
+        batch does not hold the model's whole window from the start. Past ``limit`` it
+        stops growing, and the model's own room check reports the overflow.
+        """
+        n_slots = check_int("n_slots", n_slots, 0, "cache slots per sequence")
+        limit = check_int("limit", limit, 1, "the most cache slots per sequence")
+        if n_slots <= self.max_len or self.max_len >= limit:
+            return
+        new_len = min(max(n_slots, 2 * self.max_len), limit)
+        used = int(self.lengths.max())  # slots past every length are stale: no need to copy them
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            grown = old.new_zeros(old.shape[:3] + (new_len, old.shape[4]))  # [L, B, H, new_len, D]
+            grown[:, :, :, :used] = old[:, :, :, :used]
+            setattr(self, name, grown)
 
     def check_room(self, n_new: int, what: str) -> None:
         """Raise unless every sequence can take `n_new` more tokens (`what` names them in the message)."""

@@ -1,0 +1,110 @@
+"""A draft's KV cache starts small and grows as the rows do (`KVCache.reserve`), with no change in what it computes.
+
+Before, `ModelDraft.begin` allocated the draft model's whole window for every row: 1 GB at B = 2,000 in
+float64 for the bundled 1-layer draft (notebook 04's distribution test, which needs 22 of its 256
+slots). The tests here start the cache at 3 slots, so that every decode below grows it several times,
+and require the same tokens, greedy and sampled, chains and trees, as a cache allocated at full size.
+Only the sampled runs can flag a cache that loses its contents as it grows (greedy output is the
+target's whatever the draft proposes): without the copy in `reserve` they fail.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specref.drafts.model as draft_module
+from specref.decoding.chain import generate, speculative_generate
+from specref.decoding.tree import tree_generate
+from specref.drafts.model import ModelDraft, TreeModelDraft
+from specref.models.kvcache import KVCache
+
+from model_factory import noisy_copy, small_gpt2
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = small_gpt2(vocab=40, n_embd=32, n_layer=2, seed=11, n_positions=64, scale=2.0)
+    return target, noisy_copy(target, noise=0.3, seed=12)
+
+
+def _prompts(B: int, T: int = 5) -> torch.Tensor:
+    return torch.randint(0, 40, (B, T), generator=torch.Generator().manual_seed(B))
+
+
+def test_reserve_keeps_the_cached_tokens_and_lengths_and_the_model_continues_exactly(pair):
+    target, _ = pair
+    ids = _prompts(3, 12)
+    full = target.new_cache(3)  # the whole window
+    small = target.new_cache(3, max_len=7)
+    with torch.no_grad():
+        target(ids[:, :7], cache=full)
+        target(ids[:, :7], cache=small)
+        small.truncate(torch.tensor([7, 5, 6]))
+        full.truncate(torch.tensor([7, 5, 6]))
+        small.reserve(12, limit=target.config.n_positions)
+        assert small.max_len == 14  # doubled: more than asked for, so growth is rare
+        assert small.lengths.tolist() == [7, 5, 6]
+        rest = ids[:, 7:]
+        assert torch.equal(target(rest, cache=small), target(rest, cache=full))
+    assert torch.equal(small.k[:, :, :, :12], full.k[:, :, :, :12])
+
+
+def test_reserve_stops_at_its_limit_and_does_nothing_when_there_is_room(pair):
+    target, _ = pair
+    cache = target.new_cache(2, max_len=8)
+    k = cache.k
+    cache.reserve(8, limit=64)
+    assert cache.k is k  # room enough: nothing reallocated
+    cache.reserve(9, limit=10)
+    assert cache.max_len == 10
+    cache.reserve(40, limit=10)
+    assert cache.max_len == 10
+    with torch.no_grad(), pytest.raises(ValueError, match="max_len=10"):
+        target(torch.zeros((2, 11), dtype=torch.long), cache=cache)  # past the limit: the model's own check
+
+
+@pytest.mark.parametrize("n_slots, limit, error", [(-1, 8, ValueError), (2.0, 8, TypeError), (4, 0, ValueError),
+                                                   (4, True, TypeError)])
+def test_reserve_refuses_bad_arguments(n_slots, limit, error):
+    cache = KVCache(1, 1, 1, 2, 4)
+    with pytest.raises(error, match="n_slots|limit"):
+        cache.reserve(n_slots, limit=limit)
+
+
+def test_begin_allocates_only_the_first_size():
+    model = small_gpt2(vocab=40, n_embd=16, n_layer=1, seed=1, n_positions=1024)
+    draft = ModelDraft(model)
+    draft.begin(4)
+    assert draft.cache.max_len == draft_module.FIRST_CACHE_LEN < model.config.n_positions
+
+
+@pytest.mark.parametrize("B", [1, 4])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_chain_draft_grown_from_3_slots_gives_the_same_tokens_as_a_full_cache(pair, monkeypatch, B, temperature):
+    target, draft_model = pair
+    ids = _prompts(B)
+    runs, full = {}, draft_module.FIRST_CACHE_LEN
+    for first in (full, 3):
+        monkeypatch.setattr(draft_module, "FIRST_CACHE_LEN", first)
+        draft = ModelDraft(draft_model)
+        runs[first], _ = speculative_generate(target, draft, ids, k=4, max_new_tokens=40, temperature=temperature,
+                                              generator=torch.Generator().manual_seed(5))
+        assert draft.cache.max_len >= 40  # it grew (3, 6, 12, 24, 48)
+    assert torch.equal(runs[3], runs[full])
+    if temperature == 0:
+        assert torch.equal(runs[3], generate(target, ids, 40, temperature=0))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_tree_draft_grown_from_3_slots_gives_the_same_tokens_as_a_full_cache(pair, monkeypatch, temperature):
+    target, draft_model = pair
+    ids = _prompts(2)
+    runs, full = {}, draft_module.FIRST_CACHE_LEN
+    for first in (full, 3):
+        monkeypatch.setattr(draft_module, "FIRST_CACHE_LEN", first)
+        runs[first], _ = tree_generate(target, TreeModelDraft(draft_model), ids, (3, 2, 2), max_new_tokens=30,
+                                       temperature=temperature, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(runs[3], runs[full])
+    if temperature == 0:
+        assert torch.equal(runs[3], generate(target, ids, 30, temperature=0))
