@@ -9,6 +9,7 @@ from the output. Nothing in the loop is changed or copied.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -116,7 +117,7 @@ def acceptance_by_position(steps: list[RecordedStep], k: int) -> list[tuple[int,
     return [(a, r) for a, r in counts]
 
 
-def counts_from_histogram(hist: object) -> list[tuple[int, int]]:
+def counts_from_histogram(hist: Iterable[int]) -> list[tuple[int, int]]:
     """(accepted, reached) at positions 1..k from steps counted by drafts accepted (`SpecStats.accepted_hist`, [k + 1]).
 
     For steps that all drafted k tokens this equals `acceptance_by_position`: position i is reached by the

@@ -121,11 +121,13 @@ class KVCache:
             return
         new_len = min(max(n_slots, 2 * self.max_len), limit)
         used = int(self.lengths.max())  # slots past every length are stale: no need to copy them
-        for name in ("k", "v"):
-            old = getattr(self, name)
-            grown = old.new_zeros(old.shape[:3] + (new_len, old.shape[4]))  # [L, B, H, new_len, D]
-            grown[:, :, :, :used] = old[:, :, :, :used]
-            setattr(self, name, grown)
+
+        def grown(t: torch.Tensor) -> torch.Tensor:  # [L, B, H, max_len, D] -> [L, B, H, new_len, D]
+            out = t.new_zeros(t.shape[:3] + (new_len, t.shape[4]))
+            out[:, :, :, :used] = t[:, :, :, :used]
+            return out
+
+        self.k, self.v = grown(self.k), grown(self.v)
 
     def check_room(self, n_new: int, what: str) -> None:
         """Raise unless every sequence can take `n_new` more tokens (`what` names them in the message)."""
