@@ -8,7 +8,9 @@ assumes v = 1), the refined prediction E / (v + c k), measured / refined, and
 two shares of the speculative wall time: "rule" (the acceptance rule, part of
 v) and "loop" (the loop's own bookkeeping, in no prediction).
 Goals: measured / refined >= 0.9 (the loop adds little overhead beyond the
-passes and the rule); best-k greedy speedup >= 1.5x on CPU.
+passes and the rule); best-k greedy speedup >= 1.5x on CPU; a step that proposes
+nothing (`NoDraft`: every step a plain one, through the loop) costs <= 1.10x a
+plain decoding token (the loop's fixed cost per step).
 
     python benchmarks/bench_speculative.py [--device cuda] [--prompts 8] [--new-tokens 128]
 """
@@ -17,12 +19,40 @@ from __future__ import annotations
 
 import argparse
 
+import time
+
 import torch
 
+from specref.decoding.chain import generate, speculative_generate
+from specref.decoding.loop import sync
+from specref.drafts import NoDraft
 from specref.perf.measure import plain_time, speculative_run
 from specref.models.pair import load_pair
 from specref.models.pair import heldout_prompts
 from specref.perf.machine import machine_name
+
+
+def nothing_proposed_ratio(target: torch.nn.Module, prompts: list[torch.Tensor], max_new_tokens: int,
+                           temperature: float, repeats: int = 3) -> float:
+    """Time of speculative decoding with `NoDraft` (plain steps through the loop) over plain decoding's.
+
+    Interleaved prompt by prompt, `repeats` times, so that the host's drift hits both alike.
+    """
+    spent = {"plain": 0.0, "empty": 0.0}
+    runs = {"plain": lambda ids, g: generate(target, ids, max_new_tokens, temperature=temperature, generator=g),
+            "empty": lambda ids, g: speculative_generate(target, NoDraft(target.config.vocab_size, target.dtype), ids,
+                                                         k=1, max_new_tokens=max_new_tokens, temperature=temperature,
+                                                         generator=g)}
+    for _ in range(repeats):
+        for i, ids in enumerate(prompts):
+            for name, run in runs.items():
+                g = torch.Generator(device=target.device).manual_seed(i)
+                sync(target.device)
+                t0 = time.perf_counter()
+                run(ids, g)
+                sync(target.device)
+                spent[name] += time.perf_counter() - t0
+    return spent["empty"] / spent["plain"]
 
 
 def main() -> None:
@@ -55,6 +85,9 @@ def main() -> None:
         name = "greedy" if temperature == 0 else f"temperature {temperature:g}"
         print(f"\n{name}: plain decoding {base:.2f} s ({args.prompts * args.new_tokens / base:.0f} tokens/s, "
               f"{base / (args.prompts * args.new_tokens) * 1e3:.2f} ms per token)")
+        empty = nothing_proposed_ratio(target, prompts, args.new_tokens, temperature)
+        print(f"steps that propose nothing (NoDraft): {empty:.3f}x plain decoding's time per token, interleaved "
+              f"(goal <= 1.10x: {'met' if empty <= 1.10 else 'NOT met'})")
         print(" k  alpha  tok/step    c     v(k)  speedup  predicted  refined  measured/refined  rule  loop")
         best, runs = None, []
         for k in args.k:

@@ -33,6 +33,8 @@ def test_bench_speculative_prints_one_row_per_k_and_both_goal_lines():
     rows = re.findall(r"^ ?(\d) +[01]\.\d{3} +\d+\.\d\d", out, flags=re.M)
     assert rows == ["1", "3", "1", "3"], out  # greedy, then temperature 1
     assert out.count("measured / refined:") == 2 and "goal >= 1.5x greedy" in out
+    assert len(re.findall(r"^steps that propose nothing \(NoDraft\): \d+\.\d{3}x plain decoding's time per token, "
+                          r"interleaved \(goal <= 1\.10x: (met|NOT met)\)$", out, flags=re.M)) == 2, out
 
 
 def test_bench_tree_prints_every_configuration_and_greedy_outputs_are_identical():

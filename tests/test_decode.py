@@ -197,9 +197,10 @@ class _BrokenDraft(ModelDraft):
 @pytest.mark.parametrize(
     "damage,temperature,match",
     [
-        (lambda x, q: (x[:, :-1], q), 1.0, r"\[B, k\]"),
+        (lambda x, q: (torch.cat([x, x[:, :1]], 1), q), 0.0, r"\[B, k'\] tensor of token ids with B = 1 and k' <= k"),
+        (lambda x, q: (x[:, :-1], q), 1.0, r"q of shape \[B, k', V\] = \[1, 2, 64\] \(k' = the tokens it proposed"),
         (lambda x, q: (x + 1000, q), 0.0, "outside the vocabulary"),
-        (lambda x, q: (x, q[:, :, :-1]), 1.0, r"q of shape \[B, k, V\]"),
+        (lambda x, q: (x, q[:, :, :-1]), 1.0, r"q of shape \[B, k', V\]"),
         (lambda x, q: (x, torch.full_like(q, float("nan"))), 1.0, "NaN"),
         (lambda x, q: (x, 2 * q), 1.0, "sum to 1"),
     ],

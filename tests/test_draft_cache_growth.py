@@ -13,10 +13,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+import specref.drafts.eagle as eagle_module
 import specref.drafts.model as draft_module
 from specref.decoding.chain import generate, speculative_generate
 from specref.decoding.tree import tree_generate
+from specref.drafts.eagle import EagleDraft
+from specref.drafts.heads import EagleLayer
 from specref.drafts.model import ModelDraft, TreeModelDraft
+from specref.drafts.shapes import DynamicTree
 from specref.models.kvcache import KVCache
 
 from model_factory import noisy_copy, small_gpt2
@@ -108,3 +112,75 @@ def test_a_tree_draft_grown_from_3_slots_gives_the_same_tokens_as_a_full_cache(p
     assert torch.equal(runs[3], runs[full])
     if temperature == 0:
         assert torch.equal(runs[3], generate(target, ids, 30, temperature=0))
+
+
+# -- EagleDraft's one-layer cache grows the same way ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def eagle_layer():
+    torch.manual_seed(13)  # tests may seed the global RNG; library code never does
+    return EagleLayer(32, 2, (2,), True).double().eval()
+
+
+def _eagle_runs(pair, eagle_layer, monkeypatch, decode) -> dict[int, torch.Tensor]:
+    """{first cache size: decode(draft)} for the full first size and for 3 slots; the caches' contents must agree.
+
+    A random layer's q hardly depends on what its cache attends to, so the tokens alone
+    would not notice a cache that lost its contents as it grew: its K/V entries are compared too.
+    """
+    target, _ = pair
+    runs, caches, full = {}, {}, eagle_module.FIRST_CACHE_LEN
+    for first in (full, 3):
+        monkeypatch.setattr(eagle_module, "FIRST_CACHE_LEN", first)
+        draft = EagleDraft(target, eagle_layer)
+        runs[first] = decode(draft)
+        caches[first] = draft.cache
+        assert draft.cache.max_len >= 24  # it grew from 3
+    grown, whole = caches[3], caches[full]
+    assert torch.equal(grown.lengths, whole.lengths)
+    for b, n in enumerate(grown.lengths.tolist()):
+        for a, w in ((grown.k, whole.k), (grown.v, whole.v)):
+            torch.testing.assert_close(a[:, b, :, :n], w[:, b, :, :n], atol=1e-12, rtol=0)
+    return runs
+
+
+@pytest.mark.parametrize("B", [1, 4])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_an_eagle_chain_grown_from_3_slots_gives_the_same_tokens_as_a_full_cache(pair, eagle_layer, monkeypatch, B,
+                                                                                  temperature):
+    target, _ = pair
+    ids = _prompts(B)
+    runs = _eagle_runs(pair, eagle_layer, monkeypatch, lambda d: speculative_generate(
+        target, d, ids, k=4, max_new_tokens=40, temperature=temperature,
+        generator=torch.Generator().manual_seed(7))[0])
+    assert torch.equal(runs[3], runs[eagle_module.FIRST_CACHE_LEN])
+    if temperature == 0:
+        assert torch.equal(runs[3], generate(target, ids, 40, temperature=0))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_an_eagle_tree_grown_from_3_slots_gives_the_same_tokens_as_a_full_cache(pair, eagle_layer, monkeypatch,
+                                                                                 temperature):
+    target, _ = pair
+    ids = _prompts(2)
+    spec = DynamicTree(8, max_depth=4, top_k=3, beam=2)
+    runs = _eagle_runs(pair, eagle_layer, monkeypatch, lambda d: tree_generate(
+        target, d, ids, spec, max_new_tokens=30, temperature=temperature,
+        generator=torch.Generator().manual_seed(8))[0])
+    assert torch.equal(runs[3], runs[eagle_module.FIRST_CACHE_LEN])
+    if temperature == 0:
+        assert torch.equal(runs[3], generate(target, ids, 30, temperature=0))
+
+
+def test_make_room_grows_to_the_longest_row_plus_the_new_tokens(pair):
+    target, _ = pair
+    cache = target.new_cache(2, max_len=4)
+    target(torch.tensor([[1, 2, 3], [4, 5, 6]]), cache=cache)
+    cache.truncate(torch.tensor([3, 1]))
+    cache.make_room(2, limit=64)  # 3 + 2 > 4: doubled to 8
+    assert cache.max_len == 8 and cache.lengths.tolist() == [3, 1]
+    cache.make_room(5, limit=64)  # 3 + 5 fits
+    assert cache.max_len == 8
+    with pytest.raises(ValueError, match="n_new must be >= 0"):
+        cache.make_room(-1, limit=64)

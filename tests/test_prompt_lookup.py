@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from model_factory import TINY_VOCAB, exact_first_two, small_gpt2, tiny_pair
+from model_factory import TINY_VOCAB, exact_first_two, sample_first_two, small_gpt2, tiny_pair
 from specref.checks.montecarlo import distribution_test
 from specref.decoding.chain import generate, speculative_generate, speculative_step
 from specref.decoding.loop import Sequences, SpecStats, prefill
@@ -92,6 +92,29 @@ def test_for_target_takes_the_targets_vocabulary_and_dtype():
     assert _propose(draft, [[1, 2, 1]], 2)[1].dtype == torch.float64
 
 
+# -- on_miss="skip": nothing proposed when no row matches ---------------------------------------------
+
+
+def test_skip_proposes_nothing_when_no_row_matches():
+    draft = PromptLookupDraft(10, on_miss="skip")
+    x, q = _propose(draft, [[1, 2, 3], [4, 5]], 3)
+    assert x == [[], []] and tuple(q.shape) == (2, 0, 10)
+
+
+def test_skip_proposes_in_every_row_when_one_row_matches():
+    # Row 0 matches ("1 2" -> 3); row 1 misses and repeats its last token, as "repeat" would.
+    rows = [[1, 2, 3, 1, 2], [4, 5]]
+    skip, _ = _propose(PromptLookupDraft(10, on_miss="skip"), rows, 3)
+    assert skip == _propose(PromptLookupDraft(10), rows, 3)[0] == [[3, 1, 2], [5, 5, 5]]
+
+
+def test_skip_counts_a_miss_by_min_ngram():
+    # "2" occurred before (-> 9), but no earlier "3 2": a miss at min_ngram = 2, a match at 1.
+    rows = [[2, 9, 3, 2]]
+    assert _propose(PromptLookupDraft(10, min_ngram=1, on_miss="skip"), rows, 2)[0] == [[9, 3]]
+    assert _propose(PromptLookupDraft(10, min_ngram=2, on_miss="skip"), rows, 2)[0] == [[]]
+
+
 # -- speculative decoding with it is exact -----------------------------------------------------------
 
 
@@ -115,6 +138,16 @@ def test_greedy_speculative_equals_greedy_target(target, greedy_runs, k):
         got, stats = speculative_generate(target, draft, ids, k=k, max_new_tokens=80, temperature=0)
         assert torch.equal(got, expected), f"B={ids.shape[0]}, k={k}"
         assert 0 < stats.acceptance_rate < 1, "drafts should be partly right, so both paths run"
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_greedy_speculative_with_skip_equals_greedy_target(target, greedy_runs, k):
+    # min_ngram = 2 misses often on these streams, so steps that propose and steps that skip both run.
+    draft = PromptLookupDraft.for_target(target, min_ngram=2, on_miss="skip")
+    for ids, expected in greedy_runs:
+        got, stats = speculative_generate(target, draft, ids, k=k, max_new_tokens=80, temperature=0)
+        assert torch.equal(got, expected), f"B={ids.shape[0]}, k={k}"
+        assert 0 < stats.proposed < k * stats.steps, f"B={ids.shape[0]}: every step proposed, or none did"
 
 
 @pytest.fixture(scope="module")
@@ -165,6 +198,28 @@ def test_sampled_first_two_tokens_follow_the_target(prompt, k, params):
     exact = exact_first_two(target, prompt, params)
     counts = _sample_first_two(target, PromptLookupDraft.for_target(target), prompt, k, params, seed=30 + k)
     assert distribution_test(exact, counts=counts).passed
+
+
+# [1, 2, 3] misses, so the first step skips and x1 is the target's own draw; the second step
+# proposes in the rows where x1 is 1, 2 or 3 (which then match) and repeats x1 in the others.
+# A third token is generated so that the second step may still draft one (k shrinks near the end).
+SKIP_PROMPT = [1, 2, 3]
+
+
+def test_sampled_first_two_tokens_follow_the_target_with_skip():
+    target, _ = tiny_pair()
+    params = SamplingParams(1.0)
+    draft = PromptLookupDraft.for_target(target, on_miss="skip")
+    counts = sample_first_two(target, draft, SKIP_PROMPT, 2, params, seed=41, n=N_RUNS, max_new_tokens=3)
+    assert distribution_test(exact_first_two(target, SKIP_PROMPT, params), counts=counts).passed
+
+
+def test_negative_control_with_skip_a_q_other_than_the_drafts_is_flagged():
+    target, _ = tiny_pair()
+    params = SamplingParams(1.0)
+    draft = _SmoothedQDraft.for_target(target, on_miss="skip")
+    counts = sample_first_two(target, draft, SKIP_PROMPT, 2, params, seed=41, n=N_RUNS, max_new_tokens=3)
+    assert distribution_test(exact_first_two(target, SKIP_PROMPT, params), counts=counts).p_value < 1e-6
 
 
 class _SmoothedQDraft(PromptLookupDraft):
@@ -220,6 +275,7 @@ def test_after_a_rollback_proposals_equal_a_fresh_drafts(target, temperature):
         (dict(max_ngram=2.0), TypeError, "max_ngram"),
         (dict(min_ngram=True), TypeError, "min_ngram"),
         (dict(dtype=torch.long), TypeError, "dtype"),
+        (dict(on_miss="never"), ValueError, "on_miss must be 'repeat'"),
     ],
 )
 def test_bad_constructor_arguments_are_rejected(kwargs, error, match):

@@ -81,7 +81,7 @@ def generate(
 class ChainStep:
     """What one `speculative_step` did (rows that were already done keep nothing)."""
 
-    drafts: torch.Tensor  # [B, k] the proposed tokens
+    drafts: torch.Tensor  # [B, k] the proposed tokens (k: what the draft proposed, 0 included)
     q: torch.Tensor  # [B, k, V] the draft's distributions (one-hot when greedy)
     logits: torch.Tensor  # [B, k+1, V] the target's pass: row i scores the token after x_1..x_i
     out: torch.Tensor  # [B, k+1] accepted drafts, then the correction or bonus (later entries unused)
@@ -106,17 +106,19 @@ def speculative_step(
     """One speculative step for every unfinished row: draft k, one target pass, accept left to right, commit.
 
     Near the end of the budget or the context window k shrinks, so nothing is drafted
-    that could never be emitted (the last token always comes from the target).
+    that could never be emitted (the last token always comes from the target). A draft
+    may also propose fewer than k tokens, none included (`PromptLookupDraft(on_miss="skip")`
+    when nothing matches); the step verifies what it got, and with none it is a plain step.
     """
     typical = as_acceptance(acceptance)
     stats = SpecStats(k=check_int("k", k, 1, "k drafted tokens per step")) if stats is None else stats
     dev, B, V = seqs.tokens.device, seqs.batch_size, target.config.vocab_size
     k = max(0, min(k, seqs.room() - 1, target.config.n_positions - max(seqs.lengths_h)))
-    # 1. Draft: k tokens per row, with the q each was drawn from.
+    # 1. Draft: k tokens per row (or fewer, the same number in every row), with the q each was drawn from.
     with timed(stats, "time_draft", dev):
-        drafts, q = draft.propose(seqs.tokens, seqs.lengths, k, params, generator)  # [B, k], [B, k, V]
+        drafts, q = draft.propose(seqs.tokens, seqs.lengths, k, params, generator)  # [B, k'], [B, k', V]
+    k = check_proposal(drafts, q, B, k, V, params.greedy)  # k' <= k: from here on, k is what was proposed
     stats.draft_passes += k
-    check_proposal(drafts, q, B, k, V, params.greedy)
     # 2. One target pass over [last token, x_1..x_k]: p_1..p_{k+1} (and its features, for a draft that reads them).
     with timed(stats, "time_target", dev):
         ids = torch.cat([seqs.last_tokens(), drafts], 1)  # [B, k+1]
@@ -126,13 +128,16 @@ def speculative_step(
     # 3. Accept or reject left to right, then one token from the target: a correction or the bonus.
     with timed(stats, "time_verify", dev):
         check_logits(logits, params)
-        if typical is not None:  # LOSSY: q is ignored
+        if k == 0:  # nothing proposed (no room, or a draft that declined): the target's own token
+            out, n_acc = _plain_token(logits[:, 0], params, generator)[:, None], [0] * B  # [B, 1]
+        elif typical is not None:  # LOSSY: q is ignored
             out, n_acc = typical.verify(drafts, params.probs_unchecked(logits), generator)
         elif params.greedy:
             out, n_acc = _verify_chain_greedy(drafts, logits)  # [B, k+1], [B]
         else:  # check_proposal checked q
             out, n_acc = _verify_chain(drafts, q, params.probs_unchecked(logits), generator, None)
-        n_acc = n_acc.tolist()  # waits for the rule to finish
+        if k:
+            n_acc = n_acc.tolist()  # waits for the rule to finish
     # 4. Commit the kept tokens; roll both caches back to context + accepted drafts.
     if features is not None:  # the pass covered positions lengths - 1 ..; rollback keeps the accepted ones
         draft.observe(features, seqs.lengths - 1)
@@ -141,6 +146,12 @@ def speculative_step(
     cache.lengths = seqs.lengths - 1  # as the model itself moves them: no check, no read back
     draft.rollback(n_valid)
     return ChainStep(drafts, q, logits, out, n_acc, kept, scored)
+
+
+def _plain_token(logits: torch.Tensor, params: SamplingParams,
+                 generator: torch.Generator | None) -> torch.Tensor:  # [B, V] -> [B]
+    """The argmax when greedy, else one draw from p: the k = 0 case of the rule (the same uniform it would use)."""
+    return logits.argmax(-1) if params.greedy else _sample(params.probs_unchecked(logits), generator)
 
 
 def _count(stats: SpecStats, n_acc: list[int], kept: list[int], k: int) -> None:

@@ -180,17 +180,23 @@ def check_pair(target: torch.nn.Module, draft: object) -> None:
                          f"(indices 0..{n_hidden - 1}): it was built for another target")
 
 
-def check_proposal(drafts: object, q: object, B: int, k: int, V: int, greedy: bool) -> None:  # [B, k], [B, k, V]
-    """A draft's proposal must be k token ids per row and, when sampling, k distributions q per row."""
-    if not isinstance(drafts, torch.Tensor) or tuple(drafts.shape) != (B, k):
-        raise ValueError(f"the draft must propose a [B, k] = [{B}, {k}] tensor of token ids, "
+def check_proposal(drafts: object, q: object, B: int, k: int, V: int, greedy: bool) -> int:  # [B, k'], [B, k', V]
+    """A proposal must be k' <= k token ids per row (the same k' in every row) and, when sampling, k' q's per row.
+
+    Returns k'. A draft may propose fewer tokens than asked, none included (prompt lookup when
+    nothing matches); the step then verifies the k' it got.
+    """
+    if not (isinstance(drafts, torch.Tensor) and drafts.dim() == 2 and drafts.shape[0] == B and drafts.shape[1] <= k):
+        raise ValueError(f"the draft must propose a [B, k'] tensor of token ids with B = {B} and k' <= k = {k}, "
                          f"got {tuple(getattr(drafts, 'shape', ())) or type(drafts).__name__}")
+    n = drafts.shape[1]
     check_tokens("draft tokens", drafts, V)
     if not greedy:
-        if not isinstance(q, torch.Tensor) or tuple(q.shape) != (B, k, V):
-            raise ValueError(f"the draft must return q of shape [B, k, V] = [{B}, {k}, {V}], "
-                             f"got {tuple(getattr(q, 'shape', ())) or type(q).__name__}")
+        if not isinstance(q, torch.Tensor) or tuple(q.shape) != (B, n, V):
+            raise ValueError(f"the draft must return q of shape [B, k', V] = [{B}, {n}, {V}] (k' = the tokens it "
+                             f"proposed), got {tuple(getattr(q, 'shape', ())) or type(q).__name__}")
         check_probs("the draft's q", q)
+    return n
 
 
 def check_logits(logits: torch.Tensor, params: SamplingParams) -> None:  # [..., V]

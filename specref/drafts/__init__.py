@@ -6,10 +6,11 @@ growing a tree; `prompt_lookup.PromptLookupDraft` copies what followed the conte
 last few tokens earlier in the buffer; `shapes` holds the tree shapes (`TreeShape`, `DynamicTree`) and
 `grow_trees`. `features.FeatureDraft` keeps the target's hidden states that the loop hands to a
 draft reading them (`Draft.feature_layers`, `observe`); `eagle.EagleDraft` drafts the next feature
-with one layer on them (EAGLE-1/2/3). New drafts go here.
+with one layer on them (EAGLE-1/2/3). `base.NoDraft` proposes nothing (plain steps through the
+loop). New drafts go here.
 """
 
-from .base import ChainOrTreeDraft, Draft, TreeDraft
+from .base import ChainOrTreeDraft, Draft, NoDraft, TreeDraft
 from .eagle import EagleDraft
 from .features import FeatureDraft
 from .load import load_draft
@@ -28,6 +29,7 @@ __all__ = [
     "MTPDraft",
     "MedusaDraft",
     "ModelDraft",
+    "NoDraft",
     "PromptLookupDraft",
     "TreeDraft",
     "TreeModelDraft",

@@ -75,8 +75,12 @@ class Draft(ABC):
         k: int,
         params: SamplingParams,
         generator: torch.Generator | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # draft tokens [B, k], q [B, k, V]
-        """Propose k tokens after each sequence, with the distribution q each was drawn from."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # draft tokens [B, k'], q [B, k', V]
+        """Propose k' <= k tokens after each sequence (k' the same in every row), with the q each was drawn from.
+
+        Most drafts propose all k; one with nothing worth proposing may return fewer, none
+        included (the step then verifies only those, and with none it is a plain decoding step).
+        """
 
     @abstractmethod
     def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
@@ -164,3 +168,28 @@ class ChainOrTreeDraft(TreeDraft):
         max_nodes: int | None = None,
     ) -> list[Tree]:
         """One tree per row after its context, at most max_depth deep and max_nodes large."""
+
+
+class NoDraft(Draft):
+    """Proposes nothing, ever: every step is a plain one (the loop's own cost, next to `generate`'s)."""
+
+    def __init__(self, vocab_size: int, dtype: torch.dtype = torch.float32) -> None:
+        self.vocab_size = check_int("vocab_size", vocab_size, 1, "the target's vocabulary")
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating-point torch.dtype for q, got {dtype!r}")
+        self.dtype = dtype
+        self.batch_size: int | None = None
+
+    def begin(self, batch_size: int) -> None:
+        self.batch_size = check_int("batch_size", batch_size, 1, "sequences in the batch")
+
+    def propose(self, tokens: torch.Tensor, lengths: torch.Tensor, k: int, params: SamplingParams,
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # [B, 0], [B, 0, V]
+        if self.batch_size is None:
+            raise RuntimeError("call begin(batch_size) before propose")
+        B = self.batch_size
+        return (torch.zeros((B, 0), dtype=torch.long, device=tokens.device),
+                torch.zeros((B, 0, self.vocab_size), dtype=self.dtype, device=tokens.device))
+
+    def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
+        pass  # no state

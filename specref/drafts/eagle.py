@@ -41,6 +41,7 @@ from ..trees import ROOT, Tree, stack_tree_masks
 from .base import ChainOrTreeDraft, draw
 from .features import FeatureDraft, check_features_fit
 from .heads import EagleLayer, HeadsConfig, embed, load_bundled_heads
+from .model import FIRST_CACHE_LEN
 from .shapes import DynamicTree, TreeShape, as_tree_spec, grow_trees
 
 
@@ -94,7 +95,8 @@ class EagleDraft(FeatureDraft, ChainOrTreeDraft):
     # -- state -------------------------------------------------------------------------------
     def begin(self, batch_size: int) -> None:
         super().begin(batch_size)
-        self.cache = self.layer.new_cache(batch_size, max_len=self.target.config.n_positions)
+        # Small at first and grown as the rows do (`_rows`), as `ModelDraft`'s cache is.
+        self.cache = self.layer.new_cache(batch_size, max_len=min(FIRST_CACHE_LEN, self.target.config.n_positions))
         self.fed = torch.zeros(batch_size, dtype=torch.long, device=self.target.device)
 
     def observe(self, features: tuple[torch.Tensor, ...], starts: torch.Tensor) -> None:  # ([B, T, C], ...), [B]
@@ -112,6 +114,7 @@ class EagleDraft(FeatureDraft, ChainOrTreeDraft):
               mask: torch.Tensor | None = None) -> torch.Tensor:  # g [B, W, C], tokens [B, W], rows [B, W] -> [B, W, C]
         """One layer pass: row rows[b, w] reads g[b, w], token tokens[b, w] (= x_{s+1}) at position s + 1."""
         tok, pos = embed(self.target, tokens, rows + 1)
+        cache.make_room(tokens.shape[1], limit=self.target.config.n_positions)
         self.passes += 1
         return self.layer(g, tok, pos, cache=cache, attention_mask=mask)
 
@@ -222,6 +225,7 @@ class EagleDraft(FeatureDraft, ChainOrTreeDraft):
                 index.append([nodes.index(n) for n in f])
             self.cache.truncate(context)
             mask, rows = stack_tree_masks(subtrees, (context - 1).tolist(), with_root=False)  # [B, W, W], [B, W]
+            self.cache.make_room(rows.shape[1], limit=self.target.config.n_positions)
             self.cache.check_room(rows.shape[1], "the draft tree")
             W = rows.shape[1]
             g = f_root[:, None].repeat(1, W, 1)  # [B, W, C]; padding entries read the root's output

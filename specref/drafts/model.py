@@ -96,7 +96,7 @@ class ModelDraft(Draft):
 
     def _room(self, n_new: int) -> None:
         """Grow the cache, if it must, to take `n_new` more tokens in every row (at most the model's window)."""
-        self.cache.reserve(int(self.cache.lengths.max()) + n_new, limit=self.model.config.n_positions)
+        self.cache.make_room(n_new, limit=self.model.config.n_positions)
 
     def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
         if self.fed is None:

@@ -129,6 +129,10 @@ class KVCache:
 
         self.k, self.v = grown(self.k), grown(self.v)
 
+    def make_room(self, n_new: int, limit: int) -> None:
+        """Grow, if it must, so that every sequence can take ``n_new`` more tokens (`reserve`, at most ``limit``)."""
+        self.reserve(int(self.lengths.max()) + check_int("n_new", n_new, 0, "new tokens per sequence"), limit)
+
     def check_room(self, n_new: int, what: str) -> None:
         """Raise unless every sequence can take `n_new` more tokens (`what` names them in the message)."""
         longest = int(self.lengths.max())
