@@ -4,8 +4,11 @@ Before, `ModelDraft.begin` allocated the draft model's whole window for every ro
 float64 for the bundled 1-layer draft (notebook 04's distribution test, which needs 22 of its 256
 slots). The tests here start the cache at 3 slots, so that every decode below grows it several times,
 and require the same tokens, greedy and sampled, chains and trees, as a cache allocated at full size.
-Only the sampled runs can flag a cache that loses its contents as it grows (greedy output is the
-target's whatever the draft proposes): without the copy in `reserve` they fail.
+Only the sampled runs can flag a draft's cache that loses its contents as it grows (greedy output is the
+target's whatever the draft proposes): without the copy in `reserve` they fail. The target's caches in
+`tree_generate` and lookahead decoding are sized to the run (prompt, new tokens and one pass's tree or
+window) and grow through the same `reserve` if a pass needs more: the last tests start them at the
+prompt's length, so that every pass must grow them, and require the same tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 import specref.drafts.eagle as eagle_module
 import specref.drafts.model as draft_module
 from specref.decoding.chain import generate, speculative_generate
+from specref.decoding.lookahead import lookahead_generate
 from specref.decoding.tree import tree_generate
 from specref.drafts.eagle import EagleDraft
 from specref.drafts.heads import EagleLayer
@@ -184,3 +188,56 @@ def test_make_room_grows_to_the_longest_row_plus_the_new_tokens(pair):
     assert cache.max_len == 8
     with pytest.raises(ValueError, match="n_new must be >= 0"):
         cache.make_room(-1, limit=64)
+
+
+# -- the target's cache in tree_generate and lookahead: sized to the run, grown if a pass needs more ------------
+
+
+def _target_cache_from(monkeypatch, target, first: int) -> list:
+    """Make the target's next caches start at `first` slots per row; returns the caches it hands out."""
+    made, real = [], type(target).new_cache
+
+    def small(batch_size, max_len=None, device=None, dtype=None):
+        made.append(real(target, batch_size, max_len=first, device=device, dtype=dtype))
+        return made[-1]
+
+    monkeypatch.setattr(target, "new_cache", small)
+    return made
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_tree_targets_cache_grown_from_the_prompt_gives_the_same_tokens(pair, monkeypatch, temperature):
+    target, draft_model = pair
+    ids = _prompts(2)
+
+    def run():
+        return tree_generate(target, TreeModelDraft(draft_model), ids, (3, 2, 2), max_new_tokens=30,
+                             temperature=temperature, generator=torch.Generator().manual_seed(9))[0]
+
+    sized = run()
+    made = _target_cache_from(monkeypatch, target, ids.shape[1])  # room for the prompt, none for a tree
+    grown = run()
+    monkeypatch.undo()
+    assert made and made[0].max_len >= 5 + 21  # it grew to take context, root and 21 nodes
+    assert torch.equal(grown, sized)
+    if temperature == 0:
+        assert torch.equal(grown, generate(target, ids, 30, temperature=0))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_lookahead_cache_grown_from_the_prompt_gives_the_same_tokens(pair, monkeypatch, temperature):
+    target, _ = pair
+    ids = torch.tensor([[1, 2, 3, 1, 2, 3, 1, 2]])  # repeats: with the prompt in the pool, candidates from the start
+
+    def run():
+        return lookahead_generate(target, ids, max_new_tokens=30, temperature=temperature, window=3, ngram=3,
+                                  guesses=3, pool_from_prompt=True, generator=torch.Generator().manual_seed(10))[0]
+
+    sized = run()
+    made = _target_cache_from(monkeypatch, target, ids.shape[1])
+    grown = run()
+    monkeypatch.undo()
+    assert made and made[0].max_len >= 8 + 1 + 6  # root, window (W (N - 1) = 6) and candidates after the context
+    assert torch.equal(grown, sized)
+    if temperature == 0:
+        assert torch.equal(grown, generate(target, ids, 30, temperature=0))

@@ -330,6 +330,7 @@ def lookahead_step(
                 ids[b, off : off + tries[b].n_nodes] = torch.tensor(tries[b].tokens)
     # 2. One target pass over both branches.
     with timed(stats, "time_target", dev):
+        cache.make_room(pos.shape[1], limit=n_ctx)  # root + window + candidates
         logits = target(ids.to(dev), cache=cache, position_ids=pos.to(dev), attention_mask=mask.to(dev))  # [B, T, V]
     stats.target_passes += 1
     # 3. Verify each trie: p after the root (row 0) and after each trie node.
@@ -414,7 +415,10 @@ def lookahead_generate(
     if max_new_tokens == 0:
         return seqs.tokens, stats
     t_start = time.perf_counter()
-    cache = target.new_cache(input_ids.shape[0])  # the whole window: a pass holds more tokens than it keeps
+    # A pass holds more tokens than it keeps: the run's tokens plus one pass's window and candidates, not the whole
+    # context window for every row (`lookahead_step` grows it should a pass need more).
+    cache = target.new_cache(input_ids.shape[0], max_len=min(n_ctx, input_ids.shape[1] + max_new_tokens
+                                                             + (window + guesses) * (ngram - 1)))
     state.begin(input_ids, pool_from_prompt)
     prefill(target, input_ids, cache, stats)  # the last prompt token is fed as the first root
     while not seqs.done:

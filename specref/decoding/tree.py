@@ -185,6 +185,7 @@ def tree_step(
     stats.draft_passes += draft.passes - passes
     # 2. One target pass over [root, flattened tree] per row (and its features, for a draft that reads them).
     with timed(stats, "time_target", dev):
+        cache.make_room(1 + max(t.n_nodes for t in trees), limit=target.config.n_positions)  # root + nodes
         ids, pos, mask = tree_inputs(target, cache, seqs.last_tokens()[:, 0], trees)  # as `score_tree` does
         logits, features = target_pass(target, draft, ids, cache=cache, position_ids=pos, attention_mask=mask)
     stats.target_passes += 1
@@ -240,7 +241,10 @@ def tree_generate(
     if max_new_tokens == 0:
         return seqs.tokens, stats
     t_start = time.perf_counter()
-    cache = target.new_cache(input_ids.shape[0])
+    # Sized to the run (context, root and a full tree), not the whole window for every row; `tree_step` grows it
+    # if a draft's tree is larger than its shape says.
+    cache = target.new_cache(input_ids.shape[0], max_len=min(target.config.n_positions,
+                                                             input_ids.shape[1] + max_new_tokens + spec.n_nodes))
     drafter.begin(input_ids.shape[0])
     prefill(target, input_ids, cache, stats, drafter)  # the last prompt token is fed as the first root
     while not seqs.done:
