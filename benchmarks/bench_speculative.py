@@ -18,7 +18,6 @@ plain decoding token (the loop's fixed cost per step).
 from __future__ import annotations
 
 import argparse
-
 import time
 
 import torch

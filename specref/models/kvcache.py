@@ -111,8 +111,9 @@ class KVCache:
     def reserve(self, n_slots: int, limit: int) -> None:
         """Grow the storage to hold ``n_slots`` tokens per sequence (doubling, at most ``limit``); contents kept.
 
-        For caches allocated small and grown as decoding goes (a draft's), so that a large
-        batch does not hold the model's whole window from the start. Past ``limit`` it
+        For caches allocated small and grown as decoding goes (the drafts', and the target's in
+        tree and lookahead decoding), so that a large batch does not hold the model's whole
+        window from the start. Past ``limit`` it
         stops growing, and the model's own room check reports the overflow.
         """
         n_slots = check_int("n_slots", n_slots, 0, "cache slots per sequence")
