@@ -15,7 +15,8 @@ tree, the whole window for lookahead), c (time per draft pass the loop counted),
 (draft time per step), v (time per target pass + rule), all in units of plain
 decoding's time per token, the measured speedup over plain decoding (timed in the same
 run, interleaved: each prompt is decoded plainly, then by every k of the sweep) and the
-refined prediction E(alpha, k) / (v + c k) (chains; trees and lookahead:
+refined prediction E(alpha, k) / (v + c k) (chains, E averaged over the steps'
+proposal lengths when some drafted fewer than k: `refined_chain`; trees and lookahead:
 tokens per pass / (v + d)). Greedy outputs are checked against plain greedy decoding.
 Parameters and training minutes come from the heads' record.
 
@@ -234,12 +235,24 @@ _SUMMED = ("target_passes", "draft_passes", "steps", "proposed", "examined", "ac
 def _pool(stats_list: list) -> dict:
     """Sum the counts and times of one k's runs over the prompts (missing fields count 0)."""
     pooled = {f: sum(float(getattr(s, f, 0) or 0) for s in stats_list) for f in _SUMMED}
-    hists = [np.asarray(getattr(s, "accepted_hist", []), dtype=np.int64) for s in stats_list]
-    width = max((len(h) for h in hists), default=0)
-    pooled["accepted_hist"] = sum((np.pad(h, (0, width - len(h))) for h in hists), np.zeros(width, np.int64)).tolist()
+    for name in ("accepted_hist", "proposed_hist"):  # [k + 1] each
+        hists = [np.asarray(getattr(s, name, []), dtype=np.int64) for s in stats_list]
+        width = max((len(h) for h in hists), default=0)
+        pooled[name] = sum((np.pad(h, (0, width - len(h))) for h in hists), np.zeros(width, np.int64)).tolist()
     processed = [getattr(s, "processed", None) for s in stats_list]  # lookahead counts what its passes processed
     pooled["tokens_processed"] = sum(processed) if all(p is not None for p in processed) else None
     return pooled
+
+
+def refined_chain(alpha: float, proposed_hist: list[int], v: float, d: float) -> float:
+    """A chain's refined prediction: E(alpha, k') averaged over the steps' proposal lengths k', over (v + d).
+
+    When every step drafts k this is E(alpha, k) / (v + c k) (d = c k). A draft that sometimes proposes
+    fewer (none, for prompt lookup's "skip" on a miss; fewer near the end of the budget) yields less per
+    step, and costs less, in proportion: E(alpha, 0) = 1 token for a plain step.
+    """
+    e = np.asarray(expected_tokens_per_step(alpha, np.arange(len(proposed_hist))), dtype=np.float64)  # [k + 1]
+    return float(np.average(e, weights=proposed_hist)) / (v + d)
 
 
 def measure(target: torch.nn.Module, runs: dict[str, Callable], prompts: list, ks: dict[str, list[int]], n_new: int,
@@ -283,13 +296,14 @@ def measure(target: torch.nn.Module, runs: dict[str, Callable], prompts: list, k
         d = p["time_draft"] / steps / t_step
         v = (p["time_target"] + p["time_verify"]) / passes / t_step
         if mode == "chain":
-            refined = float(expected_tokens_per_step(alpha, k)) / (v + c * k)
+            refined = refined_chain(alpha, p["proposed_hist"], v, d)
             predicted = float(speedup(alpha, k, c))
         else:
             refined, predicted = tokens / (v + d), None
         results[mode, k] = {
             "k": k, "mode": mode, "temperature": temperature,
             "acceptance_by_position": by_position(p["accepted_hist"]), "accepted_hist": p["accepted_hist"],
+            "proposed_hist": p["proposed_hist"],
             "alpha": alpha, "tokens_per_pass": tokens, "processed_per_pass": processed,
             "draft_passes_per_step": p["draft_passes"] / steps,
             "c": c, "d": d, "v": v, "speedup": plain_t / spec_t[mode, k], "refined": refined, "predicted": predicted,

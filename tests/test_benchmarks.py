@@ -66,6 +66,7 @@ def test_bench_drafts_quick_runs_two_drafts_checks_greedy_and_writes_its_results
     assert {"machine", "torch", "threads", "date", "runs", "goals", "drafts"} <= set(result)
     run = result["runs"][0]
     assert len(run["acceptance_by_position"]) == run["k"] and len(run["accepted_hist"]) == run["k"] + 1
+    assert len(run["proposed_hist"]) == run["k"] + 1 and sum(run["proposed_hist"][1:]) > 0
     assert all(1 <= r["tokens_per_pass"] <= r["k"] + 1 for r in result["runs"])
 
 
@@ -89,6 +90,16 @@ def test_bench_drafts_acceptance_by_position_is_the_conditional_rate():
     assert bench.tried([2, 3, 5]) == [10, 8] and bench.tried([4, 0, 0]) == [4, 0]
 
 
+def test_bench_drafts_refined_chain_averages_the_steps_proposal_lengths():
+    bench = _bench_drafts()
+    from specref import expected_tokens_per_step as E
+    # Every step drafted k = 4: notebook 04's E(alpha, k) / (v + c k), with d = c k.
+    assert bench.refined_chain(0.7, [0, 0, 0, 0, 10], 1.3, 4 * 0.1) == pytest.approx(E(0.7, 4) / (1.3 + 0.4))
+    # Half the steps drafted nothing: each yields one token, and d (per step) already counts them as free.
+    assert bench.refined_chain(0.7, [5, 0, 0, 0, 5], 1.2, 0.2) == pytest.approx((1 + E(0.7, 4)) / 2 / 1.4)
+    assert bench.refined_chain(0.7, [5, 0, 0, 0, 5], 1.2, 0.2) < bench.refined_chain(0.7, [0, 0, 0, 0, 10], 1.2, 0.2)
+
+
 DRAFT_RESULTS = sorted((ROOT / "benchmarks" / "results").glob("drafts_cpu*.json"))
 
 
@@ -100,6 +111,9 @@ def test_stored_draft_results_hold_the_goals_their_runs_give(path):
     assert result["goals"] == bench.goals(result["runs"], result["target_params"])
     for r in result["runs"]:
         assert r["acceptance_by_position"] == bench.by_position(r["accepted_hist"])
+        if r["mode"] == "chain" and "proposed_hist" in r:  # files written before it was recorded assume k per step
+            assert r["refined"] == pytest.approx(bench.refined_chain(r["alpha"], r["proposed_hist"], r["v"], r["d"]),
+                                                 rel=1e-12)
 
 
 def test_acceptance_at_step_starts_finds_live_position_1_equal_to_teacher_forcing_at_the_step_starts():

@@ -61,6 +61,36 @@ def test_greedy_with_shortened_proposals_equals_greedy_target(target, k):
     assert 0 < stats.proposed < k * stats.steps  # some steps drafted fewer than k
 
 
+@pytest.mark.parametrize("batch", [1, 4])
+def test_proposed_hist_counts_every_step_by_what_it_drafted(target, batch):
+    ids = torch.randint(0, 64, (batch, 6), generator=torch.Generator().manual_seed(batch))
+    draft = Shortened(small_gpt2(vocab=64, n_embd=32, n_layer=1, seed=1, scale=20.0))
+    _, stats = speculative_generate(target, draft, ids, k=3, max_new_tokens=30, temperature=0)
+    hist = stats.proposed_hist.tolist()
+    assert sum(hist) == stats.steps and sum(j * n for j, n in enumerate(hist)) == stats.proposed
+    assert all(n > 0 for n in hist), hist  # Shortened cycles through k' = 0, 1, 2, 3
+    assert stats.accepted_hist.sum() == hist[3]  # acceptance by position: only the steps that drafted all k
+    assert stats.as_dict()["proposed_hist"] == hist
+    _, never = speculative_generate(target, NoDraft(64, torch.float32), ids, k=3, max_new_tokens=30)
+    assert never.proposed_hist.tolist() == [never.steps, 0, 0, 0]
+
+
+def test_proposed_hist_records_the_shrunk_last_step():
+    # The target drafts for itself, so greedy accepts every draft: 7 new tokens at k = 4 are one full step
+    # (4 drafts + the bonus), then a step with room for 2 tokens, which drafts only 1.
+    t = small_gpt2(vocab=64, n_embd=32, n_layer=2, seed=0, scale=20.0)
+    _, stats = speculative_generate(t, ModelDraft(t), torch.tensor([[1, 2, 3]]), k=4, max_new_tokens=7,
+                                    temperature=0)
+    assert stats.proposed_hist.tolist() == [0, 1, 0, 0, 1]  # 5 tokens (k = 4), then 2 (k' = 1: one left to draft)
+
+
+def test_stats_made_for_a_smaller_k_grow_their_proposal_histogram():
+    from specref.decoding.loop import SpecStats
+    s = SpecStats(k=1)
+    s.count_proposed(3, 2)
+    assert s.proposed_hist.tolist() == [0, 0, 0, 2]
+
+
 N_RUNS = 30_000
 PROMPT = [1, 2, 3]
 

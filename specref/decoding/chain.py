@@ -155,10 +155,14 @@ def _plain_token(logits: torch.Tensor, params: SamplingParams,
 
 
 def _count(stats: SpecStats, n_acc: list[int], kept: list[int], k: int) -> None:
-    """Count a chain step over the rows it served (kept > 0): k proposed, min(accepted + 1, k) examined."""
+    """Count a chain step over the rows it served (kept > 0): k proposed, min(accepted + 1, k) examined.
+
+    `accepted_hist` counts only steps that drafted the full k; `proposed_hist` counts every step by what it drafted.
+    """
     active = [n for n, m in zip(n_acc, kept) if m]
     examined = sum(min(n + 1, k) for n in active)
     stats.count_step(active, sum(kept), k * len(active), examined, hist=k == stats.k)  # a shrunk k: no histogram
+    stats.count_proposed(k, len(active))  # every served row-step, a shrunk or declined proposal included
 
 
 @torch.no_grad()

@@ -35,6 +35,8 @@ class SpecStats:
     steps: int = 0  # row-steps: one per active sequence per target pass
     accepted_hist: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # [k+1]
     proposed: int = 0  # drafts proposed
+    # [k+1] chain row-steps by the number of drafts proposed (fewer than k near the end, or when a draft declines)
+    proposed_hist: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     examined: int = 0  # drafts the rule looked at: min(accepted + 1, k) per step
     accepted: int = 0
     emitted: int = 0
@@ -47,6 +49,8 @@ class SpecStats:
         check_int("k", self.k, 0, "drafts per step")
         if self.accepted_hist.shape != (self.k + 1,):
             self.accepted_hist = np.zeros(self.k + 1, dtype=np.int64)
+        if self.proposed_hist.shape != (self.k + 1,):
+            self.proposed_hist = np.zeros(self.k + 1, dtype=np.int64)
 
     @property
     def acceptance_rate(self) -> float:
@@ -79,6 +83,12 @@ class SpecStats:
             for n in n_acc:
                 self.accepted_hist[n] += 1
 
+    def count_proposed(self, n_drafts: int, rows: int) -> None:
+        """Add `rows` row-steps that were proposed `n_drafts` drafts each (the histogram grows past k if it must)."""
+        if n_drafts >= len(self.proposed_hist):  # a step asked for more than the k these stats were made for
+            self.proposed_hist = np.pad(self.proposed_hist, (0, n_drafts + 1 - len(self.proposed_hist)))
+        self.proposed_hist[n_drafts] += rows
+
     def as_dict(self) -> dict[str, float | int | list[int]]:
         return {
             "k": self.k,
@@ -87,6 +97,7 @@ class SpecStats:
             "steps": self.steps,
             "accepted_hist": self.accepted_hist.tolist(),
             "proposed": self.proposed,
+            "proposed_hist": self.proposed_hist.tolist(),
             "examined": self.examined,
             "accepted": self.accepted,
             "acceptance_rate": self.acceptance_rate,
