@@ -247,9 +247,9 @@ def _pool(stats_list: list) -> dict:
 def refined_chain(alpha: float, proposed_hist: list[int], v: float, d: float) -> float:
     """A chain's refined prediction: E(alpha, k') averaged over the steps' proposal lengths k', over (v + d).
 
-    When every step drafts k this is E(alpha, k) / (v + c k) (d = c k). A draft that sometimes proposes
-    fewer (none, for prompt lookup's "skip" on a miss; fewer near the end of the budget) yields less per
-    step, and costs less, in proportion: E(alpha, 0) = 1 token for a plain step.
+    When every step drafts k this is E(alpha, k) / (v + c k) (d = c k). A step that drafted fewer (none, for
+    prompt lookup's "skip" on a miss; fewer near the end of the budget) is expected to yield E(alpha, k')
+    tokens (1 for a plain step), and its cheaper pass is already in the measured means v and d.
     """
     e = np.asarray(expected_tokens_per_step(alpha, np.arange(len(proposed_hist))), dtype=np.float64)  # [k + 1]
     return float(np.average(e, weights=proposed_hist)) / (v + d)

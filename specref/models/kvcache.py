@@ -113,8 +113,8 @@ class KVCache:
 
         For caches allocated small and grown as decoding goes (the drafts', and the target's in
         tree and lookahead decoding), so that a large batch does not hold the model's whole
-        window from the start. Past ``limit`` it
-        stops growing, and the model's own room check reports the overflow.
+        window from the start. Past ``limit`` it stops growing, and the model's own room check
+        reports the overflow.
         """
         n_slots = check_int("n_slots", n_slots, 0, "cache slots per sequence")
         limit = check_int("limit", limit, 1, "the most cache slots per sequence")
