@@ -133,3 +133,37 @@ def test_target_copies_reports_both_settings_as_counts():
     for _, forced, positions, f1, f2, n1, n2 in rows:
         assert 0 <= float(forced) <= 1 and int(positions) == int(n1) + int(n2)
         assert int(f1) <= int(n1) and int(f2) <= int(n2)
+
+
+def _notebook(path: Path, *sources: str) -> Path:
+    import nbformat
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    nbformat.write(nb, path)
+    return path
+
+
+def test_bench_notebooks_times_each_notebook_and_judges_errors_and_the_limit(tmp_path):
+    import json
+    quick = _notebook(tmp_path / "quick.ipynb", "x = 1", "import time\ntime.sleep(1.5)", "print(x)")
+    broken = _notebook(tmp_path / "broken.ipynb", "x = 1", "raise ValueError('a student bug')", "print(x)")
+    out_file = tmp_path / "nb.json"
+    out = _run("bench_notebooks.py", str(quick), str(broken), "--limit", "60", "--out", str(out_file))
+    result = json.loads(out_file.read_text())
+    rows = {Path(r["notebook"]).name: r for r in result["notebooks"]}
+    assert rows["quick.ipynb"]["met"] and rows["quick.ipynb"]["error"] is None, out
+    assert rows["quick.ipynb"]["slowest_cell"] == 1 and rows["quick.ipynb"]["slowest_cell_seconds"] >= 1.5, out
+    assert rows["quick.ipynb"]["seconds"] >= rows["quick.ipynb"]["slowest_cell_seconds"], out
+    assert not rows["broken.ipynb"]["met"] and "a student bug" in rows["broken.ipynb"]["error"], out
+    assert not result["all_met"] and "goal: every notebook under 60 s: NOT met" in out, out
+    assert all(ms > 0 for ms in result["host_ms_per_token"]), out
+    assert re.search(r"quick\.ipynb +\d+\.\d +1: +\d+\.\d s  met$", out, flags=re.M), out
+
+
+def test_bench_notebooks_verdict_needs_no_error_and_a_time_under_the_limit():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_notebooks", ROOT / "benchmarks" / "bench_notebooks.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.verdict({"seconds": 59.9, "error": None}, 60)
+    assert not bench.verdict({"seconds": 60.0, "error": None}, 60)
+    assert not bench.verdict({"seconds": 1.0, "error": "ValueError: a student bug"}, 60)
