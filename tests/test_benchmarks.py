@@ -70,16 +70,21 @@ def test_bench_drafts_quick_runs_two_drafts_checks_greedy_and_writes_its_results
     assert all(1 <= r["tokens_per_pass"] <= r["k"] + 1 for r in result["runs"])
 
 
-def _bench_drafts():
+def _bench(name: str):
+    """A benchmark script loaded as a module, to test its functions."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("bench_drafts", ROOT / "benchmarks" / "bench_drafts.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     bench = importlib.util.module_from_spec(spec)
-    sys.modules["bench_drafts"] = bench  # its dataclasses look their module up
+    sys.modules[name] = bench  # bench_drafts' dataclasses look their module up
     try:
         spec.loader.exec_module(bench)
     finally:
-        del sys.modules["bench_drafts"]
+        del sys.modules[name]
     return bench
+
+
+def _bench_drafts():
+    return _bench("bench_drafts")
 
 
 def test_bench_drafts_acceptance_by_position_is_the_conditional_rate():
@@ -160,10 +165,7 @@ def test_bench_notebooks_times_each_notebook_and_judges_errors_and_the_limit(tmp
 
 
 def test_bench_notebooks_verdict_needs_no_error_and_a_time_under_the_limit():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("bench_notebooks", ROOT / "benchmarks" / "bench_notebooks.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench("bench_notebooks")
     assert bench.verdict({"seconds": 59.9, "error": None}, 60)
     assert not bench.verdict({"seconds": 60.0, "error": None}, 60)
     assert not bench.verdict({"seconds": 1.0, "error": "ValueError: a student bug"}, 60)
