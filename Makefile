@@ -11,12 +11,19 @@
 #                                         anywhere else, PyPI. TORCH_INDEX= (empty) forces PyPI.
 #   LAB_ARGS="--port 8899 --no-browser"   extra arguments for `jupyter lab`
 #   PYTEST_ARGS="-x -k accept"            extra arguments for pytest
+#   TEST_WORKERS=1                        processes `make test` runs the suite in (pytest-xdist, a file
+#                                         per worker). Unset: one per core, at most 4. 1 runs it serially.
 
 PYTHON ?= python3
 VENV ?= .venv
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 CELL_TIMEOUT ?= 180
+# One worker per core, at most 4: every test and notebook kernel uses one torch thread, and each
+# worker holds its own models (about 1 GB), so more would buy little and cost memory.
+TEST_WORKERS ?= $(shell n=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1); [ "$$n" -gt 4 ] && n=4; echo $$n)
+# --dist loadfile keeps a file on one worker: a notebook's cells run in order in one kernel.
+XDIST := $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 # Which torch build to install. PyPI's Linux torch is a CUDA build (several GB with its NVIDIA
 # libraries); a laptop without an NVIDIA GPU needs only the CPU build. macOS wheels are CPU-only.
@@ -79,10 +86,11 @@ lab: venv
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks $(ROOT_FLAG) $(LAB_ARGS)
 
 # One pytest run: unit tests, exercise sync + grading self-check, browser tests and every
-# notebook in notebooks/ and solutions/ under strict nbval. The fresh-clone check installs
-# a second environment (minutes), so it has its own target, which .ci/run calls.
+# notebook in notebooks/ and solutions/ under strict nbval, spread over TEST_WORKERS processes.
+# The fresh-clone check installs a second environment (minutes), so it has its own target,
+# which .ci/run calls.
 test: venv
-	$(VPY) -m pytest tests $(NB_DIRS) $(NBVAL) -m "not fresh_clone" $(PYTEST_ARGS)
+	$(VPY) -m pytest tests $(NB_DIRS) $(NBVAL) -m "not fresh_clone" $(XDIST) $(PYTEST_ARGS)
 
 # The checked notebooks again, under environments that make this CPU round float32 like another
 # one (tools/portable.py). Several minutes: CI runs it after `make test`.
@@ -91,7 +99,7 @@ test-portable: venv
 
 # Everything but the slow checks (fresh clone, grading self-check, notebooks): a quick loop.
 test-fast: venv
-	$(VPY) -m pytest tests -m "not slow and not fresh_clone and not browser" $(PYTEST_ARGS)
+	$(VPY) -m pytest tests -m "not slow and not fresh_clone and not browser" $(XDIST) $(PYTEST_ARGS)
 
 doctor: venv
 	$(VPY) -m specref

@@ -39,6 +39,7 @@ spends most of a pass in OpenMP barriers (measured at B = 1: 12 ms per pass with
 (`CostModel.from_dict(results["cost_models"]["greedy"])` rebuilds the fit).
 
     python benchmarks/bench_batch.py [--device cuda] [--quick] [--out FILE] [--repeats 7] [--run-repeats 3]
+                                     [--pass-seconds 0.2] [--run-seconds 3]   # more repeats where cells are short
     python benchmarks/bench_batch.py --from-json benchmarks/results/batch_cpu.json      # re-analyse only
     python benchmarks/bench_batch.py --target-shape gpt2-medium --out FILE             # the memory-bound regime
 """
@@ -103,16 +104,27 @@ def cache_len(model, context: int, run_len: int, slack: int) -> int:
     return min(model.config.n_positions, max(run_len, context + slack))
 
 
+def repeats_for(seconds_one: float, repeats: int, min_seconds: float, cap: int) -> int:
+    """At least `repeats`, more where one repeat is short: enough for `min_seconds` in all, at most `cap`."""
+    if min_seconds <= 0 or seconds_one <= 0:
+        return repeats
+    return max(repeats, min(cap, math.ceil(min_seconds / seconds_one)))
+
+
 def time_passes(model, name: str, batch_sizes, tokens, contexts, repeats: int, clock: str, run_len: int,
-                slack: int) -> list[dict]:
+                slack: int, min_seconds: float = 0.0) -> list[dict]:
+    """Each (S, B, T) cell: `repeats` passes, more where a pass is short (min_seconds per cell, up to 5 x repeats)."""
     rows = []
     for S in contexts:
         max_len = cache_len(model, S, run_len, slack)
         for B in batch_sizes:
-            for T, ts in pass_times(model, list(tokens), S, B, repeats=repeats, clock=clock, warmup=1,
+            one = pass_times(model, max(tokens), S, B, repeats=1, clock=clock, warmup=1, max_len=max_len)[0]
+            r = repeats_for(one, repeats, min_seconds, 5 * repeats)
+            for T, ts in pass_times(model, list(tokens), S, B, repeats=r, clock=clock, warmup=1,
                                     max_len=max_len).items():
-                rows.append(dict(model=name, batch_size=B, n_tokens=T, context=S, median_s=statistics.median(ts),
-                                 min_s=min(ts), max_s=max(ts), spread=spread(ts), times_s=ts))
+                rows.append(dict(model=name, batch_size=B, n_tokens=T, context=S, repeats=r,
+                                 median_s=statistics.median(ts), min_s=min(ts), max_s=max(ts), spread=spread(ts),
+                                 times_s=ts))
     return rows
 
 
@@ -147,14 +159,18 @@ def decode(target, draft, ids, k: int, n: int, temperature: float, seed: int):
     return time.perf_counter() - t0, time.process_time() - c0, stats
 
 
-def time_runs(target, draft, batch_sizes, ks, P: int, n: int, repeats: int, clock: str) -> list[dict]:
+def time_runs(target, draft, batch_sizes, ks, P: int, n: int, repeats: int, clock: str,
+              min_seconds: float = 0.0) -> list[dict]:
+    """Every (temperature, B, k) run `repeats` times, more at a small B (min_seconds per k, up to 5 x repeats)."""
     out = []
     for temperature in (0.0, 1.0):
         for B in batch_sizes:
             ids = prompts_for(B, P, target.device)
             decode(target, draft, ids, 0, 2, temperature, 0)  # warm-up at this shape
+            one = decode(target, draft, ids, 0, n, temperature, 0)[0 if clock == "wall" else 1]
+            repeats_B = repeats_for(one, repeats, min_seconds, 5 * repeats)
             acc = {k: dict(wall=[], cpu=[], **dict.fromkeys(STAT_SUMS, 0)) for k in ks}
-            for rep in range(repeats):  # interleaved, so drift over time hits every k alike
+            for rep in range(repeats_B):  # interleaved, so drift over time hits every k alike
                 for k in ks:
                     wall, cpu, s = decode(target, draft, ids, k, n, temperature, seed=rep)
                     a = acc[k]
@@ -167,7 +183,7 @@ def time_runs(target, draft, batch_sizes, ks, P: int, n: int, repeats: int, cloc
                 a = acc[k]
                 ts = a["wall"] if clock == "wall" else a["cpu"]
                 t = statistics.median(ts)
-                out.append(dict(temperature=temperature, batch_size=B, k=k, run_repeats=repeats, seconds=t,
+                out.append(dict(temperature=temperature, batch_size=B, k=k, run_repeats=repeats_B, seconds=t,
                                 spread=spread(ts),
                                 times_s=ts, wall_s=a["wall"], cpu_s=a["cpu"], tokens_per_s=B * n / t,
                                 alpha=a["accepted"] / a["examined"] if a["examined"] else None,
@@ -310,11 +326,18 @@ def _range(xs) -> str:
     return f"{min(xs):.2f}-{max(xs):.2f}" if xs else "none"
 
 
+def _repeats(rows: list[dict], key: str, default: int) -> str:
+    """The repeats the rows were measured with: one number, or the range where short cells got more."""
+    rs = sorted({r.get(key, default) for r in rows})
+    return f"{rs[0]}" if len(rs) == 1 else f"{rs[0]}-{rs[-1]}"
+
+
 def report(results: dict) -> dict:
     """Fit the models, analyse the runs and print every table and goal; returns results with the analysis filled in."""
     meta, passes, draft_passes, runs = results["meta"], results["passes"], results["draft_passes"], results["runs"]
     P, n, ks, batch_sizes = meta["prompt_tokens"], meta["new_tokens"], meta["ks"], meta["batch_sizes"]
-    print(f"\n1. one target pass, ms (median of {meta['repeats']}), rows B, columns T; S = cached tokens")
+    print(f"\n1. one target pass, ms (median of {_repeats(passes, 'repeats', meta['repeats'])}), rows B, columns T; "
+          "S = cached tokens")
     print_passes(passes, meta["tokens"])
     print("one draft pass, ms")
     print_passes(draft_passes, [1, 2])
@@ -323,7 +346,8 @@ def report(results: dict) -> dict:
     print(describe_fit("target", target_fit))
     print(describe_fit("draft", draft_fit))
 
-    print(f"\n2. decoding {n} new tokens after {P}-token prompts, {meta['run_repeats']} repeat(s) per run")
+    print(f"\n2. decoding {n} new tokens after {P}-token prompts, "
+          f"{_repeats(runs, 'run_repeats', meta['run_repeats'])} repeat(s) per run")
     train = train_batches(batch_sizes)
     print(f"in-loop terms fitted to the speculative runs' SpecStats at B in {train}; "
           f"B in {sorted(set(batch_sizes) - set(train))} held out")
@@ -423,6 +447,11 @@ def main() -> None:
                          "of pass times: with it the runs' speedups say nothing about a trained pair)")
     ap.add_argument("--repeats", type=int, default=None, help="repeats per pass (default 7; quick 2)")
     ap.add_argument("--run-repeats", type=int, default=None, help="repeats per decoding run (default 3; quick 1)")
+    ap.add_argument("--pass-seconds", type=float, default=None,
+                    help="more repeats where a pass is short: at least this many seconds per cell (default 0.2; "
+                         "quick 0), at most 5 x --repeats")
+    ap.add_argument("--run-seconds", type=float, default=None,
+                    help="the same for decoding runs, per (B, k) (default 3; quick 0)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=None)
     ap.add_argument("--k", type=int, nargs="+", default=None, help="k values; 0 (plain) is always added")
     ap.add_argument("--clock", default="wall", choices=["wall", "cpu"],
@@ -445,6 +474,8 @@ def main() -> None:
         grid["ks"] = sorted(set(args.k) | {0})
     repeats = args.repeats or (2 if args.quick else 7)
     run_repeats = args.run_repeats or (1 if args.quick else 3)
+    pass_s = args.pass_seconds if args.pass_seconds is not None else (0.0 if args.quick else 0.2)
+    run_s = args.run_seconds if args.run_seconds is not None else (0.0 if args.quick else 3.0)
     if args.clock == "cpu" and (args.threads != 1 or args.device != "cpu"):
         ap.error("--clock cpu counts every thread's time: use it with --threads 1 on --device cpu")
     if args.threads:
@@ -465,14 +496,15 @@ def main() -> None:
           f"full window")
     run_len, slack = P + n + max(grid["ks"]), max(grid["ks"]) + max(grid["tokens"])
     passes = time_passes(target, "target", grid["batch_sizes"], grid["tokens"], grid["contexts"], repeats, args.clock,
-                         run_len, slack)
+                         run_len, slack, pass_s)
     draft_passes = time_passes(draft, "draft", grid["batch_sizes"], [1, 2], grid["contexts"], repeats, args.clock,
-                               draft.config.n_positions, 0)  # ModelDraft.begin allocates the full window
-    runs = time_runs(target, draft, grid["batch_sizes"], grid["ks"], P, n, run_repeats, args.clock)
+                               draft.config.n_positions, 0, pass_s)  # ModelDraft.begin allocates the full window
+    runs = time_runs(target, draft, grid["batch_sizes"], grid["ks"], P, n, run_repeats, args.clock, run_s)
     wall = time.perf_counter() - t_start
     meta = dict(machine=machine, cores=os.cpu_count(),
                 torch=torch.__version__, device=args.device, dtype=args.dtype, threads=torch.get_num_threads(),
-                clock=args.clock, repeats=repeats, run_repeats=run_repeats, quick=args.quick,
+                clock=args.clock, repeats=repeats, run_repeats=run_repeats, pass_seconds=pass_s,
+                run_seconds=run_s, quick=args.quick,
                 target_shape=args.target_shape, prompt_tokens=P, new_tokens=n, contexts=grid["contexts"],
                 ks=grid["ks"], batch_sizes=grid["batch_sizes"], tokens=grid["tokens"],
                 cache_len={str(S): cache_len(target, S, run_len, slack) for S in grid["contexts"]},

@@ -82,7 +82,7 @@ def _close(a: object, b: object, rel: float = 1e-9) -> bool:
     return a == b
 
 
-@pytest.mark.parametrize("name", ["batch_cpu.json", "batch_cpu_2026-12-02.json"])  # notebook 07 reads both
+@pytest.mark.parametrize("name", ["batch_cpu.json", "batch_cpu_2026-12-02.json", "batch_cpu_2026-12-03.json"])
 def test_the_in_loop_model_never_sees_the_held_out_runs_or_the_plain_runs(name):
     bench = _bench()
     results = json.loads((ROOT / "benchmarks" / "results" / name).read_text())
@@ -147,3 +147,13 @@ def test_the_measurements_are_written_before_an_analysis_that_fails(tmp_path, mo
     with pytest.raises(ValueError, match="the analysis failed"):
         bench.save_and_report(measured, str(out))
     assert json.loads(out.read_text()) == measured  # ready for --from-json
+
+
+def test_short_cells_get_more_repeats_within_the_cap_and_long_ones_the_minimum():
+    bench = _bench()
+    assert bench.repeats_for(0.005, 7, 0.2, 35) == 35  # 40 wanted, capped at 5 x 7
+    assert bench.repeats_for(0.02, 7, 0.2, 35) == 10
+    assert bench.repeats_for(0.1, 7, 0.2, 35) == 7  # 2 would do; never fewer than asked for
+    assert bench.repeats_for(0.005, 7, 0.0, 35) == 7  # off
+    rows = [dict(repeats=7), dict(repeats=12), dict(repeats=35)]
+    assert bench._repeats(rows, "repeats", 7) == "7-35" and bench._repeats([{}], "repeats", 3) == "3"

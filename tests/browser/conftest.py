@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCREENSHOTS = REPO / "build" / "screenshots"
+SCREENSHOTS = REPO / "build" / "screenshots"  # tests/conftest.py names them in the summary
 CHROMIUM = Path(os.environ.get("SPECREF_CHROMIUM", "/usr/bin/chromium"))
 # The machine has no internet: without these flags Chromium keeps dialling out
 # (updates, sync, QUIC probes) and fills the logs with refused connections.
@@ -38,12 +38,6 @@ CHROMIUM_ARGS = [
 ]
 SERVER_START_TIMEOUT_S = 60
 SERVER_STOP_TIMEOUT_S = 15
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
-    shots = sorted(SCREENSHOTS.glob("*.png")) if SCREENSHOTS.is_dir() else []
-    if shots and getattr(config, "_specref_browser_ran", False):
-        terminalreporter.write_line(f"browser screenshots ({len(shots)}): {SCREENSHOTS}")
 
 
 @dataclass(frozen=True)
@@ -155,7 +149,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
 
 
 @pytest.fixture(scope="session")
-def browser(pytestconfig: pytest.Config) -> Iterator[object]:
+def browser() -> Iterator[object]:
     """Headless Chromium driven by Playwright; skipped where either is missing."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     if not CHROMIUM.is_file():
@@ -166,7 +160,6 @@ def browser(pytestconfig: pytest.Config) -> Iterator[object]:
             executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS, timeout=60_000
         )
         try:
-            pytestconfig._specref_browser_ran = True  # type: ignore[attr-defined]
             yield chromium
         finally:
             chromium.close()
