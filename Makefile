@@ -20,7 +20,7 @@ LAB_ARGS ?=
 PYTEST_ARGS ?=
 CELL_TIMEOUT ?= 180
 # One worker per core, at most 4: every test and notebook kernel uses one torch thread, and each
-# worker holds its own models (about 1 GB), so more would buy little and cost memory.
+# worker loads its own models and starts its own kernels, so every worker costs memory.
 TEST_WORKERS ?= $(shell n=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1); [ "$$n" -gt 4 ] && n=4; echo $$n)
 # --dist loadfile keeps a file on one worker: a notebook's cells run in order in one kernel.
 XDIST := $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)

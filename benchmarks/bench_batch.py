@@ -104,6 +104,9 @@ def cache_len(model, context: int, run_len: int, slack: int) -> int:
     return min(model.config.n_positions, max(run_len, context + slack))
 
 
+REPEAT_CAP = 5  # a short cell gets at most this many times the repeats asked for
+
+
 def repeats_for(seconds_one: float, repeats: int, min_seconds: float, cap: int) -> int:
     """At least `repeats`, more where one repeat is short: enough for `min_seconds` in all, at most `cap`."""
     if min_seconds <= 0 or seconds_one <= 0:
@@ -113,13 +116,13 @@ def repeats_for(seconds_one: float, repeats: int, min_seconds: float, cap: int) 
 
 def time_passes(model, name: str, batch_sizes, tokens, contexts, repeats: int, clock: str, run_len: int,
                 slack: int, min_seconds: float = 0.0) -> list[dict]:
-    """Each (S, B, T) cell: `repeats` passes, more where a pass is short (min_seconds per cell, up to 5 x repeats)."""
+    """Each (S, B, T) cell: `repeats` passes, more where a pass is short (min_seconds per cell, up to REPEAT_CAP x)."""
     rows = []
     for S in contexts:
         max_len = cache_len(model, S, run_len, slack)
         for B in batch_sizes:
             one = pass_times(model, max(tokens), S, B, repeats=1, clock=clock, warmup=1, max_len=max_len)[0]
-            r = repeats_for(one, repeats, min_seconds, 5 * repeats)
+            r = repeats_for(one, repeats, min_seconds, REPEAT_CAP * repeats)
             for T, ts in pass_times(model, list(tokens), S, B, repeats=r, clock=clock, warmup=1,
                                     max_len=max_len).items():
                 rows.append(dict(model=name, batch_size=B, n_tokens=T, context=S, repeats=r,
@@ -161,14 +164,14 @@ def decode(target, draft, ids, k: int, n: int, temperature: float, seed: int):
 
 def time_runs(target, draft, batch_sizes, ks, P: int, n: int, repeats: int, clock: str,
               min_seconds: float = 0.0) -> list[dict]:
-    """Every (temperature, B, k) run `repeats` times, more at a small B (min_seconds per k, up to 5 x repeats)."""
+    """Every (temperature, B, k) run `repeats` times, more at a small B (min_seconds per k, up to REPEAT_CAP x)."""
     out = []
     for temperature in (0.0, 1.0):
         for B in batch_sizes:
             ids = prompts_for(B, P, target.device)
             decode(target, draft, ids, 0, 2, temperature, 0)  # warm-up at this shape
             one = decode(target, draft, ids, 0, n, temperature, 0)[0 if clock == "wall" else 1]
-            repeats_B = repeats_for(one, repeats, min_seconds, 5 * repeats)
+            repeats_B = repeats_for(one, repeats, min_seconds, REPEAT_CAP * repeats)
             acc = {k: dict(wall=[], cpu=[], **dict.fromkeys(STAT_SUMS, 0)) for k in ks}
             for rep in range(repeats_B):  # interleaved, so drift over time hits every k alike
                 for k in ks:

@@ -82,7 +82,8 @@ def _close(a: object, b: object, rel: float = 1e-9) -> bool:
     return a == b
 
 
-@pytest.mark.parametrize("name", ["batch_cpu.json", "batch_cpu_2026-12-02.json", "batch_cpu_2026-12-03.json"])
+@pytest.mark.parametrize("name", ["batch_cpu.json", "batch_cpu_2026-12-02.json",  # notebook 07 reads these two
+                                  "batch_cpu_2026-12-03.json"])
 def test_the_in_loop_model_never_sees_the_held_out_runs_or_the_plain_runs(name):
     bench = _bench()
     results = json.loads((ROOT / "benchmarks" / "results" / name).read_text())
