@@ -67,12 +67,36 @@ def cell(nb: nbformat.NotebookNode, grade_id: str) -> nbformat.NotebookNode:
 # -- make_exercises: the transformation --------------------------------------------------------
 def test_solution_region_becomes_a_stub_at_the_region_indentation():
     src = cell(make_exercise(toy_solution()), "double").source
-    assert src == 'def double(x):\n    """Twice x."""\n    # YOUR CODE HERE\n    raise NotImplementedError()'
+    assert src == ('def double(x):\n    """Twice x."""\n    # YOUR CODE HERE\n'
+                   '    raise NotImplementedError("write double (see the exercise above)")')
 
 
 def test_top_level_solution_region_keeps_the_code_around_it():
     src = cell(make_exercise(toy_solution()), "answer").source
-    assert src == "answer = None\n# YOUR CODE HERE\nraise NotImplementedError()\nassert answer == 2"
+    assert src == ('answer = None\n# YOUR CODE HERE\nraise NotImplementedError("set answer (see the exercise above)")\n'
+                   'assert answer == 2')
+
+
+def test_the_stub_names_its_task_and_what_to_write():
+    """The task number comes from the last "## Task N" heading above; the name from the def around the region, or
+    from what a top-level region binds (those the task's text names in backticks)."""
+    nb = toy_solution()
+    nb.cells.insert(2, new_markdown_cell("## Task 3 · Double it (2 points)\n\nWrite `double(x)`."))
+    nb.cells.insert(6, new_markdown_cell("## Task 4 · Floor\n\nSet `answer` to the floor of 2.5."))
+    cell(nb, "answer").source = "answer = None\n### BEGIN SOLUTION\nscratch = 2.5\nanswer = math.floor(scratch)\n" \
+                                "### END SOLUTION"
+    ex = make_exercise(nb)
+    assert 'raise NotImplementedError("Task 3: write double (see the task above)")' in cell(ex, "double").source
+    assert 'raise NotImplementedError("Task 4: set answer (see the task above)")' in cell(ex, "answer").source
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=[p.stem for p in SOLUTIONS])
+def test_every_stub_of_the_exercises_names_its_task(solution):
+    ex = make_exercise(nbformat.read(solution, as_version=4), solution.name)
+    stubs = [line.strip() for c in ex.cells if c.cell_type == "code" for line in c.source.split("\n")
+             if line.strip().startswith("raise NotImplementedError")]
+    assert stubs and all(re.fullmatch(r'raise NotImplementedError\("Task \d+: (write|set) \w+( and \w+)* '
+                                      r'\(see the task above\)"\)', s) for s in stubs), stubs
 
 
 def test_markdown_solution_region_becomes_your_answer_here():
@@ -310,7 +334,9 @@ def unbound_reads(exercise, solution) -> list[str]:
 
     known, problems, text = set(dir(builtins)), [], ""
     for i, (cell, sol) in enumerate(zip(exercise.cells, solution.cells)):
-        text += "\n" + cell.source
+        # The stubs' messages name what to write; the question is whether the task's own text asks for it.
+        text += "\n" + "\n".join(line for line in cell.source.split("\n")
+                                  if not line.strip().startswith("raise NotImplementedError("))
         if cell.cell_type != "code":
             continue
         tree = ast.parse(cell.source)

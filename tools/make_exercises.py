@@ -6,8 +6,13 @@
 solutions/ is the single source. Markers are nbgrader's:
 
 * ``### BEGIN SOLUTION`` ... ``### END SOLUTION``: in a code cell the region becomes
-  ``# YOUR CODE HERE`` + ``raise NotImplementedError()`` at the indentation of the
-  BEGIN line; in a markdown cell it becomes ``YOUR ANSWER HERE``.
+  ``# YOUR CODE HERE`` + ``raise NotImplementedError("Task N: write NAME (see the task above)")`` at
+  the indentation of the BEGIN line; in a markdown cell it becomes ``YOUR ANSWER HERE``. The stub speaks
+  (`stub_message`): N is the number of the last ``## Task N`` heading of a markdown cell above the
+  region; NAME is the function or class whose body holds the region (the nearest ``def``/``class``
+  line above it at a smaller indentation), or, for a region at the top of a cell, the names it
+  binds ("set beta and res"), keeping those the task's text names in backticks when it names any.
+  Without a task heading above it the message says "(see the exercise above)" and names no task.
 * ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS``: removed, markers included
   (the grader puts them back from the solution, see tools/grade.py).
 
@@ -22,16 +27,18 @@ bytes on every run, so CI can regenerate and compare.
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
-CODE_STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
+CODE_STUB = ("# YOUR CODE HERE", "raise NotImplementedError({message})")  # message: a JSON (double-quoted) string
 MARKDOWN_STUB = ("YOUR ANSWER HERE",)
 # Metadata that records a particular run, not the exercise.
 RUN_CELL_METADATA = ("execution", "collapsed", "scrolled")
@@ -46,8 +53,51 @@ def _where(name: str, index: int, cell) -> str:
     return f"{name}: cell {index} (id {cell.get('id', '?')})"
 
 
-def strip_regions(source: str, cell_type: str, where: str) -> str:
-    """The cell's source with solution regions replaced by the stub and hidden tests removed."""
+_TASK = re.compile(r"^#+\s*Task\s+(\d+)\b", re.M)
+_DEF = re.compile(r"^(\s*)(?:async\s+def|def|class)\s+(\w+)")
+
+
+def _region_names(region: list[str], task_text: str) -> list[str]:
+    """The names a top-level region binds, those named in backticks in the task's text first (all, if none is)."""
+    try:
+        tree = ast.parse("\n".join(region))
+    except SyntaxError:
+        return []
+    bound: list[str] = []
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AnnAssign, ast.AugAssign)) else []
+        names = [node.name] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else [
+            n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+        bound += [n for n in names if n not in bound]
+    asked = [n for n in bound if f"`{n}`" in task_text]
+    return asked or bound
+
+
+def stub_message(lines: list[str], begin: int, end: int, task: tuple[str, str] | None) -> str:
+    """What the stub of the region lines[begin + 1 : end] says: which task, and what to write (module docstring)."""
+    indent = len(lines[begin]) - len(lines[begin].lstrip())
+    name, verb = None, "write"
+    for line in reversed(lines[:begin]):
+        m = _DEF.match(line)
+        if m and len(m.group(1)) < indent:
+            name = m.group(2)
+            break
+    if name is None:
+        names = _region_names(lines[begin + 1 : end], task[1] if task else "")
+        verb, name = "set", " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+        if not names:
+            verb, name = "write", "the answer"
+    if task is None:
+        return f"{verb} {name} (see the exercise above)"
+    return f"Task {task[0]}: {verb} {name} (see the task above)"
+
+
+def strip_regions(source: str, cell_type: str, where: str, task: tuple[str, str] | None = None) -> str:
+    """The cell's source with solution regions replaced by the stub and hidden tests removed.
+
+    `task`: (number, text) of the last task heading above the cell, for the stub's message.
+    """
     lines = source.split("\n")
     out: list[str] = []
     state = None  # None, "solution" or "hidden"
@@ -60,7 +110,9 @@ def strip_regions(source: str, cell_type: str, where: str) -> str:
             state = "solution" if marker == BEGIN_SOLUTION else "hidden"
             if state == "solution":
                 indent = line[: len(line) - len(line.lstrip())]
-                stub = CODE_STUB if cell_type == "code" else MARKDOWN_STUB
+                end = next((j for j in range(n, len(lines)) if lines[j].strip() == END_SOLUTION), len(lines))
+                stub = ([CODE_STUB[0], CODE_STUB[1].format(message=json.dumps(stub_message(lines, n - 1, end, task)))]
+                        if cell_type == "code" else MARKDOWN_STUB)
                 out += [indent + s for s in stub]
             else:
                 removed_hidden = True
@@ -118,9 +170,16 @@ def make_exercise(solution, name: str = "notebook"):
     nb = copy.deepcopy(solution)
     check_grading_metadata(nb, name)
     nb.metadata["specref"] = {"exercise": Path(name).stem, "version": tests_version(solution)}
+    task = None  # (number, text) of the last task heading so far, and the text of its section
     for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            headings = list(_TASK.finditer(cell.source))
+            if headings:
+                task = (headings[-1].group(1), cell.source[headings[-1].start():])
+            elif task is not None:
+                task = (task[0], task[1] + "\n" + cell.source)
         if cell.cell_type in ("code", "markdown"):
-            cell.source = strip_regions(cell.source, cell.cell_type, _where(name, i, cell))
+            cell.source = strip_regions(cell.source, cell.cell_type, _where(name, i, cell), task)
         if cell.cell_type == "code":
             cell.outputs = []
             cell.execution_count = None
