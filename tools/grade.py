@@ -36,7 +36,6 @@ notebook, no matching solution, the kernel died, a report is missing); 3 needs r
 from __future__ import annotations
 
 import argparse
-import csv
 import hashlib
 import hmac
 import json
@@ -57,11 +56,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import grade_jail  # noqa: E402
 from grade_scan import UNREADABLE, imported_specref_names, names_bound, names_used, scan  # noqa: E402
 from make_exercises import MarkerError, strip_regions, tests_version  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNNER = Path(__file__).resolve().parent / "grade_runner.py"
+RUNNER = Path(__file__).resolve().parent / "grade_runner.py"  # the old single-process kernel (--no-wall)
+TRUSTED = Path(__file__).resolve().parent / "grade_trusted.py"
+WALL = os.environ.get("SPECREF_GRADE_WALL", "1") != "0"  # tests in a trusted process, answers in a jailed kernel
+CALL_TIMEOUT_S = 60  # one call of the checks into the submission's code (the cell's own limit still applies)
 DEFAULT_HIDDEN_SEED = 1  # what the solutions' setup cells set HIDDEN_SEED to (a test keeps them equal)
 CELL_TIMEOUT_S = 180
 RUN_TIMEOUT_S = 1800  # one submission, all of its tests together
@@ -71,6 +74,14 @@ EXIT_FULL, EXIT_FAILED, EXIT_UNGRADABLE, EXIT_REVIEW = 0, 1, 2, 3
 STATUS = {EXIT_FULL: "full marks", EXIT_FAILED: "some checks failed", EXIT_UNGRADABLE: "could not be graded",
           EXIT_REVIEW: "NEEDS REVIEW"}
 MARKER_ENV = "SPECREF_GRADING_RUN"
+
+
+def status_text(exit_code: int, pending: float = 0.0) -> str:
+    """The status in words; points that await hand grading are named, and "full marks" is never said while any do."""
+    if not pending or exit_code == EXIT_UNGRADABLE:
+        return STATUS[exit_code]
+    awaits = f"{pending:g} point{'s' if pending != 1 else ''} await{'s' if pending == 1 else ''} hand grading"
+    return f"autograded checks passed, {awaits}" if exit_code == EXIT_FULL else f"{STATUS[exit_code]}; {awaits}"
 
 
 class GradeError(Exception):
@@ -495,6 +506,94 @@ def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb
         shutil.rmtree(base, ignore_errors=True)
 
 
+_JAIL: dict[int, bool] = {}
+
+
+def can_jail() -> bool:
+    """Whether the learner's kernel can be jailed here: root, with mount, network and pid namespaces."""
+    if 0 not in _JAIL:
+        ok = os.geteuid() == 0 and shutil.which("unshare") is not None and shutil.which("mount") is not None
+        if ok:
+            try:
+                ok = subprocess.run(["unshare", "--mount", "--net", "--pid", "--fork", "--propagation", "private",
+                                     "true"], capture_output=True, timeout=60).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                ok = False
+        _JAIL[0] = ok
+    return _JAIL[0]
+
+
+def run_cells_wall(cells: list[dict], cell_timeout: float, deadline: float, memory_mb: int = MEMORY_MB,
+                   call_timeout: float = CALL_TIMEOUT_S) -> KernelRun:
+    """Run the cells across the wall: tests in a trusted process, everything else in a jailed kernel.
+
+    The kernel (tools/grade_jail.py) gets the setup, answer and other cells, never a test cell; the
+    trusted process (tools/grade_trusted.py) gets the plan, runs the setup and the tests, calls into
+    the kernel through two pipes and reports each test's outcome on a third pipe the kernel cannot reach.
+    """
+    marker = secrets.token_hex(8)
+    base = Path(tempfile.mkdtemp(prefix="specref-grade-"))
+    jailed = can_jail()
+    uid = _free_uid() if jailed else None
+    work = base / "work"
+    work.mkdir()
+    t2j_r, t2j_w = os.pipe()
+    j2t_r, j2t_w = os.pipe()
+    ev_r, ev_w = os.pipe()
+    fds = [t2j_r, t2j_w, j2t_r, j2t_w, ev_r, ev_w]
+    log = open(base / "output.log", "wb")
+    tlog = open(base / "trusted.log", "wb")
+    procs: list[subprocess.Popen] = []
+    try:
+        os.chmod(base, 0o711)
+        if uid is not None:
+            os.chown(work, uid, uid)
+        os.chmod(work, 0o700)
+        env = _environment("/tmp" if jailed else str(work), marker)
+        env["MPLCONFIGDIR"] = env["HOME"]
+        source = grade_jail.kernel_source()
+        if jailed:
+            config = {"root": str(base / "root"), "work": str(work), "uid": uid, "memory_mb": memory_mb,
+                      "read_only": grade_jail.read_only_paths(), "rfd": t2j_r, "wfd": j2t_w,
+                      "python": sys.executable, "source": source, "env": env}
+            cmd = grade_jail.command(config)
+            pre = None
+        else:
+            cmd = [sys.executable, "-I", "-c", source, str(t2j_r), str(j2t_w)]
+            pre = lambda: _limits(memory_mb)  # noqa: E731
+        try:
+            procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          cwd=work, env=env, pass_fds=(t2j_r, j2t_w), start_new_session=True,
+                                          preexec_fn=pre))
+            tenv = {k: v for k, v in _environment(str(base), marker).items() if k != MARKER_ENV}
+            tenv["MPLCONFIGDIR"] = str(base)
+            procs.append(subprocess.Popen([sys.executable, "-I", str(TRUSTED)], stdin=subprocess.PIPE, stdout=tlog,
+                                          stderr=subprocess.STDOUT, cwd=base, env=tenv,
+                                          pass_fds=(t2j_w, j2t_r, ev_w), start_new_session=True,
+                                          preexec_fn=lambda: _limits(memory_mb)))
+        except OSError as e:
+            return KernelRun(setup_error=f"could not start the grading kernel: {e}")
+        for fd in (t2j_r, t2j_w, j2t_r, j2t_w, ev_w):
+            os.close(fd)
+        fds = [ev_r]
+        plan = json.dumps({"cells": cells, "rfd": j2t_r, "wfd": t2j_w, "events": ev_w,
+                           "call_timeout": min(call_timeout, cell_timeout)}).encode()
+        try:
+            return _collect(procs[1], plan, ev_r, None, cells, cell_timeout, deadline, base / "output.log")
+        finally:
+            for proc in procs:
+                _kill_all(proc, uid if proc is procs[0] else None, marker)
+    finally:
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        log.close()
+        tlog.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def _feed(proc: subprocess.Popen, data: bytes) -> None:
     try:
         proc.stdin.write(data)
@@ -559,7 +658,7 @@ def _collect(proc, plan: bytes, r: int, secret: bytes, cells: list[dict], cell_t
         lines, buf, skipping, overlong = _split_events(buf, chunk, skipping)
         forged += overlong
         for line in lines:
-            event = _verify(line, secret)
+            event = _verify(line, secret) if secret is not None else _unsigned(line)
             if event is None:
                 forged += 1
                 continue
@@ -577,6 +676,11 @@ def _collect(proc, plan: bytes, r: int, secret: bytes, cells: list[dict], cell_t
                 run.results[event.get("n")] = RunOutcome(event.get("outcome", "error"), event.get("message", ""),
                                                          list(event.get("flags", [])) + extra, list(errors))
                 current = None
+            elif ev == "stop":  # the wall's trusted process: the kernel hung or died in this cell
+                run.stopped_at = roles.get(event.get("n"), {})
+                run.stop = RunOutcome(str(event.get("outcome", "died")), str(event.get("message", "")),
+                                      answer_errors=list(errors))
+                return run
             elif ev == "internal_error":
                 errors.append(f"the grading kernel failed: {event.get('message')}")
             elif ev == "done":
@@ -619,6 +723,14 @@ def _cell_words(cell: dict) -> str:
     if role in ("setup", "other"):
         return f"the exercise's cell {cell.get('n')}"
     return "the kernel's start-up"
+
+
+def _unsigned(line: bytes) -> dict | None:
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
 
 
 def _verify(line: bytes, secret: bytes) -> dict | None:
@@ -675,6 +787,15 @@ class Report:
         return sum(t.points for t in self.tests)
 
     @property
+    def pending(self) -> float:
+        """Points of hand-graded answers, which this grader never marks."""
+        return 0.0 if self.error else sum(p for _, p, _ in self.manual)
+
+    @property
+    def status(self) -> str:
+        return status_text(self.exit_code, self.pending)
+
+    @property
     def exit_code(self) -> int:
         if self.error or any(t.outcome in ("died", "not graded") for t in self.tests):
             return EXIT_UNGRADABLE
@@ -700,14 +821,15 @@ class Report:
             lines += ["      " + ln for ln in (text.strip() or "(empty)").splitlines()]
         for note in self.notes:
             lines.append(f"note: {note}")
-        lines.append(f"score: {self.total:g} / {self.possible:g} (autograded)")
-        lines.append(f"status: {STATUS[self.exit_code]}")
+        lines.append(f"score: {self.total:g} / {self.possible:g} (autograded)"
+                     + (f"; {self.pending:g} more by hand" if self.pending else ""))
+        lines.append(f"status: {self.status}")
         return printable("\n".join(lines))
 
     def as_dict(self) -> dict:
         return {"path": self.path, "exercise": self.exercise, "version": self.version, "seed": self.seed,
                 "error": self.error,
-                "status": STATUS[self.exit_code], "exit_code": self.exit_code, "total": self.total,
+                "status": self.status, "exit_code": self.exit_code, "total": self.total, "pending": self.pending,
                 "possible": self.possible, "notes": self.notes, "flags": self.flags,
                 "tests": [{"grade_id": t.grade_id, "points": t.points, "score": t.score, "outcome": t.outcome,
                            "message": t.message, "flags": t.flags} for t in self.tests],
@@ -716,13 +838,16 @@ class Report:
 
 def grade(notebook: Path, solution: Path | None = None, solutions_dir: Path | None = None,
           cell_timeout: float = CELL_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S,
-          seed: int = DEFAULT_HIDDEN_SEED, memory_mb: int = MEMORY_MB) -> Report:
+          seed: int | None = DEFAULT_HIDDEN_SEED, memory_mb: int = MEMORY_MB, wall: bool | None = None) -> Report:
     """Grade one submission file; never raises for a problem of the submission (see Report.error).
 
-    `seed` is HIDDEN_SEED, the seed of the hidden tests' cases (`hidden_seed` reads --seed); `memory_mb` caps
-    each kernel's memory.
+    `seed` is HIDDEN_SEED, the seed of the hidden tests' cases (`hidden_seed` reads --seed); None draws a fresh
+    one, named in the report. `memory_mb` caps each kernel's memory. `wall` (default: WALL, on unless
+    SPECREF_GRADE_WALL=0) runs the tests in a trusted process apart from the jailed kernel of the learner's code.
     """
     report = Report(str(notebook))
+    if seed is None:
+        seed = hidden_seed("random")
     try:
         submission = read_notebook(notebook)
         solution = solution or find_solution(submission, solutions_dir or ROOT / "solutions")
@@ -738,7 +863,7 @@ def grade(notebook: Path, solution: Path | None = None, solutions_dir: Path | No
         report.exercise = exercise_id(Path(solution))
         report.notes.insert(0, f"the notebook says it is exercise {claimed!r}; it was graded against "
                                f"{Path(solution).name}, as asked")
-    report.tests = grade_plan(plan, cell_timeout, run_timeout, memory_mb)
+    report.tests = grade_plan(plan, cell_timeout, run_timeout, memory_mb, wall)
     for t, spec in zip(report.tests, plan.tests):
         if spec.saved_passing and t.outcome != "passed":
             report.notes.append(f"the saved output of test cell {t.grade_id!r} shows it passing, but run again it "
@@ -747,8 +872,9 @@ def grade(notebook: Path, solution: Path | None = None, solutions_dir: Path | No
 
 
 def grade_plan(plan: Plan, cell_timeout: float = CELL_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S,
-               memory_mb: int = MEMORY_MB) -> list[TestResult]:
+               memory_mb: int = MEMORY_MB, wall: bool | None = None) -> list[TestResult]:
     """Run the plan's tests in as few kernels as possible: a fresh one after a test that hung or killed its kernel."""
+    wall = WALL if wall is None else wall
     deadline = time.monotonic() + run_timeout
     outcomes: dict[int, RunOutcome] = {}
     pending = list(plan.tests)
@@ -760,7 +886,7 @@ def grade_plan(plan: Plan, cell_timeout: float = CELL_TIMEOUT_S, run_timeout: fl
         wanted = {t.n for t in pending}
         last = max(wanted)
         cells = [c for c in plan.cells if (c["role"] != "test" and c["n"] < last) or c["n"] in wanted]
-        run = run_cells(cells, cell_timeout, deadline, memory_mb)
+        run = (run_cells_wall if wall else run_cells)(cells, cell_timeout, deadline, memory_mb)
         if run.setup_error:
             for t in pending:
                 outcomes[t.n] = RunOutcome("not graded", run.setup_error)
@@ -796,42 +922,6 @@ def grade_plan(plan: Plan, cell_timeout: float = CELL_TIMEOUT_S, run_timeout: fl
     return results
 
 
-# --------------------------------------------------------------------------------------
-# Batch grading
-# --------------------------------------------------------------------------------------
-def grade_all(folder: Path, csv_path: Path, solutions_dir: Path | None = None, cell_timeout: float = CELL_TIMEOUT_S,
-              run_timeout: float = RUN_TIMEOUT_S, progress: bool = True,
-              seed: int = DEFAULT_HIDDEN_SEED, memory_mb: int = MEMORY_MB) -> list[Report]:
-    """Grade every notebook under `folder` (all with the same hidden seed) and write a CSV gradebook."""
-    files = sorted(p for p in Path(folder).rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
-    try:
-        from tqdm import tqdm
-        it = tqdm(files, desc="grading", unit="notebook", disable=not progress)
-    except ImportError:
-        it = files
-    reports = []
-    for path in it:
-        reports.append(grade(path, solutions_dir=solutions_dir, cell_timeout=cell_timeout, run_timeout=run_timeout,
-                             seed=seed, memory_mb=memory_mb))
-    ids: list[str] = []
-    for rep in reports:
-        ids += [t.grade_id for t in rep.tests if t.grade_id not in ids]
-    with open(csv_path, "w", newline="", encoding="utf-8") as f:
-        out = csv.writer(f)
-        out.writerow(["file", "exercise", "status", "exit_code", "total", "possible", "hidden_seed", *ids, "flags",
-                      "reasons"])
-        for rep in reports:
-            scores = {t.grade_id: f"{t.score:g}" for t in rep.tests}
-            reasons = [rep.error] if rep.error else []
-            reasons += [f"{t.grade_id}: {t.outcome}: {t.message.splitlines()[0] if t.message else ''}".rstrip(": ")
-                        for t in rep.tests if t.outcome != "passed"]
-            out.writerow([os.path.relpath(rep.path, folder), rep.exercise, STATUS[rep.exit_code], rep.exit_code,
-                          f"{rep.total:g}", f"{rep.possible:g}", "" if rep.seed is None else rep.seed,
-                          *[scores.get(g, "") for g in ids],
-                          " | ".join(rep.flags), " | ".join(reasons + rep.notes)])
-    return reports
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Grade exercise notebooks against their solutions.")
     ap.add_argument("notebook", nargs="?", type=Path, help="the submission to grade")
@@ -843,28 +933,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds for one submission, all tests")
     ap.add_argument("--memory", type=int, default=MEMORY_MB, metavar="MB", help="memory of one grading kernel")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
-    ap.add_argument("--seed", default=str(DEFAULT_HIDDEN_SEED), metavar="N|random",
-                    help=f"seed of the hidden tests' cases (default {DEFAULT_HIDDEN_SEED}, the solutions'; 'random' "
-                         "draws a fresh one, named in the report)")
+    ap.add_argument("--seed", default=None, metavar="N|random",
+                    help=f"seed of the hidden tests' cases (default {DEFAULT_HIDDEN_SEED}, the solutions'; with --all a "
+                         "fresh one per run; 'random' draws a fresh one, named in the report)")
     args = ap.parse_args(argv)
     try:
-        seed = hidden_seed(args.seed)
+        seed = hidden_seed(DEFAULT_HIDDEN_SEED if args.seed is None else args.seed)
     except GradeError as e:
         ap.error(str(e))
-    if args.all is not None:
-        if not args.all.is_dir():
-            print(f"error: no such folder: {args.all}", file=sys.stderr)
-            return EXIT_UNGRADABLE
-        reports = grade_all(args.all, args.csv or args.all / "gradebook.csv", args.solutions_dir, args.cell_timeout,
-                            args.timeout, seed=seed, memory_mb=args.memory)
-        codes = [r.exit_code for r in reports]
-        for r in reports:
-            print(printable(f"{STATUS[r.exit_code]:>20}  {r.total:g}/{r.possible:g}  {r.path}"))
-        print(f"gradebook: {args.csv or args.all / 'gradebook.csv'} ({len(reports)} notebooks, hidden seed {seed})")
-        for code in (EXIT_UNGRADABLE, EXIT_REVIEW, EXIT_FAILED):
-            if code in codes:
-                return code
-        return EXIT_FULL
+    if args.all is not None:  # the class-scale driver (tools/grade_all.py): parallel, resumable, feedback, sheets
+        import grade_all as batch
+        return batch.main(["grade", str(args.all), "--solutions-dir", str(args.solutions_dir),
+                           "--cell-timeout", str(args.cell_timeout), "--timeout", str(args.timeout),
+                           "--memory", str(args.memory)] + (["--csv", str(args.csv)] if args.csv else [])
+                          + (["--seed", str(seed)] if args.seed is not None else []))
     if args.notebook is None:
         ap.error("name a notebook, or --all DIR")
     if not args.notebook.is_file():

@@ -1,0 +1,173 @@
+"""The jailed kernel: where a submission's code runs, and how it is locked in.
+
+tools/grade.py starts, as root,
+
+    unshare --mount --net --pid --ipc --uts --fork --kill-child --propagation private -- \\
+        python -I tools/grade_jail.py launch CONFIG
+
+`launch` (this file, still root, inside the new namespaces) builds a root folder of its own: a
+tmpfs holding read-only bind mounts of /usr, /etc and the interpreter, the virtual environment
+and the specref package (nothing else of the repository: no solutions/, no tools/, no other
+submission), a few device nodes, a fresh /proc, and the run's private temporary folder as /tmp.
+It changes root into it, drops every capability from the bounding set, takes the run's fresh
+unprivileged uid and gid (no groups), sets no_new_privs and the resource limits, and executes the
+kernel: `python -I -c <tools/grade_rpc.py + KERNEL>`.
+The network namespace has only a loopback interface, which is down: no network.
+
+The kernel serves calls from the trusted process (tools/grade_trusted.py) over two pipes: `exec`
+runs a cell's source in the kernel's namespace (the solution's setup cells, the learner's answer
+cells and the exercise's other cells; never a test cell), `get` hands out a name the cells bound,
+and every object it hands out can be called back (tools/grade_rpc.py). It holds no key, no test,
+no hidden seed and decides nothing: whatever it does to itself, the grade is decided elsewhere.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+KERNEL = r'''
+def _describe(e, filename):
+    import traceback
+    name = type(e).__name__
+    where = ""
+    try:
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == filename]
+        if frames:
+            where = f" (line {frames[-1].lineno})"
+    except Exception:  # noqa: BLE001
+        pass
+    if isinstance(e, SyntaxError):
+        return f"SyntaxError (line {e.lineno}): {e.msg}"
+    return f"{name}{where}: {_message(e)}"
+
+
+def _jail_main():
+    import builtins
+    rfd, wfd = int(sys.argv[1]), int(sys.argv[2])
+    ns = {"__name__": "__main__", "__builtins__": builtins, "display": print}
+
+    def op_exec(source, filename):
+        try:
+            code = compile(source, filename, "exec", dont_inherit=True)
+            exec(code, ns)  # noqa: S102 - running the learner's cells is this process's job
+        except BaseException as e:  # noqa: BLE001 - SystemExit and KeyboardInterrupt of a cell are its errors
+            return _describe(e, filename)
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            except BaseException:  # noqa: BLE001
+                pass
+        return None
+
+    def op_get(name):
+        if type(name) is not str or name not in ns:
+            raise NameError(f"name {name!r} is not defined")
+        return ns[name]
+
+    Peer(rfd, wfd, "jail", ops={"exec": op_exec, "get": op_get}).serve_forever()
+
+
+import sys  # noqa: E402
+try:
+    _jail_main()
+finally:
+    import os as _os
+    _os._exit(0)
+'''
+
+
+def kernel_source() -> str:
+    return (HERE / "grade_rpc.py").read_text(encoding="utf-8") + "\n" + KERNEL
+
+
+def read_only_paths() -> list[str]:
+    """What the kernel may read: the system, the interpreter, the environment, the specref package."""
+    import importlib.util
+    paths = ["/usr", "/etc", os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), sys.prefix,
+             os.path.dirname(os.path.realpath(sys.executable))]
+    spec = importlib.util.find_spec("specref")
+    if spec is not None and spec.origin:
+        paths.append(os.path.dirname(os.path.realpath(spec.origin)))
+    out: list[str] = []
+    for p in paths:
+        if p and os.path.isdir(p) and p != "/" and p not in out:
+            out.append(p)
+    return out
+
+
+def command(config: dict) -> list[str]:
+    """The command that starts the jailed kernel (as root)."""
+    return ["unshare", "--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child",
+            "--propagation", "private", "--", sys.executable, "-I", str(Path(__file__).resolve()), "launch",
+            json.dumps(config)]
+
+
+def _mount(*args: str) -> None:
+    subprocess.run(["mount", *args], check=True, capture_output=True)
+
+
+def _bind(src: str, root: str, read_only: bool = True) -> None:
+    dst = os.path.join(root, src.lstrip("/"))
+    if os.path.isdir(src):
+        os.makedirs(dst, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        open(dst, "a").close()
+    _mount("--bind", src, dst)
+    if read_only:
+        _mount("-o", "remount,bind,ro,nosuid,nodev", dst)
+
+
+def launch(config: dict) -> None:
+    """Build the root, lock this process in it, drop to the run's uid and become the kernel."""
+    root, work, uid = config["root"], config["work"], int(config["uid"])
+    os.makedirs(root, exist_ok=True)
+    _mount("-t", "tmpfs", "-o", "size=16m,mode=755,nosuid,nodev", "tmpfs", root)
+    for link in ("/bin", "/lib", "/lib64", "/lib32", "/sbin", "/libx32"):
+        if os.path.islink(link):
+            os.symlink(os.readlink(link), os.path.join(root, link.lstrip("/")))
+    for path in config["read_only"]:
+        _bind(path, root)
+    for dev in ("null", "zero", "full", "random", "urandom"):
+        if os.path.exists(f"/dev/{dev}"):
+            _bind(f"/dev/{dev}", root, read_only=False)
+    os.makedirs(os.path.join(root, "proc"), exist_ok=True)
+    _mount("-t", "proc", "-o", "nosuid,nodev,noexec", "proc", os.path.join(root, "proc"))
+    os.makedirs(os.path.join(root, "tmp"), exist_ok=True)
+    _mount("--bind", work, os.path.join(root, "tmp"))
+    _mount("-o", "remount,bind,nosuid,nodev", os.path.join(root, "tmp"))
+    _mount("-o", "remount,ro,nosuid,nodev", root)
+    os.chroot(root)
+    os.chdir("/tmp")
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_capbset_drop, pr_set_no_new_privs = 24, 38
+    for cap in range(64):
+        libc.prctl(pr_capbset_drop, cap, 0, 0, 0)
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    memory = int(config["memory_mb"]) << 20
+    for lim, value in ((resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, 256 << 20),
+                       (resource.RLIMIT_DATA, memory), (resource.RLIMIT_NPROC, 256), (resource.RLIMIT_NOFILE, 256)):
+        try:
+            resource.setrlimit(lim, (value, value))
+        except (ValueError, OSError):
+            pass
+    os.umask(0o077)
+    fds = [int(config["rfd"]), int(config["wfd"])]
+    os.execve(config["python"], [config["python"], "-I", "-c", config["source"], *map(str, fds)], config["env"])
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "launch":
+    launch(json.loads(sys.argv[2]))
