@@ -9,6 +9,8 @@
 #                                         you: on Linux without an NVIDIA GPU, PyTorch's CPU index
 #                                         (a 190 MB wheel instead of PyPI's CUDA build of several GB);
 #                                         anywhere else, PyPI. TORCH_INDEX= (empty) forces PyPI.
+#                                         An index that does not answer within 5 s is left out, with a
+#                                         line that says so, and torch comes from PyPI instead.
 #   LAB_ARGS="--port 8899 --no-browser"   extra arguments for `jupyter lab`
 #   PYTEST_ARGS="-x -k accept"            extra arguments for pytest
 #   TEST_WORKERS=1                        processes `make test` runs the suite in (pytest-xdist, a file
@@ -37,6 +39,7 @@ ifeq ($(origin TORCH_INDEX),undefined)
   endif
 endif
 TORCH_PIN := $(shell sed -n 's/^torch==\([^ ;]*\).*/\1/p' requirements/base.txt)
+NO_INDEX_BUILD := PyPI or pip's own configured index (on Linux PyPI's build is a CUDA build: several GB)
 TORCH_BUILD := $(if $(filter $(CPU_TORCH_INDEX),$(TORCH_INDEX)),the CPU build (a download of about 190 MB; 0.8 GB installed),$(if $(TORCH_INDEX),from $(TORCH_INDEX),PyPI's default build (on Linux a CUDA build: several GB)))
 
 VPY := $(VENV)/bin/python
@@ -50,16 +53,17 @@ NB_DIRS := $(wildcard notebooks solutions)
 NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=$(CELL_TIMEOUT) --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 .DEFAULT_GOAL := help
-.PHONY: help venv lab test test-portable test-fast doctor exercises check-exercises grade grade-all execute fresh-clone clean distclean
+.PHONY: help venv lab test test-portable test-fast doctor exercises check-exercises grade grade-all grade-merge execute fresh-clone clean distclean
 
 help:
 	@echo "make lab                  set up .venv if needed and open JupyterLab on notebooks/"
 	@echo "make test                 set up .venv if needed and run the whole test suite"
-	@echo "make test-portable        rerun the checked notebooks as other CPUs would round (CI runs it)"
+	@echo "make test-portable        rerun the unit tests and notebooks as other CPUs would round (CI runs it)"
 	@echo "make doctor               readiness report (python -m specref)"
 	@echo "make exercises            regenerate exercises/ from solutions/"
 	@echo "make grade NB=exercises/ex02_accept_reject.ipynb   grade one notebook (SOLUTION=... to name its solution, SEED=N|random for other hidden cases)"
-	@echo "make grade-all DIR=submissions/ [CSV=gradebook.csv]  grade a folder of submissions into a gradebook"
+	@echo "make grade-all DIR=submissions/ [JOBS=N] [CSV=gradebook.csv] [SEED=N|random] [FRESH=1]  grade a class in parallel (resumes; feedback, hand-grading sheets)"
+	@echo "make grade-merge DIR=submissions/ [CSV=gradebook.csv]  merge the hand-grading sheets' marks into the gradebook"
 	@echo "make execute              re-run notebooks/ and solutions/ in place, then make exercises"
 	@echo "make venv                 only the set-up"
 	@echo "make fresh-clone          clone HEAD to a temporary folder and check that set-up works there"
@@ -67,13 +71,17 @@ help:
 venv: $(STAMP)
 
 # The stamp makes set-up idempotent: it reruns only when a pin file or pyproject.toml changes.
+# Step 2 probes the torch index once (tools/probe_index.py) instead of letting pip retry it per package.
 $(STAMP): $(PIN_FILES) pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || \
 		{ echo "specref needs Python 3.10 or newer; '$(PYTHON)' is older (set PYTHON=...)"; exit 1; }
 	@echo "specref set-up [1/4]: a virtual environment in $(VENV)"
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	@echo "specref set-up [2/4]: torch $(TORCH_PIN), $(TORCH_BUILD) (override: TORCH_INDEX=..., see the Makefile's head)"
-	$(PIP_INSTALL) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "torch==$(TORCH_PIN)" -c requirements/lock.txt
+	index='$(TORCH_INDEX)'; \
+	if [ -n "$$index" ] && ! why=$$($(VPY) tools/probe_index.py "$$index" 2>&1); then \
+		echo "specref set-up [2/4]: $$why; going on without it: torch from $(NO_INDEX_BUILD)"; index=; fi; \
+	$(PIP_INSTALL) $${index:+--extra-index-url "$$index"} "torch==$(TORCH_PIN)" -c requirements/lock.txt
 	@echo "specref set-up [3/4]: JupyterLab, numpy, scipy, matplotlib, the test tools (about 1 GB installed)"
 	$(PIP_INSTALL) -r requirements/test.txt -c requirements/lock.txt
 	@echo "specref set-up [4/4]: specref itself, then a consistency check"
@@ -92,8 +100,9 @@ lab: venv
 test: venv
 	$(VPY) -m pytest tests $(NB_DIRS) $(NBVAL) -m "not fresh_clone" $(XDIST) $(PYTEST_ARGS)
 
-# The checked notebooks again, under environments that make this CPU round float32 like another
-# one (tools/portable.py). Several minutes: CI runs it after `make test`.
+# The unit tests and the checked notebooks again, under environments that make this CPU round like
+# another one: torch's MKL and ATen kernels, numpy's and scipy's OpenBLAS kernels, thread counts
+# (tools/portable.py). Half an hour on 2 cores: CI runs it after `make test`.
 test-portable: venv
 	$(VPY) tools/portable.py -- $(NB_DIRS) $(NBVAL) $(PYTEST_ARGS)
 
@@ -120,8 +129,12 @@ grade: venv
 	$(VPY) tools/grade.py $(if $(value SOLUTION),--solution $(call _grade_q,SOLUTION)) $(if $(value SEED),--seed $(call _grade_q,SEED)) -- $(call _grade_q,NB)
 
 grade-all: venv
-	@test -n $(call _grade_q,DIR) || { echo "usage: make grade-all DIR=submissions/ [CSV=gradebook.csv] [SEED=N|random]"; exit 2; }
-	$(VPY) tools/grade.py --all $(call _grade_q,DIR) $(if $(value CSV),--csv $(call _grade_q,CSV)) $(if $(value SEED),--seed $(call _grade_q,SEED))
+	@test -n $(call _grade_q,DIR) || { echo "usage: make grade-all DIR=submissions/ [JOBS=N] [CSV=gradebook.csv] [SEED=N|random] [FRESH=1]"; exit 2; }
+	$(VPY) tools/grade_all.py grade $(if $(value JOBS),--jobs $(call _grade_q,JOBS)) $(if $(value CSV),--csv $(call _grade_q,CSV)) $(if $(value SEED),--seed $(call _grade_q,SEED)) $(if $(filter 1,$(FRESH)),--fresh) -- $(call _grade_q,DIR)
+
+grade-merge: venv
+	@test -n $(call _grade_q,DIR) || { echo "usage: make grade-merge DIR=submissions/ [CSV=gradebook.csv]"; exit 2; }
+	$(VPY) tools/grade_all.py merge $(if $(value CSV),--csv $(call _grade_q,CSV)) -- $(call _grade_q,DIR)
 
 execute: venv
 	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \

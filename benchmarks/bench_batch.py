@@ -219,12 +219,15 @@ def fit_draft_step(rows: list[tuple[int, int, float]]) -> tuple[PassModel, PassM
     return replace(step, error=err), fixed
 
 
+ALPHA_SD_XATOL = 1e-3  # fit_alpha_sd's answer is known to this much (absolute), on any CPU
+
+
 def fit_alpha_sd(rows: list[tuple[float, int, int, float]], n: int) -> float:
     """The rows' spread of alpha that makes `batch_steps` match the runs' step counts (alpha, k, B, steps)."""
     def loss(sd: float) -> float:
         return sum(math.log(batch_steps(a, k, B, n, min(sd, 0.99 * math.sqrt(a * (1 - a)))) / m) ** 2
                    for a, k, B, m in rows)
-    return float(minimize_scalar(loss, bounds=(0.0, 0.3), method="bounded", options={"xatol": 1e-3}).x)
+    return float(minimize_scalar(loss, bounds=(0.0, 0.3), method="bounded", options={"xatol": ALPHA_SD_XATOL}).x)
 
 
 def in_loop_model(grid_model: CostModel, runs: list[dict], P: int, n: int, train: list[int]) -> CostModel:

@@ -1,5 +1,6 @@
 """Shared test settings."""
 
+import os
 import time
 from pathlib import Path
 
@@ -7,7 +8,8 @@ import pytest
 import torch
 
 # Two cores, many small ops: one intra-op thread avoids oversubscription (and is much faster).
-torch.set_num_threads(1)
+# SPECREF_THREADS=2 runs them on two (tools/portable.py's two-threads environment).
+torch.set_num_threads(int(os.environ.get("SPECREF_THREADS", "1")))
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "build" / "screenshots"  # tests/browser writes them
 

@@ -9,9 +9,14 @@ a rule, the widget extension or the bundled models are broken.
 from __future__ import annotations
 
 import ast
+import functools
+import http.server
 import re
+import socket
 import subprocess
 import sys
+import threading
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -163,21 +168,90 @@ def _torch_install(lines: list[str]) -> str:
     return line
 
 
+def _torch_index(lines: list[str]) -> str:
+    """The index the torch step probes and, if it answers, hands to pip ('' for none)."""
+    (line,) = [ln for ln in lines if ln.startswith("index='")]
+    assert '${index:+--extra-index-url "$index"}' in _torch_install(lines)
+    return line.split("'")[1]
+
+
 def test_torch_index_override_reaches_pip():
     """`make venv TORCH_INDEX=...` takes torch from that index; the other packages never ask it."""
     url = "https://example.invalid/whl"
     lines = _venv_commands(f"TORCH_INDEX={url}")
-    assert f"--extra-index-url {url}" in _torch_install(lines)
+    assert _torch_index(lines) == url
     rest = [ln for ln in lines if " -m pip install " in ln and "requirements/test.txt" in ln]
     assert len(rest) == 1 and "--extra-index-url" not in rest[0]
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the automatic choice is made on Linux only")
 def test_without_an_nvidia_gpu_linux_takes_the_cpu_build_of_torch():
-    cpu = "--extra-index-url https://download.pytorch.org/whl/cpu"
-    assert cpu in _torch_install(_venv_commands("HAS_NVIDIA_GPU="))
-    assert "--extra-index-url" not in _torch_install(_venv_commands("HAS_NVIDIA_GPU=yes"))
-    assert "--extra-index-url" not in _torch_install(_venv_commands("TORCH_INDEX="))  # forced PyPI
+    assert _torch_index(_venv_commands("HAS_NVIDIA_GPU=")) == "https://download.pytorch.org/whl/cpu"
+    assert _torch_index(_venv_commands("HAS_NVIDIA_GPU=yes")) == ""
+    assert _torch_index(_venv_commands("TORCH_INDEX=")) == ""  # forced PyPI
+
+
+def _torch_step(index: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, float]:
+    """Run the set-up's torch step as `make venv` would, with pip replaced by echo; (result, seconds)."""
+    lines = _venv_commands(f"TORCH_INDEX={index}", "PIP_INSTALL=echo pip install", f"VPY={sys.executable}")
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("index='"))
+    last = next(i for i, ln in enumerate(lines) if '"torch==' in ln)
+    script = tmp_path / "step.sh"
+    script.write_text("\n".join(lines[first:last + 1]) + "\n")
+    start = time.monotonic()
+    done = subprocess.run(["bash", str(script)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    return done, time.monotonic() - start
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:  # bound, then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_torch_index_costs_seconds_and_one_line_then_pypi(tmp_path):
+    index = f"http://127.0.0.1:{_closed_port()}/whl/cpu"
+    done, seconds = _torch_step(index, tmp_path)
+    assert done.returncode == 0, done.stderr
+    said = [ln for ln in done.stdout.splitlines() if "cannot be reached" in ln]
+    assert len(said) == 1 and index in said[0] and "going on without it" in said[0]
+    install = done.stdout.splitlines()[-1]
+    assert install.startswith("pip install") and "--extra-index-url" not in install and "torch==" in install
+    assert seconds < 10
+
+
+def test_a_reachable_torch_index_is_handed_to_pip(tmp_path):
+    served = tmp_path / "index"
+    (served / "torch").mkdir(parents=True)
+    (served / "torch" / "index.html").write_text("<a href='torch-0-py3-none-any.whl'>torch</a>")
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        index = f"http://127.0.0.1:{server.server_address[1]}"
+        done, _ = _torch_step(index, tmp_path)
+        missing, _ = _torch_step(index + "/elsewhere", tmp_path)  # the server answers, but 404: no torch there
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 0 and "cannot be reached" not in done.stdout
+    assert done.stdout.splitlines()[-1].split()[2:4] == ["--extra-index-url", index]
+    assert "HTTP 404" in missing.stdout and "--extra-index-url" not in missing.stdout.splitlines()[-1]
+
+
+def test_the_probe_gives_up_on_a_silent_index_at_its_timeout():
+    sys.path.insert(0, str(REPO / "tools"))
+    import probe_index
+
+    with socket.socket() as s:  # listens, never answers
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        start = time.monotonic()
+        reason = probe_index.probe(f"http://127.0.0.1:{s.getsockname()[1]}", timeout=0.5)
+    assert reason is not None and "0.5 s" in reason and time.monotonic() - start < 5
+    assert probe_index.probe("ftp://example.invalid") is not None
+    with pytest.raises(ValueError, match="timeout"):
+        probe_index.probe("http://127.0.0.1:1", timeout=0)
 
 
 def test_setup_announces_each_step_and_the_torch_build():

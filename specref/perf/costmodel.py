@@ -57,6 +57,11 @@ from .._validate import as_int_tuple, check_int
 from ..theory import expected_tokens_per_step
 
 FORMS = ("sum", "roofline")
+# least_squares stops once a step changes the cost by less than FTOL (relative). Near the minimum the
+# cost is quadratic in the coefficients, so a fit is pinned down to about sqrt(FTOL) of its values: two
+# CPUs whose BLAS round differently may return fits that differ that much, and no less is promised.
+LEAST_SQUARES_FTOL = 1e-8
+FIT_RTOL = math.sqrt(LEAST_SQUARES_FTOL)
 _TERMS = ("overhead", "weights", "kv", "per_token", "attention")
 
 
@@ -262,7 +267,8 @@ def _fit_roofline(start: PassModel, B: np.ndarray, T: np.ndarray, S: np.ndarray,
     best = None
     s = np.array([start.overhead, 0.0, start.kv, start.per_token, start.attention]) / scale
     for x0 in (s + 0.01, np.array([0.5, 0.5, 0.1, 0.5, 0.1]), np.array([0.1, 1.0, 0.0, 0.2, 0.0]) + 0.01):
-        r = least_squares(resid, x0, bounds=(0, np.inf), method="trf")
+        r = least_squares(resid, x0, bounds=(0, np.inf), method="trf", ftol=LEAST_SQUARES_FTOL,
+                          xtol=LEAST_SQUARES_FTOL, gtol=LEAST_SQUARES_FTOL)
         if best is None or r.cost < best.cost:
             best = r
     return PassModel(*(float(x) for x in best.x * scale), form="roofline")
