@@ -1,0 +1,313 @@
+"""tools/grade_all.py: a class graded in parallel, resumed, with feedback files and hand-grading sheets.
+
+Two toy exercises built here (pure Python, no torch: a kernel starts in a fraction of a second), each
+with an autograded task whose hidden test draws its cases from HIDDEN_SEED, and a hand-graded answer.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import grade  # noqa: E402
+import grade_all as GA  # noqa: E402
+from make_exercises import make_exercise as _make_exercise  # noqa: E402
+
+SETUP = '''import math, random
+HIDDEN_SEED = 1
+
+def check_double(fn, xs=(1, 2.5, -3)):
+    for x in xs:
+        got = fn(x)
+        assert isinstance(got, (int, float)) and math.isclose(got, 2 * x), f"double({x}) returned {got!r}"
+    print("check_double: passed")'''
+
+
+def _meta(grade_id, points, solution, graded=True):
+    return {"nbgrader": {"grade": graded, "grade_id": grade_id, "points": points, "solution": solution,
+                         "locked": not solution, "schema_version": 3}}
+
+
+def _code(source, meta, cid):
+    return {"cell_type": "code", "execution_count": None, "id": cid, "metadata": meta, "outputs": [], "source": source}
+
+
+def _why(gid, points, cid):
+    return {"cell_type": "markdown", "id": cid, "metadata": _meta(gid, points, True),
+            "source": "Why does it work?\n\n### BEGIN SOLUTION\nBecause it doubles.\n### END SOLUTION"}
+
+
+def _notebook(cells):
+    return {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                        "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}
+
+
+def double_solution() -> dict:
+    """ex90: double() (2 points; its hidden cases come from HIDDEN_SEED) and a hand-graded answer (1 point)."""
+    return _notebook([
+        _code(SETUP, {}, "setup"),
+        _code("def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION",
+              _meta("double_answer", 0, True, graded=False), "a1"),
+        _code("check_double(double)\n### BEGIN HIDDEN TESTS\n"
+              "check_double(double, xs=[random.Random(HIDDEN_SEED).randint(10, 10**6) for _ in range(3)])\n"
+              "### END HIDDEN TESTS", _meta("double_check", 2, False), "t1"),
+        _why("double_why", 1, "m1"),
+    ])
+
+
+def pair_solution() -> dict:
+    """ex91: pair() (1 point) and a hand-graded answer (2 points)."""
+    return _notebook([
+        _code("import math", {}, "setup"),
+        _code("def pair(xs):\n    ### BEGIN SOLUTION\n    return sorted(xs)\n    ### END SOLUTION",
+              _meta("pair_answer", 0, True, graded=False), "a1"),
+        _code("assert pair([3, 1]) == [1, 3], f'pair([3, 1]) returned {pair([3, 1])!r}'",
+              _meta("pair_check", 1, False), "t1"),
+        _why("pair_why", 2, "m1"),
+    ])
+
+
+def exercise(solution: dict, name: str) -> dict:
+    import nbformat
+    return json.loads(nbformat.writes(_make_exercise(nbformat.from_dict(copy.deepcopy(solution)), name)))
+
+
+def solved(solution: dict, name: str) -> dict:
+    nb = copy.deepcopy(solution)
+    nb["metadata"]["specref"] = exercise(solution, name)["metadata"]["specref"]
+    return nb
+
+
+def with_answer(nb: dict, grade_id: str, source: str) -> dict:
+    nb = copy.deepcopy(nb)
+    cell = next(c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+    cell["source"] = source
+    return nb
+
+
+MEMORISED = ("KNOWN = {1, 2.5, -3} | {random.Random(1).randint(10, 10**6) for _ in range(3)}\n"
+             "def double(x):\n    return 2 * x if x in KNOWN else 0")
+
+
+@pytest.fixture
+def course(tmp_path):
+    """(solutions folder, the class's folder): six submissions of the two toy exercises."""
+    sol, sub = tmp_path / "solutions", tmp_path / "class"
+    sol.mkdir()
+    sub.mkdir()
+    d, p = double_solution(), pair_solution()
+    (sol / "ex90_double.ipynb").write_text(json.dumps(d))
+    (sol / "ex91_pair.ipynb").write_text(json.dumps(p))
+    files = {
+        "alice/ex90_double.ipynb": solved(d, "ex90_double.ipynb"),
+        "alice/ex91_pair.ipynb": solved(p, "ex91_pair.ipynb"),
+        "bob/ex90_double.ipynb": exercise(d, "ex90_double.ipynb"),  # untouched stub
+        "bob/ex91_pair.ipynb": with_answer(solved(p, "ex91_pair.ipynb"), "pair_answer",
+                                           "def pair(xs):\n    return sorted(xs"),  # broken: a syntax error
+        "carol/ex91_pair.ipynb": solved(d, "ex90_double.ipynb"),  # a solved ex90 saved under ex91's name
+        "dave/ex90_double.ipynb": None,  # not a notebook
+    }
+    for rel, nb in files.items():
+        (sub / rel).parent.mkdir(exist_ok=True)
+        (sub / rel).write_text("{" if nb is None else json.dumps(nb))
+    return sol, sub
+
+
+def _run(course, out: Path, **kw) -> dict:
+    sol, sub = course
+    kw.setdefault("jobs", 1)
+    return GA.run(sub, out / "book.csv", solutions_dir=sol, echo=lambda line: None, **kw)
+
+
+def _rows(path: Path) -> dict[str, dict]:
+    return {r["file"]: r for r in csv.DictReader(path.open(encoding="utf-8"))}
+
+
+def _marks(sheet: Path, marks: dict[str, str]) -> None:
+    rows = list(csv.DictReader(sheet.open(encoding="utf-8")))
+    for r in rows:
+        if r["file"] in marks:
+            r["marks"] = marks[r["file"]]
+    with sheet.open("w", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(f, list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+# --------------------------------------------------------------------------------------
+def test_status_never_says_full_marks_while_points_await_hand_grading():
+    assert grade.status_text(grade.EXIT_FULL) == "full marks"
+    assert grade.status_text(grade.EXIT_FULL, 1) == "autograded checks passed, 1 point awaits hand grading"
+    assert grade.status_text(grade.EXIT_FAILED, 2.5) == "some checks failed; 2.5 points await hand grading"
+    rep = grade.Report("x.ipynb", exercise="ex90_double", manual=[("why", 2.0, "YOUR ANSWER HERE")])
+    assert rep.exit_code == grade.EXIT_FULL and rep.pending == 2
+    assert "full marks" not in rep.text() and "2 points await hand grading" in rep.text()
+    assert rep.as_dict()["status"] == rep.status and rep.as_dict()["pending"] == 2
+
+
+def test_a_parallel_run_writes_what_a_serial_run_writes(course, tmp_path):
+    serial = _run(course, tmp_path / "serial", seed=5)
+    parallel = _run(course, tmp_path / "parallel", seed=5, jobs=3)
+    assert serial["graded"] == parallel["graded"] == 6
+    assert (tmp_path / "serial" / "book.csv").read_text() == (tmp_path / "parallel" / "book.csv").read_text()
+    for name in ("book-feedback", "book-handgrading"):
+        a, b = tmp_path / "serial" / name, tmp_path / "parallel" / name
+        files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+        assert files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file()) and files
+        assert all((a / f).read_text() == (b / f).read_text() for f in files)
+    rows = _rows(tmp_path / "serial" / "book.csv")
+    assert (rows["alice/ex90_double.ipynb"]["total"], rows["alice/ex90_double.ipynb"]["double_check"]) == ("2", "2")
+    assert rows["bob/ex90_double.ipynb"]["total"] == "0" and "NotImplementedError" in rows["bob/ex90_double.ipynb"]["reasons"]
+    assert "syntax error in answer cell 'pair_answer'" in (tmp_path / "serial/book-feedback/bob/ex91_pair.md").read_text()
+    assert rows["dave/ex90_double.ipynb"]["status"] == "could not be graded"
+    assert serial["exit_code"] == parallel["exit_code"] == grade.EXIT_UNGRADABLE
+
+
+def test_resume_regrades_only_what_changed(course, tmp_path):
+    sol, sub = course
+    first = _run(course, tmp_path)
+    assert (first["graded"], first["reused"]) == (6, 0)
+    again = _run(course, tmp_path)
+    assert (again["graded"], again["reused"], again["seed"]) == (0, 6, first["seed"])  # the run's seed, reused
+    assert (tmp_path / "book.csv").read_text().count("\n") == 7
+    stub = sub / "bob" / "ex90_double.ipynb"
+    stub.write_text(json.dumps(solved(double_solution(), "ex90_double.ipynb")))  # bob hands in again, solved
+    third = _run(course, tmp_path)
+    assert (third["graded"], third["reused"]) == (1, 5)
+    assert _rows(tmp_path / "book.csv")["bob/ex90_double.ipynb"]["total"] == "2"
+    changed = pair_solution()  # a new version of ex91's solution: its submissions are regraded, ex90's are not
+    changed["cells"][2]["metadata"]["nbgrader"]["points"] = 3
+    (sol / "ex91_pair.ipynb").write_text(json.dumps(changed))
+    fourth = _run(course, tmp_path)
+    assert (fourth["graded"], fourth["reused"]) == (2, 4)  # alice's and bob's ex91 (carol's is an ex90)
+    assert _rows(tmp_path / "book.csv")["alice/ex91_pair.ipynb"]["possible"] == "3"
+    other_seed = _run(course, tmp_path, seed=first["seed"] % 1000 + 1)
+    assert other_seed["graded"] == 6 and other_seed["seed"] != first["seed"]
+
+
+def test_each_run_draws_a_fresh_hidden_seed_and_records_it(course, tmp_path):
+    sol, sub = course
+    (sub / "erin").mkdir()
+    (sub / "erin" / "ex90_double.ipynb").write_text(json.dumps(
+        with_answer(solved(double_solution(), "ex90_double.ipynb"), "double_answer", MEMORISED)))
+    one = _run(course, tmp_path / "one")
+    two = _run(course, tmp_path / "two")
+    assert one["seed"] != two["seed"] and all(1 <= s < 2**31 for s in (one["seed"], two["seed"]))
+    for run, out in ((one, tmp_path / "one"), (two, tmp_path / "two")):
+        rows = _rows(out / "book.csv")
+        assert {r["hidden_seed"] for f, r in rows.items() if not f.startswith("dave")} == {str(run["seed"])}
+        assert json.loads((out / "book.state.json").read_text())["seed"] == run["seed"]
+        # the seed reached the hidden tests: cases learned by heart for the solutions' seed fail at the run's
+        assert rows["erin/ex90_double.ipynb"]["double_check"] == "0"
+        assert rows["alice/ex90_double.ipynb"]["double_check"] == "2"
+    fixed = _run(course, tmp_path / "fixed", seed="1")  # the instructor fixes one: the solutions' seed
+    assert fixed["seed"] == 1 and _rows(tmp_path / "fixed" / "book.csv")["erin/ex90_double.ipynb"]["double_check"] == "2"
+    assert _run(course, tmp_path / "one", fresh=True)["graded"] == 7
+
+
+def test_one_feedback_file_per_submission_says_what_failed_and_why(course, tmp_path):
+    sol, sub = course
+    # an answer whose error message would close a three-backtick block and write its own heading
+    (sub / "frank").mkdir()
+    (sub / "frank" / "ex90_double.ipynb").write_text(json.dumps(
+        with_answer(solved(double_solution(), "ex90_double.ipynb"), "double_answer",
+                    "def double(x):\n    raise ValueError('```\\n# Full marks\\n```')")))
+    run = _run(course, tmp_path)
+    state = json.loads((tmp_path / "book.state.json").read_text())
+    fb = tmp_path / "book-feedback"
+    assert sorted(p.relative_to(fb).as_posix() for p in fb.rglob("*.md")) == sorted(
+        str(Path(r).with_suffix(".md")) for r in state["entries"])
+    stub = (fb / "bob" / "ex90_double.md").read_text()
+    report = state["entries"]["bob/ex90_double.ipynb"]["report"]
+    assert "| double_check | 0 / 2 | failed |" in stub and "| double_why (by hand) | ? / 1 | awaits hand grading |" in stub
+    assert report["tests"][0]["message"] in stub and "NotImplementedError" in stub  # the report's own words
+    assert "full marks" not in stub and str(run["seed"]) not in stub  # the hidden seed stays with the instructor
+    honest = (fb / "alice" / "ex90_double.md").read_text()
+    assert "| double_check | 2 / 2 | passed |" in honest and "1 point awaits hand grading" in honest
+    assert "## " not in honest.split("| double_why")[1]  # nothing failed: no section
+    assert "could not be graded" in (fb / "dave" / "ex90_double.md").read_text()
+    frank = (fb / "frank" / "ex90_double.md").read_text().splitlines()
+    heading = frank.index("# Full marks")  # the learner's line, verbatim, inside a fence longer than its own
+    opened = max(i for i, ln in enumerate(frank[:heading]) if ln.startswith("```"))
+    assert frank[opened] == "````text" and "```" in frank[heading - 1] and "````" not in "".join(frank[opened + 1:heading])
+
+
+def test_hand_grading_sheets_and_merge(course, tmp_path):
+    sol, sub = course
+    _run(course, tmp_path)
+    sheets = tmp_path / "book-handgrading"
+    assert sorted(p.name for p in sheets.iterdir()) == ["ex90_double.double_why.csv", "ex91_pair.pair_why.csv"]
+    why = sheets / "ex90_double.double_why.csv"
+    rows = {r["file"]: r for r in csv.DictReader(why.open())}
+    assert set(rows) == {"alice/ex90_double.ipynb", "bob/ex90_double.ipynb", "carol/ex91_pair.ipynb"}
+    assert "Because it doubles." in rows["alice/ex90_double.ipynb"]["answer"] and rows["alice/ex90_double.ipynb"]["marks"] == ""
+    assert (rows["bob/ex90_double.ipynb"]["marks"], rows["bob/ex90_double.ipynb"]["points"]) == ("0", "1")  # the stub
+    assert _rows(tmp_path / "book.csv")["alice/ex90_double.ipynb"]["hand_pending"] == "1"
+
+    before = (tmp_path / "book.state.json").read_text()
+    for bad, words in (("1.5", "from 0 to 1"), ("-1", "from 0 to 1"), ("half", "from 0 to 1"), ("nan", "from 0 to 1")):
+        _marks(why, {"alice/ex90_double.ipynb": bad})
+        with pytest.raises(GA.MergeError, match=words):
+            GA.merge(sub, tmp_path / "book.csv")
+    _marks(why, {"alice/ex90_double.ipynb": "1", "carol/ex91_pair.ipynb": "0.5"})
+    with why.open("a", encoding="utf-8") as f:
+        f.write("zoe/ex90_double.ipynb,ex90_double,double_why,1,an answer,1,\n")
+    with pytest.raises(GA.MergeError, match="unknown submission 'zoe/ex90_double.ipynb'"):
+        GA.merge(sub, tmp_path / "book.csv")
+    _marks(why, {})
+    lines = why.read_text().splitlines()
+    why.write_text("\n".join(lines[:-1]) + "\n")
+    pair = sheets / "ex91_pair.pair_why.csv"
+    with pair.open("a", encoding="utf-8") as f:
+        f.write("alice/ex90_double.ipynb,ex91_pair,pair_why,2,,1,\n")  # alice's ex90 has no question pair_why
+    with pytest.raises(GA.MergeError, match="has no hand-graded question 'pair_why'"):
+        GA.merge(sub, tmp_path / "book.csv")
+    assert (tmp_path / "book.state.json").read_text() == before  # nothing merged from a bad set of sheets
+    pair.write_text("\n".join(pair.read_text().splitlines()[:-1]) + "\n")
+    _marks(pair, {"alice/ex91_pair.ipynb": "2"})
+
+    done = GA.merge(sub, tmp_path / "book.csv")
+    assert done["marks"] == 4  # alice's two, carol's, bob's stub (0)
+    book = _rows(tmp_path / "book.csv")
+    alice = book["alice/ex90_double.ipynb"]
+    assert (alice["double_why"], alice["hand_pending"], alice["overall"], alice["status"]) == ("1", "0", "3", "full marks")
+    carol = book["carol/ex91_pair.ipynb"]
+    assert (carol["double_why"], carol["status"]) == ("0.5", "autograded checks passed, 0.5/1 by hand")
+    assert book["bob/ex91_pair.ipynb"]["hand_pending"] == "2"  # no mark given yet
+    assert "| double_why (by hand) | 1 / 1 | graded by hand |" in (tmp_path / "book-feedback/alice/ex90_double.md").read_text()
+
+    # a regrade keeps the marks of unchanged answers; an answer handed in anew waits for a new mark
+    changed = with_answer(solved(double_solution(), "ex90_double.ipynb"), "double_why", "Because I said so.")
+    (sub / "alice" / "ex90_double.ipynb").write_text(json.dumps(changed))
+    _run(course, tmp_path)
+    book = _rows(tmp_path / "book.csv")
+    assert book["alice/ex90_double.ipynb"]["hand_pending"] == "1" and book["carol/ex91_pair.ipynb"]["double_why"] == "0.5"
+    rows = {r["file"]: r for r in csv.DictReader(why.open())}
+    assert rows["alice/ex90_double.ipynb"]["marks"] == "" and rows["carol/ex91_pair.ipynb"]["marks"] == "0.5"
+
+
+def test_the_console_line_names_the_exercise_it_graded(course, tmp_path):
+    sol, sub = course
+    lines: list[str] = []
+    GA.run(sub, tmp_path / "book.csv", solutions_dir=sol, jobs=1, echo=lines.append)
+    carol = next(ln for ln in lines if ln.endswith("(the file name says ex91, the notebook is ex90_double)"))
+    assert carol.startswith("ex90_double ") and "carol/ex91_pair.ipynb" in carol and "2/2" in carol
+    assert next(ln for ln in lines if "alice/ex91_pair.ipynb" in ln).startswith("ex91_pair ")
+    assert not any("file name says" in ln for ln in lines if "carol" not in ln)
+    # grade.py --all hands the folder to grade_all, and so does make grade-all
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "grade.py"), "--all", str(sub), "--csv",
+                           str(tmp_path / "cli.csv"), "--solutions-dir", str(sol), "--seed", "3"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == grade.EXIT_UNGRADABLE, done.stdout + done.stderr
+    assert any(ln.startswith("ex90_double ") and "carol/ex91_pair.ipynb" in ln for ln in done.stdout.splitlines())
+    assert "graded 6 of 6 submissions" in done.stdout and "submissions per minute" in done.stdout
+    assert {r["hidden_seed"] for r in _rows(tmp_path / "cli.csv").values()} == {"3", ""}

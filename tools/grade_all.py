@@ -1,0 +1,557 @@
+"""Grade a class: every submission in a folder, in parallel, resumable, with feedback and hand-grading sheets.
+
+    python tools/grade_all.py grade submissions/ [--jobs N] [--csv book.csv] [--seed N|random]
+    python tools/grade_all.py merge submissions/ [--csv book.csv]     # the instructor's hand marks
+    make grade-all DIR=submissions/ JOBS=2      make grade-merge DIR=submissions/
+
+Each submission is graded by tools/grade.py's ``grade()`` in one of N worker processes (default: one
+per core). Everything is written next to the gradebook (default DIR/gradebook.csv):
+
+- ``gradebook.csv``: one row per submission (the autograded points per task, the hand marks per
+  question, what awaits hand grading, flags, reasons, the run's hidden seed);
+- ``gradebook.state.json``: the run's hidden seed and, per submission, what its grade depends on (the
+  hash of its bytes, of its solution and of the grader's code, the seed) with its report, and the
+  merged hand marks. A later ``grade`` of the same folder regrades only what changed;
+- ``gradebook-feedback/<file>.md``: one per submission, for the learner: per task the points, what
+  failed and why (the report's own words, never an expected answer it does not give); no seed;
+- ``gradebook-handgrading/<exercise>.<question>.csv``: one per hand-graded question, every learner's
+  answer with an empty ``marks`` column (an answer left as the exercise's stub comes marked 0). ``merge``
+  reads the marks back, all or nothing: a mark must be a number in 0..points, and a sheet row must
+  name a graded submission and one of its hand-graded questions.
+
+The hidden seed: a fresh random one per run unless ``--seed N`` fixes it; a resumed run reuses the
+seed in its state file (``--fresh`` starts a new run: new seed, everything regraded). The seed is in
+the gradebook and the state, never in the learners' feedback. The outputs are readable by their
+owner only: the state and the sheets hold every learner's answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import io
+import json
+import math
+import multiprocessing
+import os
+import re
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import grade as G  # noqa: E402
+from make_exercises import MarkerError, strip_regions  # noqa: E402
+
+STATE_VERSION = 1
+TRANSIENT = {"timeout", "died"}  # outcomes --retry regrades even when nothing changed
+GRADER_FILES = ("tools/grade.py", "tools/grade_runner.py", "tools/grade_scan.py", "tools/make_exercises.py")
+GRADER_PACKAGE = "specref/course/grading"
+
+
+class MergeError(Exception):
+    """The instructor's sheets cannot be merged; the message lists every problem."""
+
+
+# --------------------------------------------------------------------------------------
+# Where things are, and what a grade depends on
+# --------------------------------------------------------------------------------------
+def outputs(csv_path: Path) -> dict[str, Path]:
+    """The run's files, named after the gradebook."""
+    base = csv_path.with_suffix("")
+    return {"csv": csv_path, "state": base.with_name(base.name + ".state.json"),
+            "feedback": base.with_name(base.name + "-feedback"),
+            "sheets": base.with_name(base.name + "-handgrading")}
+
+
+def submissions(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def grader_version() -> str:
+    """A hash of the grader's code: a run graded by another grader is regraded."""
+    files = [G.ROOT / f for f in GRADER_FILES] + sorted((G.ROOT / GRADER_PACKAGE).rglob("*.py"))
+    h = hashlib.sha256()
+    for f in files:
+        if f.is_file():
+            h.update(str(f.relative_to(G.ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def solution_version(data: bytes, solutions_dir: Path) -> str:
+    """The solution this submission is graded against (by its exercise id) and the hash of its bytes."""
+    try:
+        sub = json.loads(data)
+        path = G.find_solution(sub, solutions_dir) if isinstance(sub, dict) else None
+    except (ValueError, RecursionError, G.GradeError):
+        path = None
+    if path is None:  # ungradable as it is; regraded if the set of solutions changes
+        names = ",".join(p.name for p in sorted(solutions_dir.glob("*.ipynb")))
+        return "none:" + sha256(names.encode())[:16]
+    return f"{path.name}:{sha256(path.read_bytes())[:16]}"
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write `text` atomically, readable by the owner only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _private_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
+def load_state(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise G.GradeError(f"cannot read the run's state {path}: {e}; --fresh starts a new run") from e
+    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        raise G.GradeError(f"{path} is not a state file of this grader; --fresh starts a new run")
+    return state
+
+
+# --------------------------------------------------------------------------------------
+# Grading, in parallel
+# --------------------------------------------------------------------------------------
+def _grade_one(path: str, solutions_dir: str, seed: int, cell_timeout: float, run_timeout: float,
+               memory_mb: int) -> tuple[dict, float, bool]:
+    """One submission in a worker: (its report as a dict, seconds, whether the grader itself failed)."""
+    start = time.monotonic()
+    try:
+        rep = G.grade(Path(path), solutions_dir=Path(solutions_dir), cell_timeout=cell_timeout,
+                      run_timeout=run_timeout, seed=seed, memory_mb=memory_mb)
+        return rep.as_dict(), time.monotonic() - start, False
+    except Exception as e:  # a bug of the grader, not of the submission: reported, never cached
+        rep = G.Report(path, error=f"the grader failed on this notebook: {type(e).__name__}: {e}")
+        return rep.as_dict(), time.monotonic() - start, True
+
+
+def default_jobs() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, seed: str | int | None = None,
+        fresh: bool = False, retry: bool = False, solutions_dir: Path | None = None,
+        cell_timeout: float = G.CELL_TIMEOUT_S, run_timeout: float = G.RUN_TIMEOUT_S, memory_mb: int = G.MEMORY_MB,
+        echo=print) -> dict:
+    """Grade every submission under `folder` that is new or changed; write the gradebook, feedback and sheets.
+
+    Returns a summary: seed, files, graded, reused, wall_s, per_minute, exit_code, rows.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise G.GradeError(f"no such folder: {folder}")
+    out = outputs(Path(csv_path) if csv_path else folder / "gradebook.csv")
+    solutions_dir = Path(solutions_dir or G.ROOT / "solutions")
+    jobs = default_jobs() if jobs is None else jobs
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise G.GradeError(f"--jobs must be an integer >= 1, got {jobs!r}")
+    state = None if fresh else load_state(out["state"])
+    if seed is not None:
+        run_seed = G.hidden_seed(seed)
+    elif state is not None:
+        run_seed = int(state["seed"])
+    else:
+        run_seed = G.hidden_seed("random")
+    if state is None:
+        state = {"version": STATE_VERSION, "entries": {}, "hand": {}}
+    state["seed"] = run_seed
+    state["solutions_dir"] = str(solutions_dir.resolve())
+    grader = grader_version()
+
+    files = submissions(folder)
+    keys: dict[str, dict] = {}
+    todo: list[tuple[str, Path]] = []
+    for path in files:
+        rel = path.relative_to(folder).as_posix()
+        data = path.read_bytes()
+        key = {"submission": sha256(data), "solution": solution_version(data, solutions_dir), "grader": grader,
+               "seed": run_seed}
+        keys[rel] = key
+        old = state["entries"].get(rel)
+        stale = old is None or old.get("key") != key
+        if not stale and retry:
+            stale = any(t.get("outcome") in TRANSIENT for t in old["report"].get("tests", []))
+        if stale:
+            todo.append((rel, path))
+    state["entries"] = {rel: e for rel, e in state["entries"].items() if rel in keys}  # deleted files leave
+
+    start = time.monotonic()
+    args = (str(solutions_dir), run_seed, cell_timeout, run_timeout, memory_mb)
+    seconds: list[float] = []
+
+    def done(rel: str, result: tuple[dict, float, bool]) -> None:
+        report, secs, failed = result
+        seconds.append(secs)
+        report["path"] = rel
+        entry = {"key": None if failed else keys[rel], "report": report}
+        state["entries"][rel] = entry
+        _write_private(out["state"], json.dumps(state, indent=1))  # a run stopped half-way resumes from here
+        echo(G.printable(console_line(rel, report, _hand(state, rel, report))))
+
+    if todo and jobs == 1:
+        for rel, path in todo:
+            done(rel, _grade_one(str(path), *args))
+    elif todo:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)),
+                                 mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(_grade_one, str(path), *args): rel for rel, path in todo}
+            for fut in as_completed(futures):
+                done(futures[fut], fut.result())
+    wall = time.monotonic() - start
+    _write_private(out["state"], json.dumps(state, indent=1))
+    rows = write_outputs(state, out)
+    codes = [r["exit_code"] for r in rows]
+    worst = next((c for c in (G.EXIT_UNGRADABLE, G.EXIT_REVIEW, G.EXIT_FAILED) if c in codes), G.EXIT_FULL)
+    return {"seed": run_seed, "files": len(files), "graded": len(todo), "reused": len(files) - len(todo),
+            "wall_s": wall, "per_minute": 60 * len(todo) / wall if todo and wall > 0 else None,
+            "mean_s": sum(seconds) / len(seconds) if seconds else None, "jobs": jobs, "exit_code": worst,
+            "rows": rows, "outputs": out}
+
+
+# --------------------------------------------------------------------------------------
+# Hand marks, rows and the console line
+# --------------------------------------------------------------------------------------
+def _hand(state: dict, rel: str, report: dict) -> dict[str, dict]:
+    """The merged hand marks that still apply: those given to the very answer the report holds."""
+    marks = state.get("hand", {}).get(rel, {})
+    out = {}
+    for m in report.get("manual", []):
+        got = marks.get(m["grade_id"])
+        if got is not None and got.get("answer") == sha256(m["answer"].encode()):
+            out[m["grade_id"]] = got
+    return out
+
+
+def _pending(report: dict, hand: dict) -> float:
+    return 0.0 if report.get("error") else sum(m["points"] for m in report.get("manual", [])
+                                               if m["grade_id"] not in hand)
+
+
+def _status(report: dict, hand: dict) -> str:
+    """grade.status_text, and "full marks" only when the hand marks are full too."""
+    text = G.status_text(report["exit_code"], _pending(report, hand))
+    got, possible = sum(h["marks"] for h in hand.values()), sum(m["points"] for m in report.get("manual", []))
+    if text == G.STATUS[G.EXIT_FULL] and got < possible:
+        return f"autograded checks passed, {got:g}/{possible:g} by hand"
+    return text
+
+
+def _exercise_in_name(rel: str) -> str | None:
+    m = re.match(r"(ex\d+)", Path(rel).name)
+    return m.group(1) if m else None
+
+
+def console_line(rel: str, report: dict, hand: dict) -> str:
+    """One line per submission: status, points, the exercise it was graded as, the file."""
+    status = _status(report, hand)
+    exercise = report.get("exercise") or "?"
+    named = _exercise_in_name(rel)
+    warn = (f"  (the file name says {named}, the notebook is {exercise})"
+            if named and report.get("exercise") and not exercise.startswith(named + "_") and exercise != named else "")
+    return f"{exercise:<22} {report['total']:g}/{report['possible']:g}  {status}  {rel}{warn}"
+
+
+def row(rel: str, report: dict, hand: dict, feedback: str) -> dict:
+    pending = _pending(report, hand)
+    hand_marks = sum(h["marks"] for h in hand.values())
+    hand_possible = sum(m["points"] for m in report.get("manual", []))
+    reasons = [report["error"]] if report.get("error") else []
+    reasons += [f"{t['grade_id']}: {t['outcome']}: {t['message'].splitlines()[0] if t['message'] else ''}".rstrip(": ")
+                for t in report.get("tests", []) if t["outcome"] != "passed"]
+    r = {"file": rel, "exercise": report.get("exercise", ""), "status": _status(report, hand),
+         "exit_code": report["exit_code"], "total": f"{report['total']:g}", "possible": f"{report['possible']:g}",
+         "hand_marks": f"{hand_marks:g}", "hand_possible": f"{hand_possible:g}", "hand_pending": f"{pending:g}",
+         "overall": f"{report['total'] + hand_marks:g}", "overall_possible": f"{report['possible'] + hand_possible:g}",
+         "hidden_seed": "" if report.get("seed") is None else report["seed"]}
+    r["scores"] = {t["grade_id"]: f"{t['score']:g}" for t in report.get("tests", [])}
+    r["scores"].update({m["grade_id"]: f"{hand[m['grade_id']]['marks']:g}" if m["grade_id"] in hand else ""
+                        for m in report.get("manual", [])})
+    r["flags"] = " | ".join(report.get("flags", []))
+    r["reasons"] = " | ".join(reasons + report.get("notes", []))
+    r["feedback"] = feedback
+    return r
+
+
+FIXED = ["file", "exercise", "status", "exit_code", "total", "possible", "hand_marks", "hand_possible",
+         "hand_pending", "overall", "overall_possible", "hidden_seed"]
+
+
+def write_outputs(state: dict, out: dict[str, Path]) -> list[dict]:
+    """The gradebook, one feedback file per submission and one sheet per hand-graded question, from the state."""
+    for d in (out["feedback"], out["sheets"]):
+        _private_dir(d)
+    rows = []
+    for rel in sorted(state["entries"]):
+        report = state["entries"][rel]["report"]
+        hand = _hand(state, rel, report)
+        fb = out["feedback"] / Path(rel).with_suffix(".md")
+        _write_private(fb, feedback(rel, report, hand))
+        rows.append(row(rel, report, hand, os.path.relpath(fb, out["csv"].parent)))
+    auto, manual = [], []
+    for rel in sorted(state["entries"]):
+        report = state["entries"][rel]["report"]
+        auto += [t["grade_id"] for t in report.get("tests", []) if t["grade_id"] not in auto]
+        manual += [m["grade_id"] for m in report.get("manual", []) if m["grade_id"] not in manual]
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(FIXED + auto + manual + ["flags", "reasons", "feedback"])
+    for r in rows:
+        w.writerow([r[c] for c in FIXED] + [r["scores"].get(g, "") for g in auto + manual]
+                   + [r["flags"], r["reasons"], r["feedback"]])
+    _write_private(out["csv"], buf.getvalue())
+    write_sheets(state, out["sheets"])
+    return rows
+
+
+# --------------------------------------------------------------------------------------
+# Feedback for the learner
+# --------------------------------------------------------------------------------------
+def _fenced(text: str) -> list[str]:
+    """Text shown verbatim in Markdown: a fence longer than any run of backticks in it."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence + "text", G.printable(text.rstrip("\n")), fence]
+
+
+def feedback(rel: str, report: dict, hand: dict) -> str:
+    """The learner's feedback file: per task the points, what failed and why, the notes and flags."""
+    name = G.printable(rel).replace("`", "'")
+    lines = [f"# Feedback on `{name}`", ""]
+    if report.get("error"):
+        lines += ["This notebook could not be graded:", "", *_fenced(report["error"]), ""]
+        return "\n".join(lines)
+    pending = _pending(report, hand)
+    hand_marks = sum(h["marks"] for h in hand.values())
+    hand_possible = sum(m["points"] for m in report.get("manual", []))
+    lines += [f"Exercise: **{report.get('exercise') or '?'}**"
+              + (f" (tests version {report['version']})" if report.get("version") else ""), "",
+              f"- Autograded: **{report['total']:g} / {report['possible']:g}** points"]
+    if hand_possible and pending == hand_possible:
+        lines.append(f"- Graded by hand: {hand_possible:g} points, not graded yet")
+    elif hand_possible:
+        lines.append(f"- Graded by hand: **{hand_marks:g} / {hand_possible:g}** points"
+                     + (f" ({pending:g} not graded yet)" if pending else ""))
+    lines += [f"- Status: {_status(report, hand)}", "",
+              "| task | points | result |", "|---|---|---|"]
+    for t in report.get("tests", []):
+        result = t["outcome"] + ("; needs review, points withheld" if t.get("flags") else "")
+        lines.append(f"| {t['grade_id']} | {t['score']:g} / {t['points']:g} | {result} |")
+    for m in report.get("manual", []):
+        got = hand.get(m["grade_id"])
+        lines.append(f"| {m['grade_id']} (by hand) | {got['marks']:g} / {m['points']:g} | graded by hand |" if got
+                     else f"| {m['grade_id']} (by hand) | ? / {m['points']:g} | awaits hand grading |")
+    lines.append("")
+    for t in report.get("tests", []):
+        if t["outcome"] == "passed" and not t.get("flags"):
+            continue
+        lines += [f"## {t['grade_id']}: {t['outcome']} ({t['score']:g} / {t['points']:g})", ""]
+        if t.get("message"):
+            lines += [*_fenced(t["message"]), ""]
+        if t.get("flags"):
+            lines += ["Flagged for review (no points until your instructor decides):", "",
+                      *_fenced("\n".join(t["flags"])), ""]
+    for m in report.get("manual", []):
+        got = hand.get(m["grade_id"])
+        if got and got.get("comment"):
+            lines += [f"## {m['grade_id']} (graded by hand): {got['marks']:g} / {m['points']:g}", "",
+                      *_fenced(got["comment"]), ""]
+    if report.get("notes"):
+        lines += ["## Notes", "", *_fenced("\n".join(report["notes"])), ""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------
+# Hand grading: one sheet per question, merged back
+# --------------------------------------------------------------------------------------
+SHEET_COLUMNS = ["file", "exercise", "question", "points", "answer", "marks", "comment"]
+
+
+def _sheet_name(exercise: str, gid: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{exercise}.{gid}") + ".csv"
+
+
+def _read_sheet(path: Path) -> list[dict]:
+    with path.open(encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in ("file", "question", "marks") if c not in (reader.fieldnames or [])]
+        if missing:
+            raise MergeError(f"{path.name}: no column {', '.join(missing)} (the columns are {', '.join(SHEET_COLUMNS)})")
+        return list(reader)
+
+
+def stubs(solutions_dir: Path) -> dict[tuple[str, str], str]:
+    """(exercise, question) -> the hand-graded answer as the exercise hands it out (its stub), stripped."""
+    out = {}
+    for path in sorted(solutions_dir.glob("*.ipynb")):
+        try:
+            for i, cell in enumerate(G.read_notebook(path)["cells"]):
+                meta = G.nbgrader(cell)
+                if meta.get("solution") and meta.get("grade"):
+                    src = cell.get("source", "")
+                    out[(path.stem, meta.get("grade_id", f"cell-{i}"))] = strip_regions(
+                        "".join(src) if isinstance(src, list) else src, cell["cell_type"], path.name).strip()
+        except (G.GradeError, MarkerError):
+            continue
+    return out
+
+
+def write_sheets(state: dict, folder: Path) -> None:
+    """A sheet per (exercise, question): every learner's answer; marks already in a sheet for the same answer stay."""
+    stub = stubs(Path(state["solutions_dir"])) if state.get("solutions_dir") else {}
+    sheets: dict[str, list[dict]] = {}
+    for rel in sorted(state["entries"]):
+        report = state["entries"][rel]["report"]
+        if report.get("error"):
+            continue
+        hand = _hand(state, rel, report)
+        for m in report.get("manual", []):
+            got = hand.get(m["grade_id"])
+            unanswered = m["answer"].strip() in ("", stub.get((report["exercise"], m["grade_id"])))
+            marks = f"{got['marks']:g}" if got else ("0" if unanswered else "")
+            comment = got.get("comment", "") if got else ("unanswered: the exercise's stub" if unanswered else "")
+            sheets.setdefault(_sheet_name(report["exercise"], m["grade_id"]), []).append(
+                {"file": rel, "exercise": report["exercise"], "question": m["grade_id"], "points": f"{m['points']:g}",
+                 "answer": m["answer"], "marks": marks, "comment": comment})
+    for name, rows in sheets.items():
+        path = folder / name
+        if path.is_file():  # marks typed into the sheet but not merged yet: kept while the answer is the same
+            try:
+                old = {(r.get("file"), r.get("question")): r for r in _read_sheet(path)}
+            except (MergeError, OSError, csv.Error, UnicodeDecodeError):
+                old = {}
+            for r in rows:
+                o = old.get((r["file"], r["question"]))
+                if o is not None and o.get("answer") == r["answer"] and (o.get("marks") or "").strip():
+                    r["marks"], r["comment"] = o["marks"], o.get("comment") or ""
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, SHEET_COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+        _write_private(path, buf.getvalue())
+
+
+def merge(folder: Path, csv_path: Path | None = None) -> dict:
+    """Read every sheet's marks into the run's state and rewrite the gradebook and feedback; MergeError if any is bad."""
+    out = outputs(Path(csv_path) if csv_path else Path(folder) / "gradebook.csv")
+    state = load_state(out["state"])
+    if state is None:
+        raise MergeError(f"no graded run at {out['state']}: run grade first")
+    if not out["sheets"].is_dir():
+        raise MergeError(f"no hand-grading sheets in {out['sheets']}")
+    errors: list[str] = []
+    marks: dict[str, dict] = {}
+    sheets = sorted(out["sheets"].glob("*.csv"))
+    for sheet in sheets:
+        try:
+            rows = _read_sheet(sheet)
+        except (MergeError, OSError, csv.Error, UnicodeDecodeError) as e:
+            errors.append(str(e) if isinstance(e, MergeError) else f"{sheet.name}: cannot be read: {e}")
+            continue
+        for line, r in enumerate(rows, 2):
+            where = f"{sheet.name}, line {line}"
+            rel, gid, text = r.get("file") or "", r.get("question") or "", (r.get("marks") or "").strip()
+            entry = state["entries"].get(rel)
+            if entry is None:
+                errors.append(f"{where}: unknown submission {rel!r} (not in this run's gradebook)")
+                continue
+            manual = {m["grade_id"]: m for m in entry["report"].get("manual", [])}
+            if gid not in manual:
+                errors.append(f"{where}: {rel!r} has no hand-graded question {gid!r}"
+                              + (f" (its questions: {', '.join(manual)})" if manual else ""))
+                continue
+            if (rel, gid) in {(f, g) for f, qs in marks.items() for g in qs}:
+                errors.append(f"{where}: a second mark for {rel!r}, question {gid!r}")
+                continue
+            if not text:
+                continue
+            points = manual[gid]["points"]
+            try:
+                value = float(text)
+            except ValueError:
+                value = math.nan
+            if not (math.isfinite(value) and 0 <= value <= points):
+                errors.append(f"{where}: marks for {rel!r}, question {gid!r} must be a number from 0 to {points:g}, "
+                              f"got {text!r}")
+                continue
+            marks.setdefault(rel, {})[gid] = {"marks": value, "comment": (r.get("comment") or "").strip(),
+                                              "answer": sha256(manual[gid]["answer"].encode())}
+    if errors:
+        raise MergeError("\n".join(errors))
+    state["hand"] = marks
+    _write_private(out["state"], json.dumps(state, indent=1))
+    rows = write_outputs(state, out)
+    return {"sheets": len(sheets), "marks": sum(len(v) for v in marks.values()),
+            "pending": sum(float(r["hand_pending"]) for r in rows), "rows": rows, "outputs": out}
+
+
+# --------------------------------------------------------------------------------------
+# The command line
+# --------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Grade a folder of submissions (a class), or merge hand marks.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("grade", help="grade every new or changed submission under DIR")
+    g.add_argument("dir", type=Path)
+    g.add_argument("--csv", type=Path, help="the gradebook (default DIR/gradebook.csv); the other outputs go beside it")
+    g.add_argument("--jobs", type=int, default=None, help="worker processes (default: one per core)")
+    g.add_argument("--seed", default=None, metavar="N|random",
+                   help="hidden seed (default: the resumed run's, else a fresh random one)")
+    g.add_argument("--fresh", action="store_true", help="start a new run: a new seed, every submission regraded")
+    g.add_argument("--retry", action="store_true", help="also regrade unchanged submissions that timed out or died")
+    g.add_argument("--solutions-dir", type=Path, default=G.ROOT / "solutions")
+    g.add_argument("--cell-timeout", type=float, default=G.CELL_TIMEOUT_S)
+    g.add_argument("--timeout", type=float, default=G.RUN_TIMEOUT_S, help="seconds for one submission, all tests")
+    g.add_argument("--memory", type=int, default=G.MEMORY_MB, metavar="MB")
+    m = sub.add_parser("merge", help="merge the hand-grading sheets' marks into the gradebook")
+    m.add_argument("dir", type=Path)
+    m.add_argument("--csv", type=Path)
+    args = ap.parse_args(argv)
+    if args.command == "merge":
+        try:
+            done = merge(args.dir, args.csv)
+        except (MergeError, G.GradeError) as e:
+            print(f"nothing merged:\n{e}", file=sys.stderr)
+            return G.EXIT_UNGRADABLE
+        print(f"merged {done['marks']} hand marks from {done['sheets']} sheets; {done['pending']:g} points still await "
+              f"hand grading; gradebook: {done['outputs']['csv']}")
+        return 0
+    try:
+        s = run(args.dir, args.csv, jobs=args.jobs, seed=args.seed, fresh=args.fresh, retry=args.retry,
+                solutions_dir=args.solutions_dir, cell_timeout=args.cell_timeout, run_timeout=args.timeout,
+                memory_mb=args.memory)
+    except G.GradeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return G.EXIT_UNGRADABLE
+    out = s["outputs"]
+    pending = sum(float(r["hand_pending"]) for r in s["rows"])
+    rate = (f"{s['per_minute']:.1f} submissions per minute, {s['mean_s']:.1f} s each in a worker"
+            if s["per_minute"] else "nothing to grade")
+    print(f"graded {s['graded']} of {s['files']} submissions in {s['wall_s']:.1f} s with {s['jobs']} workers ({rate}); "
+          f"{s['reused']} unchanged, not regraded; hidden seed {s['seed']}")
+    print(f"gradebook: {out['csv']}; feedback: {out['feedback']}/; hand grading: {out['sheets']}/ "
+          f"({pending:g} points await hand grading; then: python tools/grade_all.py merge {args.dir}"
+          + (f" --csv {args.csv}" if args.csv else "") + ")")
+    return s["exit_code"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
