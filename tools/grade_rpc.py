@@ -108,8 +108,46 @@ class Remote:
     def __repr__(self) -> str:
         return f"<{self._kind} object of the other process>"
 
+    def __hash__(self) -> int:
+        return hash((id(self._peer), self._hid))
+
+    def __float__(self) -> float:
+        return self._peer.request("op", self._hid, "float", None, False)
+
+    def __int__(self) -> int:
+        return self._peer.request("op", self._hid, "int", None, False)
+
+    def __index__(self) -> int:
+        return self._peer.request("op", self._hid, "index", None, False)
+
     def __reduce__(self):
         raise TypeError("a remote object cannot be pickled")
+
+
+def _binary(name: str, reflected: bool = False):
+    def method(self, other):
+        return self._peer.request("op", self._hid, name, other, reflected)
+    method.__name__ = f"__{'r' if reflected else ''}{name.rstrip('_')}__"
+    return method
+
+
+def _unary(name: str):
+    def method(self):
+        return self._peer.request("op", self._hid, name, None, False)
+    method.__name__ = f"__{name}__"
+    return method
+
+
+_BINARY = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and_", "or_", "xor")
+_COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
+_UNARY = ("neg", "pos", "abs", "invert")
+for _n in _BINARY:
+    setattr(Remote, f"__{_n.rstrip('_')}__", _binary(_n))
+    setattr(Remote, f"__r{_n.rstrip('_')}__", _binary(_n, True))
+for _n in _COMPARE:
+    setattr(Remote, f"__{_n}__", _binary(_n))
+for _n in _UNARY:
+    setattr(Remote, f"__{_n}__", _unary(_n))
 
 
 # --------------------------------------------------------------------------------------
@@ -564,6 +602,17 @@ class Peer:
             return items
         if op == "bool":
             return bool(obj)
+        if op == "op":
+            import operator
+            name, other, reflected = args[1], args[2], args[3]
+            if name in ("float", "int", "index"):
+                return {"float": float, "int": int, "index": operator.index}[name](obj)
+            if name not in _BINARY + _COMPARE + _UNARY:
+                raise TypeError(f"unsupported operation {name!r}")
+            fn = getattr(operator, name)
+            if name in _UNARY:
+                return fn(obj)
+            return fn(other, obj) if reflected else fn(obj, other)
         raise ValueError(f"unknown operation {op!r}")
 
     def serve_forever(self) -> None:
