@@ -45,6 +45,7 @@ checks, perf
     checks.pitfalls     the check that catches each shipped bug; exact TV      (nb 08)
     perf.costs, perf.measure   timing and the roofline                         (nb 01, 04)
     perf.costmodel      PassModel, CostModel, choose_k, batch_steps, crossover, the H100 example  (nb 07)
+    perf.draft_costs    a draft's parameters and KV cache; its step on a modelled GPU  (nb 05)
 course
     course.grading.*, course.plots, course.widgets, course.doctor  (the exercises and views)
 """
