@@ -26,12 +26,25 @@ def reference(context, k, max_ngram, min_ngram):
     return [context[s + j % (len(context) - s)] for j in range(k)]
 
 
+def _wrong(context, k, max_ngram, min_ngram, latest=True, longest_first=True):
+    """The usual mistakes, written here (a learner's answer may not call the grader's own)."""
+    L = len(context)
+    s = L - 1
+    ns = list(range(min(max_ngram, L - 1), min_ngram - 1, -1))
+    for n in (ns if longest_first else ns[::-1]):
+        starts = [i for i in range(L - n) if context[i : i + n] == context[L - n :]]
+        if starts:
+            s = (starts[-1] if latest else starts[0]) + n
+            break
+    return [context[s + j % (L - s)] for j in range(k)]
+
+
 def earliest(context, k, max_ngram, min_ngram):
-    return G._variant(context, k, max_ngram, min_ngram, latest=False)
+    return _wrong(context, k, max_ngram, min_ngram, latest=False)
 
 
 def shortest_first(context, k, max_ngram, min_ngram):
-    return G._variant(context, k, max_ngram, min_ngram, longest_first=False)
+    return _wrong(context, k, max_ngram, min_ngram, longest_first=False)
 
 
 def no_wrap(context, k, max_ngram, min_ngram):  # stops copying where the context ends, then repeats the last token
@@ -60,12 +73,82 @@ def repeat_last(context, k, max_ngram, min_ngram):
     return [context[-1]] * k
 
 
-def test_the_reference_rule_passes_every_check(capsys):
+def one_token_only(context, k, max_ngram, min_ngram):  # right about the next token, then repeats it
+    return reference(context, 1, max_ngram, min_ngram) * k
+
+
+class LookupDraft:
+    """The solution's draft: stateless, one-hot q."""
+
+    def __init__(self, vocab_size, max_ngram=3, min_ngram=1, rule=None):
+        self.vocab_size, self.max_ngram, self.min_ngram = vocab_size, max_ngram, min_ngram
+        self.rule = rule or reference
+
+    def begin(self, batch_size):
+        self.batch_size = batch_size
+
+    def q(self, drafts):
+        return torch.nn.functional.one_hot(drafts, self.vocab_size).double()
+
+    def propose(self, tokens, lengths, k):
+        rows = [self.rule(row[:n], k, self.max_ngram, self.min_ngram) for row, n in zip(tokens.tolist(), lengths.tolist())]
+        drafts = torch.tensor(rows, dtype=torch.long).reshape(len(rows), k)
+        return drafts, self.q(drafts)
+
+    def rollback(self, n_valid):
+        pass
+
+
+class CachingDraft(LookupDraft):
+    """A stateful draft: keeps each row's context and reads only the new tokens; rollback trims it."""
+
+    def begin(self, batch_size):
+        self.rows = [[] for _ in range(batch_size)]
+
+    def propose(self, tokens, lengths, k):
+        for b, n in enumerate(lengths.tolist()):
+            self.rows[b] += tokens[b, len(self.rows[b]) : n].tolist()
+        drafts = torch.tensor([self.rule(r, k, self.max_ngram, self.min_ngram) for r in self.rows],
+                              dtype=torch.long).reshape(len(self.rows), k)
+        return drafts, self.q(drafts)
+
+    def rollback(self, n_valid):
+        self.rows = [r[:n] for r, n in zip(self.rows, n_valid.tolist())]
+
+
+class NoRollback(CachingDraft):
+    def rollback(self, n_valid):
+        pass
+
+
+class Smoothed(LookupDraft):
+    """The negative control of the distribution test: the same proposals, q half one-hot and half uniform."""
+
+    def q(self, drafts):
+        return 0.5 * super().q(drafts) + 0.5 / self.vocab_size
+
+
+class Float32(LookupDraft):
+    def q(self, drafts):
+        return super().q(drafts).float()
+
+
+class InPlace(LookupDraft):
+    def propose(self, tokens, lengths, k):
+        out = super().propose(tokens, lengths, k)
+        lengths -= 1
+        return out
+
+
+def test_the_reference_rule_and_draft_pass_every_check(capsys):
     G.check_proposals(reference)
     G.check_proposals(reference, n_cases=400, seed=1)
-    G.check_lossless(reference)
+    G.check_draft(LookupDraft)
+    G.check_draft(LookupDraft, seed=1)
+    G.check_draft(CachingDraft, seed=7)
     G.check_tokens_per_pass(reference)
-    assert capsys.readouterr().out.count("passed") == 4
+    G.check_tokens_per_pass(reference, seed=1)
+    assert capsys.readouterr().out.count("passed") == 7
 
 
 def test_the_reference_equals_the_package_rule_on_the_hidden_cases():
@@ -91,6 +174,96 @@ def test_the_proposal_check_flags_each_broken_rule(rule, message):
         G.check_proposals(rule)
 
 
+@pytest.mark.parametrize("rule", [earliest, shortest_first, one_token_only, repeat_last, lambda c, k, a, b: [0] * k])
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_wrong_rules_fall_clearly_below_the_bar_of_task_3(rule, seed):
+    """The review streams make the rule's choices matter: every wrong rule gets under 0.5 x the reference's tokens per
+    pass (the bar is 0.9 x), at the visible seed and at hidden ones."""
+    streams = G.review_streams(6, seed)
+    ratio = G.stream_tokens_per_pass(rule, streams, 8) / G.stream_tokens_per_pass(lookup, streams, 8)
+    assert ratio < 0.5, ratio
+    with pytest.raises(AssertionError, match="too few tokens per target pass"):
+        G.check_tokens_per_pass(rule, seed=seed)
+
+
+@pytest.mark.parametrize("draft, message", [
+    (Smoothed, "not the target's"),  # the negative control: the distribution test flags it
+    (lambda V, a, b: Smoothed(V, a, b), "not the target's"),
+    (Float32, "q must be a float64 tensor"),
+    (NoRollback, "wrong proposal"),  # remembers rejected drafts
+    (InPlace, "changed the buffer or the lengths in place"),
+    (lambda V, a, b: LookupDraft(V, a, b, rule=earliest), "wrong proposal"),
+])
+def test_the_draft_check_flags_each_broken_draft(draft, message):
+    with pytest.raises(AssertionError, match=message):
+        G.check_draft(draft)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_the_distribution_test_has_power_against_a_smoothed_q_and_passes_the_one_hot_q(seed):
+    """At the check's sample size, the one-hot draft passes and a draft reporting q = 0.9 one-hot + 0.1 uniform (a
+    milder smoothing than the negative control's) already fails, on the visible prompt and on hidden ones."""
+
+    class Mild(LookupDraft):
+        def q(self, drafts):
+            return 0.9 * super().q(drafts) + 0.1 / self.vocab_size
+
+    target = G.tiny_target(1000 + seed)
+    V = target.config.vocab_size
+    prompt = G._prompt(seed, V)
+    assert G.first_two_test(G._Adapter(LookupDraft(V), V), target, prompt, 4000, seed).passed
+    assert not G.first_two_test(G._Adapter(Mild(V), V), target, prompt, 4000, seed).passed
+
+
+def test_one_line_library_calls_score_zero_with_a_message_that_says_why():
+    """Each task's answer made of the reference it asks for fails at the visible check, and says why."""
+    from specref.course.grading.draft_positions import check_acceptance_counts
+    from specref.decoding import record
+    from specref.drafts import PromptLookupDraft
+    from specref.drafts import prompt_lookup as pl
+
+    def lookup_proposal(context, k, max_ngram, min_ngram):
+        return lookup(context, k, max_ngram, min_ngram)
+
+    def via_module(context, k, max_ngram, min_ngram):
+        return pl._copy(context, pl.match(context, max_ngram, min_ngram) or len(context) - 1, k)
+
+    class Subclass(PromptLookupDraft):
+        pass
+
+    def acceptance_by_position(steps, k):
+        return record.acceptance_by_position(steps, k)
+
+    for check, answer, task in [(G.check_proposals, lookup_proposal, 1), (G.check_proposals, via_module, 1),
+                                (G.check_tokens_per_pass, lookup, 3), (G.check_draft, Subclass, 2),
+                                (G.check_draft, lambda V, a, b: PromptLookupDraft(V, a, b), 2),
+                                (check_acceptance_counts, acceptance_by_position, 5)]:
+        with pytest.raises(AssertionError, match=rf"Task {task}: your .* uses specref\.") as e:
+            check(answer)
+        assert "scores 0" in str(e.value)
+
+
+def test_the_reference_rule_leaves_proxies_alone():
+    """A grader's proxy of a learner function is not a Python function: the inspection does nothing to it."""
+    from specref.course.grading.rules import reference_uses
+
+    class Proxy:
+        def __call__(self, *args):
+            return lookup(*args)
+
+    assert reference_uses(Proxy(), ("specref.drafts.prompt_lookup",)) == []
+    G.check_proposals(Proxy())  # graded by what it returns; the grader's scanner flags reference use there
+
+
+def test_constant_answers_fail_every_task():
+    with pytest.raises(AssertionError):
+        G.check_proposals(lambda c, k, a, b: [0] * k)
+    with pytest.raises(AssertionError):
+        G.check_tokens_per_pass(lambda c, k, a, b: [c[-1]] * k)
+    with pytest.raises(AssertionError, match="wrong proposal"):
+        G.check_draft(lambda V, a, b: LookupDraft(V, a, b, rule=lambda c, k, x, y: [0] * k))
+
+
 def test_answers_are_read_as_plain_ints():
     assert G._as_proposal(torch.tensor([3, 4]), 2) == [3, 4]
     assert G._as_proposal([np.int64(3), torch.tensor(4)], 2) == [3, 4]
@@ -99,30 +272,21 @@ def test_answers_are_read_as_plain_ints():
         assert G._as_proposal(bad, 2) is None, bad
 
 
-@pytest.mark.parametrize(
-    "rule, message",
-    [
-        (lambda c, k, a, b: [50_000] * k, "each in the vocabulary"),
-        (lambda c, k, a, b: [c[-1]] * (k + 1), "return exactly k token ids"),
-    ],
-)
-def test_the_lossless_check_flags_invalid_proposals(rule, message):
-    with pytest.raises(AssertionError, match=message):
-        G.check_lossless(rule)
-
-
-def test_the_tokens_per_pass_check_flags_a_draft_that_does_not_copy():
-    with pytest.raises(AssertionError, match="too few tokens per target pass"):
-        G.check_tokens_per_pass(repeat_last)
-
-
-def test_an_unsolved_stub_reaches_the_learner_as_not_implemented():
+def test_an_unsolved_stub_says_which_task_is_not_done_yet():
     def stub(*args):
-        raise NotImplementedError()
+        raise NotImplementedError("Task 1: write lookup_proposal (see the task above)")
 
-    for check in (G.check_proposals, G.check_lossless, G.check_tokens_per_pass):
-        with pytest.raises(NotImplementedError):
+    class StubDraft:
+        def __init__(self, *args):
+            raise NotImplementedError("Task 2: write LookupDraft.__init__ (see the task above)")
+
+    for check in (G.check_proposals, G.check_tokens_per_pass):
+        with pytest.raises(NotImplementedError, match=r"^Task 1 is not done yet: write lookup_proposal"):
             check(stub)
+    with pytest.raises(NotImplementedError, match=r"^Task 2 is not done yet: write LookupDraft.__init__"):
+        G.check_draft(StubDraft)
+    with pytest.raises(NotImplementedError, match=r"^Task 2 is not done yet"):
+        G.check_draft(lambda *a: (_ for _ in ()).throw(NotImplementedError()))
 
 
 def test_an_answer_that_hard_codes_the_visible_streams_passes_them_and_fails_the_hidden_ones():

@@ -10,7 +10,8 @@ solutions/ is the single source. Markers are nbgrader's:
   the indentation of the BEGIN line; in a markdown cell it becomes ``YOUR ANSWER HERE``. The stub speaks
   (`stub_message`): N is the number of the last ``## Task N`` heading of a markdown cell above the
   region; NAME is the function or class whose body holds the region (the nearest ``def``/``class``
-  line above it at a smaller indentation), or, for a region at the top of a cell, the names it
+  line above it at a smaller indentation; a method is named with its class, ``LookupDraft.propose``),
+  or, for a region at the top of a cell, the names it
   binds ("set beta and res"), keeping those the task's text names in backticks when it names any.
   Without a task heading above it the message says "(see the exercise above)" and names no task.
 * ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS``: removed, markers included
@@ -81,8 +82,13 @@ def stub_message(lines: list[str], begin: int, end: int, task: tuple[str, str] |
     for line in reversed(lines[:begin]):
         m = _DEF.match(line)
         if m and len(m.group(1)) < indent:
-            name = m.group(2)
-            break
+            if name is None:
+                name, indent = m.group(2), len(m.group(1))
+            elif line.lstrip().startswith("class "):
+                name = f"{m.group(2)}.{name}"  # a method: named with its class
+                break
+            else:
+                break
     if name is None:
         names = _region_names(lines[begin + 1 : end], task[1] if task else "")
         verb, name = "set", " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)

@@ -18,6 +18,12 @@ import torch
 
 from ...decoding.record import RecordedStep, acceptance_by_position
 from .report import _call, _fail, _passed
+from .rules import graded
+
+# Task 5 must not call the count it asks for, nor reach into the graders.
+FORBIDDEN = ("specref.decoding.record.acceptance_by_position", "specref.decoding.record.counts_from_histogram",
+             "specref.course.grading")
+ALLOWED = ("specref.course.grading.draft_positions.check_acceptance_counts",)
 
 Counter = Callable[[list[RecordedStep], int], object]
 
@@ -81,6 +87,7 @@ def _show(steps: list[RecordedStep]) -> str:
         (", ...]" if len(steps) > 6 else "]")
 
 
+@graded(5, "check_acceptance_counts", FORBIDDEN, ALLOWED)
 def check_acceptance_counts(fn: Counter, n_cases: int = 100, seed: int = 0) -> None:
     """Grade acceptance_by_position(steps, k) against the reference on recorded-step lists."""
     g = "check_acceptance_counts"
