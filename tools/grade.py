@@ -57,7 +57,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import grade_jail  # noqa: E402
-from grade_scan import UNREADABLE, imported_specref_names, names_bound, names_used, scan  # noqa: E402
+from grade_scan import UNREADABLE, helper_names, imported_specref_names, names_bound, names_used, scan  # noqa: E402
 from make_exercises import MarkerError, strip_regions, tests_version  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -229,7 +229,7 @@ def with_seed(source: str, seed: int) -> str:
 
 
 def build_plan(solution: dict, submission: dict, solution_name: str = "solution",
-               seed: int = DEFAULT_HIDDEN_SEED) -> Plan:
+               seed: int = DEFAULT_HIDDEN_SEED, wall: bool | None = None) -> Plan:
     sol_cells, sub_cells = solution["cells"], submission["cells"]
     notes: list[str] = []
     eid, ver = stamp(submission)
@@ -240,6 +240,8 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
     first_answer = next((i for i, c in enumerate(sol_cells) if is_answer(c)), len(sol_cells))
     setup_sources = [_source(c) for i, c in enumerate(sol_cells) if i < first_answer and c.get("cell_type") == "code"]
     specref_names = imported_specref_names(setup_sources)
+    helpers = helper_names(setup_sources) & specref_names  # TorchRNG, exact_distribution, distribution_test, ...
+    wall = WALL if wall is None else wall
     cells: list[dict] = []
     tests: list[TestSpec] = []
     manual: list[tuple[str, float, str]] = []
@@ -271,7 +273,7 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
                 if ref.get("cell_type") != "code":
                     continue
             try:
-                findings = scan(text, specref_names, names_used(_source(ref)) & specref_names)
+                findings = scan(text, specref_names, (names_used(_source(ref)) & specref_names) | helpers, wall)
             except SyntaxError as e:
                 syntax[i] = f"syntax error in answer cell {gid!r}, line {e.lineno}: {e.msg}"
                 findings = []
@@ -852,7 +854,7 @@ def grade(notebook: Path, solution: Path | None = None, solutions_dir: Path | No
         submission = read_notebook(notebook)
         solution = solution or find_solution(submission, solutions_dir or ROOT / "solutions")
         sol = read_notebook(solution)
-        plan = build_plan(sol, submission, Path(solution).name, seed)
+        plan = build_plan(sol, submission, Path(solution).name, seed, wall)
     except GradeError as e:
         report.error = str(e)
         return report

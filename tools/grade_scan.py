@@ -27,8 +27,14 @@ RISKY_SUBMODULES = {"utils", "hub", "jit", "ops", "multiprocessing", "distribute
                     "f2py", "distutils", "backends", "classes", "_inductor"}
 RISKY_NAMES = {"exec", "eval", "compile", "open", "getattr", "setattr", "delattr", "vars", "globals", "locals",
                "breakpoint", "input", "help", "exit", "quit", "memoryview", "__import__", "__builtins__",
-               "get_ipython", "super_setattr"}
+               "get_ipython", "super_setattr",
+               # attribute access by a computed name, under the names other modules re-export it by
+               # (torch.autograd.profiler_util.attrgetter, torch.serialization.tarfile.bltn_open)
+               "attrgetter", "methodcaller", "bltn_open"}
 RISKY_ATTRS = {"load", "save", "loadtxt", "savetxt", "fromfile", "tofile", "memmap", "DataSource", "compile",
+               # more ways to read a file: numpy's text and regex readers, torch's file-backed storage
+               "genfromtxt", "fromregex", "from_file", "open_memmap", "recfromtxt", "recfromcsv", "read_text",
+               "read_bytes", "load_state_dict_from_url",
                "gi_frame", "gi_code", "cr_frame", "ag_frame", "f_back", "f_globals", "f_locals", "f_builtins",
                "f_code", "tb_frame", "tb_next", "co_code", "mro", "register_forward_hook",
                "register_forward_pre_hook", "register_full_backward_hook", "register_hook",
@@ -52,6 +58,12 @@ MODULE_ATTRS = (set(sys.stdlib_module_names) - ALLOWED_IMPORTS - TENSOR_METHODS)
     "bltns", "mp", "typing_extensions", "torchgen", "charset_normalizer"}
 # Builtins that other modules re-export under the same name (io.open, builtins.getattr); model.eval() is honest.
 RISKY_NAME_ATTRS = RISKY_NAMES - {"eval"}
+# Harmless once the learner's code runs in a kernel of its own (the grading wall): they change only that kernel.
+# The exercises' own cells use them (a smoke run seeds a private torch.Generator with .manual_seed).
+IN_PROCESS_ONLY = {"manual_seed", "seed", "set_num_threads"}
+# specref helpers an exercise hands the learner to run experiments with (random number generators, Monte Carlo
+# and exact-distribution tests, toy chains): an answer may use those the exercise's own cells use.
+HELPER_MODULES = ("specref.sampling", "specref.checks.rng", "specref.checks.montecarlo", "specref.checks.toy")
 ALLOWED_DUNDERS = {"__init__", "__repr__", "__str__", "__name__", "__doc__", "__len__", "__iter__",
                    "__post_init__", "__future__"}
 
@@ -81,12 +93,16 @@ def _dunder(name: str) -> bool:
     return name.startswith("__") and name.endswith("__") and len(name) > 4
 
 
-def scan(source: str, specref_names: set[str] = frozenset(), allowed_specref: set[str] = frozenset()) -> list[Finding]:
+def scan(source: str, specref_names: set[str] = frozenset(), allowed_specref: set[str] = frozenset(),
+         wall: bool = False) -> list[Finding]:
     """Findings in one answer cell; raises SyntaxError when it does not parse.
 
     specref_names: names the exercise's setup imports from specref; allowed_specref: those of
-    them that the solution's answer itself uses.
+    them that the solution's answer itself uses (and the exercise's helpers, `helper_names`).
+    wall: the answer runs in a kernel apart from the checks, so what changes only its own
+    process (IN_PROCESS_ONLY) is not flagged.
     """
+    risky_attrs = RISKY_ATTRS - IN_PROCESS_ONLY if wall else RISKY_ATTRS
     tree = ast.parse(source)
     found: list[Finding] = []
 
@@ -110,8 +126,8 @@ def scan(source: str, specref_names: set[str] = frozenset(), allowed_specref: se
                     add("interference", node, f"imports {m}")
             if isinstance(node, ast.ImportFrom):
                 for a in node.names:
-                    if (a.name in RISKY_SUBMODULES or a.name in RISKY_ATTRS or a.name in RISKY_NAMES or a.name == "*"
-                            or a.name in MODULE_ATTRS):
+                    if (a.name in RISKY_SUBMODULES or a.name in risky_attrs or a.name in RISKY_NAMES or a.name == "*"
+                            or a.name in MODULE_ATTRS or (a.name.startswith("_") and node.module != "__future__")):
                         add("interference", node, f"imports {a.name} from {node.module}")
         elif isinstance(node, ast.Name):
             if node.id == "specref":
@@ -125,7 +141,7 @@ def scan(source: str, specref_names: set[str] = frozenset(), allowed_specref: se
                 add("interference", node, f"uses the attribute {node.attr}")
             elif node.attr.startswith("_") and not _dunder(node.attr):
                 add("interference", node, f"uses the private attribute .{node.attr}")
-            elif node.attr in RISKY_ATTRS or node.attr in RISKY_SUBMODULES or node.attr in RISKY_NAME_ATTRS:
+            elif node.attr in risky_attrs or node.attr in RISKY_SUBMODULES or node.attr in RISKY_NAME_ATTRS:
                 add("interference", node, f"uses .{node.attr}")
             elif node.attr in MODULE_ATTRS:
                 add("interference", node,
@@ -146,8 +162,14 @@ def scan(source: str, specref_names: set[str] = frozenset(), allowed_specref: se
             v = node.value
             if "specref" in v:
                 add("reference", node, "names specref in a string")
-            elif _dunder(v.strip()) or v.strip() in RISKY_ATTRS or v.strip() in RISKY_NAMES:
+            elif _dunder(v.strip()) or v.strip() in risky_attrs or v.strip() in RISKY_NAMES:
                 add("interference", node, f"names {v.strip()!r} in a string")
+        elif isinstance(node, ast.MatchClass):  # case C(attr=...) reads attributes by name, like C.attr
+            for name in node.kwd_attrs:
+                if name.startswith("_"):
+                    add("interference", node, f"reads the attribute {name} in a match pattern")
+                elif name in risky_attrs or name in RISKY_SUBMODULES or name in RISKY_NAME_ATTRS or name in MODULE_ATTRS:
+                    add("interference", node, f"reads .{name} in a match pattern")
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type" and len(node.args) == 3:
             add("interference", node, "creates a class with type(name, bases, dict)")
     return found
@@ -166,6 +188,20 @@ def imported_specref_names(sources: list[str]) -> set[str]:
                 names |= {a.asname or a.name for a in node.names}
             elif isinstance(node, ast.Import):
                 names |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] == "specref"}
+    return names
+
+
+def helper_names(sources: list[str]) -> set[str]:
+    """Names the cells import from specref's helper modules (HELPER_MODULES): allowed in answers."""
+    names: set[str] = set()
+    for src in sources:
+        try:
+            tree = ast.parse(src)
+        except (SyntaxError, *UNREADABLE):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "") in HELPER_MODULES:
+                names |= {a.asname or a.name for a in node.names}
     return names
 
 

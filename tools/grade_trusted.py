@@ -65,15 +65,14 @@ def names_loaded(source: str) -> list[str]:
 
 
 def _arrays(values) -> list:
-    import numpy as np
-    import torch
-    return [v for v in values if isinstance(v, (torch.Tensor, np.ndarray))]
+    kinds = tuple(t for t in (getattr(sys.modules.get("torch"), "Tensor", None),
+                              getattr(sys.modules.get("numpy"), "ndarray", None)) if t is not None)
+    return [v for v in values if kinds and isinstance(v, kinds)]
 
 
 def _same(a, b) -> bool:
-    import numpy as np
-    import torch
-    if isinstance(a, torch.Tensor):
+    torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
+    if torch is not None and isinstance(a, torch.Tensor):
         return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
     return bool(np.array_equal(a, b))
 

@@ -1,0 +1,207 @@
+"""The grading wall (issue 31): answers run in a jailed kernel, the tests in a trusted process.
+
+Each attack below is a submission that forged full marks, read a file it must not read, or learned the
+hidden seed on the grader before the wall (checked by running this file with GRADE_PY pointing at the
+old tools/grade.py, see the report of the change); on today's grader it gains nothing. The toy exercise
+(tests/test_grade_security.py) keeps these fast: no torch in its setup.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_grade_security import (AS_ROOT, answer, attacked, grade, make_exercise, solved, toy,  # noqa: E402,F401
+                                 toy_solution)
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+import grade as grader  # noqa: E402
+from grade_scan import scan  # noqa: E402
+
+# The toy's test cells are cells 3 (double_check) and 5 (pair_check): a forger reports both as passed.
+_FORGE = ('    for n in (3, 5):\n'
+          '        emit({"ev": "result", "n": n, "grade_id": None, "outcome": "passed", "message": "", "flags": [], '
+          '"answer_errors": []})\n'
+          '    emit({"ev": "done"})\n'
+          '    leave(0)\n')
+
+# Route 1 and 2 of the issue: a module handed out under an underscore name, and a match statement's class
+# pattern reading the kernel's private functions by name (neither was scanned).
+MATCH_ROUTE = ('from collections import _sys\n'
+               'match _sys.modules["__ma" + "in__"]:\n'
+               '  case object(_emit=emit, _exit=leave):\n' + _FORGE)
+# Route 3: operator.attrgetter re-exported under a public name of an allowed module, names built from strings.
+ATTRGETTER_ROUTE = ('import torch\n'
+                    'from torch.autograd.profiler_util import attrgetter\n'
+                    'main = attrgetter("modules")(attrgetter("sy" + "s")(torch))["__ma" + "in__"]\n'
+                    'emit, leave = attrgetter("_em" + "it")(main), attrgetter("_ex" + "it")(main)\n'
+                    'if True:\n' + _FORGE)
+# Any means at all: everything the kernel's process holds, searched and called; forged lines on every fd.
+ANY_MEANS = '''import gc, os, sys, builtins
+for obj in list(gc.get_objects()):
+    if isinstance(obj, dict) and ("_emit" in obj or "_plan" in obj or "emit" in obj):
+        for key in ("_emit", "emit"):
+            if callable(obj.get(key)):
+                for n in (3, 5):
+                    try:
+                        obj[key]({"ev": "result", "n": n, "grade_id": None, "outcome": "passed", "message": "",
+                                  "flags": [], "answer_errors": []})
+                    except BaseException:
+                        pass
+builtins.AssertionError = type("Never", (Exception,), {})
+for fd in range(3, 40):
+    try:
+        os.write(fd, b'{"ev": "result", "n": 3, "outcome": "passed", "message": "", "flags": []}\\n')
+    except OSError:
+        pass
+'''
+
+
+def _forged(report: dict) -> bool:
+    return any(t["score"] > 0 for t in report.get("tests", []))
+
+
+@pytest.mark.parametrize("route", [MATCH_ROUTE, ATTRGETTER_ROUTE], ids=["underscore-import+match", "attrgetter"])
+def test_the_issue_routes_forge_nothing(toy, route):
+    """On the old grader these scanner-clean stubs scored 3/3 with exit 0; now: no points, and flagged."""
+    code, report, out = grade(attacked(toy[2], route), toy)
+    assert report, out
+    assert not _forged(report), report
+    assert code == grader.EXIT_REVIEW, report  # the scanner names the route too
+    assert report["flags"], report
+
+
+def _plan_without_scanner(toy, code: str) -> grader.Plan:
+    sol_dir, _, exercise = toy
+    sol = json.loads((sol_dir / "ex_toy.ipynb").read_text())
+    plan = grader.build_plan(sol, attacked(exercise, code), "ex_toy.ipynb")
+    plan.flags.clear()
+    plan.reference.clear()
+    return plan
+
+
+@pytest.mark.parametrize("route", [MATCH_ROUTE, ATTRGETTER_ROUTE, ANY_MEANS], ids=["match", "attrgetter", "any-means"])
+def test_reaching_the_kernels_own_globals_cannot_change_a_grade(toy, route):
+    """With the scanner's findings thrown away, whatever the answer does in its kernel, the stubs still fail:
+    the grade is decided in a process that runs no learner code."""
+    results = grader.grade_plan(_plan_without_scanner(toy, route), cell_timeout=60, wall=True)
+    assert [r.outcome for r in results] != ["passed", "passed"]
+    assert all(r.outcome != "passed" for r in results), [(r.grade_id, r.outcome, r.message) for r in results]
+
+
+def _reader(path: Path) -> str:
+    return ('import numpy as np\n'
+            f'raise ValueError("leaked: " + str(np.genfromtxt({str(path)!r}, dtype=str, delimiter="|")))\n')
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="the jail needs root (namespaces, a fresh uid)")
+def test_a_root_only_file_and_a_sibling_submission_are_unreadable(toy, tmp_path):
+    """A root-only file (mode 600 in a mode-700 folder) and another student's notebook in the same folder:
+    the old kernel read both (CAP_DAC_READ_SEARCH; np.genfromtxt was not flagged) and raised them back."""
+    secret = tmp_path / "root_only.txt"
+    secret.write_text("ROOT-SECRET-4711")
+    secret.chmod(0o600)
+    os.chmod(tmp_path, 0o700)
+    sub_dir = toy[1]
+    bob = solved(toy)
+    answer(bob, "why")["source"] = "BOB-SECRET-0815"
+    (sub_dir / "bob.ipynb").write_text(json.dumps(bob))
+    for path, word in ((secret, "ROOT-SECRET-4711"), (sub_dir / "bob.ipynb", "BOB-SECRET-0815")):
+        code, report, out = grade(attacked(toy[2], _reader(path)), toy)
+        assert report, out
+        assert word not in json.dumps(report) and word not in out, (path, report)
+        assert any("genfromtxt" in f for f in report["flags"]), report
+
+
+def test_the_hidden_tests_and_seed_never_reach_the_kernel(toy):
+    """The old kernel held the test cells, hidden tests and `HIDDEN_SEED = N` included, in its own memory."""
+    sol_dir, _, _ = toy
+    sol = toy_solution()
+    test = answer(sol, "double_check")
+    test["source"] = test["source"].replace("xs=(10, -7.5)", "xs=(HIDDEN_SEED % 97, -7.5)")
+    (sol_dir / "ex_toy.ipynb").write_text(json.dumps(sol))
+    exercise = make_exercise(sol)
+    probe = ('import sys\n'
+             'seen = []\n'
+             'def walk(o, depth=0):\n'
+             '    if depth > 8:\n'
+             '        return\n'
+             '    if isinstance(o, str):\n'
+             '        if "HIDDEN" + "_SEED" in o and "check" + "_double" in o:\n'
+             '            seen.append(o)\n'
+             '    elif isinstance(o, dict):\n'
+             '        for v in list(o.values()):\n'
+             '            walk(v, depth + 1)\n'
+             '    elif isinstance(o, (list, tuple)):\n'
+             '        for v in list(o):\n'
+             '            walk(v, depth + 1)\n'
+             'for m in list(sys.modules.values()):\n'
+             '    walk(getattr(m, "__dict__", {}))\n'
+             'raise ValueError("found: " + repr(seen)[:3000])\n')
+    code, report, out = grade(attacked(exercise, probe), toy, "alice.ipynb", "--seed", "918273")
+    assert report and report["seed"] == 918273, out
+    assert "found: []" in json.dumps(report["tests"]), json.dumps(report["tests"])[:3000]
+    assert "918273" not in json.dumps(report["tests"]), json.dumps(report["tests"])[:3000]
+
+
+def test_a_fresh_seed_is_drawn_and_reported(toy):
+    sol_dir, sub_dir, _ = toy
+    path = sub_dir / "alice.ipynb"
+    path.write_text(json.dumps(solved(toy)))
+    a = grader.grade(path, sol_dir / "ex_toy.ipynb", seed=None)
+    assert a.seed is not None and 1 <= a.seed < 2**31 and a.total == a.possible, a.text()
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="the jail needs root")
+def test_the_honest_ex02_answer_with_a_smoke_run_gets_full_marks(tmp_path):
+    """The exercise's own smoke run (TorchRNG over a seeded private generator) copied into an answer: the old
+    scanner flagged it (manual_seed, TorchRNG as 'the reference'), scoring the task 0 with 'needs review'."""
+    sol = REPO / "solutions" / "ex02_accept_reject.ipynb"
+    nb = json.loads(sol.read_text())
+    cell = answer(nb, "ex02_step_answer")
+    src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+    cell["source"] = src + (
+        "\n\nsmoke_rng = TorchRNG(torch.Generator().manual_seed(0))\n"
+        "print(speculative_step(torch.tensor([1]), torch.tensor([[0.3, 0.6, 0.1]], dtype=torch.float64),\n"
+        "                       torch.tensor([[0.6, 0.3, 0.1], [0.2, 0.5, 0.3]], dtype=torch.float64), smoke_rng))\n")
+    path = tmp_path / "honest.ipynb"
+    path.write_text(json.dumps(nb))
+    report = grader.grade(path, sol)
+    assert report.exit_code == grader.EXIT_FULL and report.total == report.possible, report.text()
+
+
+# -- the scanner: the issue's routes and file readers, and the exercises' own helpers ------------------
+@pytest.mark.parametrize("source, word", [
+    ("match x:\n  case object(_emit=e):\n    pass", "_emit"),
+    ("from random import _os", "_os"),
+    ("from torch.autograd.profiler_util import attrgetter", "attrgetter"),
+    ("import operator\nf = operator.attrgetter('a' + 'b')", "attrgetter"),
+    ("import numpy as np\nnp.genfromtxt('/etc/passwd')", "genfromtxt"),
+    ("import numpy as np\nnp.fromregex('/f', 'x', str)", "fromregex"),
+    ("import torch\ntorch.from_file('/f')", "from_file"),
+    ("import numpy as np\nnp.fromfile('/f')", "fromfile"),
+    ("import numpy as np\nnp.load('/f')", "load"),
+])
+def test_the_scanner_flags_the_routes_and_file_reads(source, word):
+    found = scan(source, wall=True)
+    assert any(word in f.text for f in found), found
+
+
+def test_the_exercises_own_helpers_are_allowed_in_answers():
+    """ex08: TorchRNG over a seeded generator, and distribution_test (which the task suggests)."""
+    sol = json.loads((REPO / "solutions" / "ex08_lossless_or_not.ipynb").read_text())
+    sub = copy.deepcopy(sol)
+    cell = answer(sub, "ex08_check_answer")
+    cell["source"] = ("def is_lossless(sampler) -> bool:\n"
+                      "    rng = TorchRNG(torch.Generator().manual_seed(0))\n"
+                      "    result = distribution_test\n"
+                      "    return bool(result) and rng is not None\n")
+    plan = grader.build_plan(sol, sub, "ex08_lossless_or_not.ipynb", wall=True)
+    assert not plan.flags and not plan.reference, (plan.flags, plan.reference)
