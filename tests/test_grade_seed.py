@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from specref.course.grading import batch as G
@@ -81,35 +82,37 @@ def _submission(answer_source: str) -> dict:
     nb = json.loads((ROOT / "solutions" / "ex07_load_aware_k.ipynb").read_text())
     nb["metadata"]["specref"] = {"exercise": "ex07_load_aware_k"}
     for c in nb["cells"]:
-        if c["metadata"].get("nbgrader", {}).get("grade_id") == "ex07_choose_k_answer":
+        if c["metadata"].get("nbgrader", {}).get("grade_id") == "ex07_fit_answer":
             c["source"] = answer_source
     return nb
 
 
 def test_the_plan_binds_the_seed_inside_each_test_cell_after_every_answer():
     # An answer that rebinds HIDDEN_SEED (to 0: the visible cases) changes nothing: the test cell binds it again.
-    nb = _submission("HIDDEN_SEED = 0\n\ndef choose_k(alpha, batch_size, table, k_max=8):\n    return 0\n")
+    nb = _submission("HIDDEN_SEED = 0\n\ndef fit_pass_time(rows):\n    return [0.0, 0.0, 0.0]\n")
     solution = json.loads((ROOT / "solutions" / "ex07_load_aware_k.ipynb").read_text())
     plan = grade.build_plan(solution, nb, "ex07_load_aware_k.ipynb", seed=9)
     tests = [c for c in plan.cells if c["role"] == "test"]
     assert plan.seed == 9 and tests
     assert all(c["source"].startswith("HIDDEN_SEED = 9\n") for c in tests if "HIDDEN_SEED" in c["source"])
-    assert sum("HIDDEN_SEED" in c["source"] for c in tests) == 2  # choose_k and day-and-night
+    assert sum("HIDDEN_SEED" in c["source"] for c in tests) == 4  # the fit, the speedup, the crossover, the policy
     default = grade.build_plan(solution, nb, "ex07_load_aware_k.ipynb")
     assert default.seed == grade.DEFAULT_HIDDEN_SEED == 1
 
 
 def _memorising_answer() -> str:
-    # Every case the visible test (seed 0) and the solutions' hidden test (seed 1) ask, answered by exhaustive
-    # search beforehand and written into the answer as a table: no policy at all, only a lookup.
+    # Every table the visible fit check (seed 0) and the solutions' hidden one (seed 1) ask about, with its true
+    # coefficients, written into the answer as a table: no fit at all, only a lookup by the first row's time.
     memo = {}
-    for seed, n in ((0, 40), (1, 200)):
-        for _, t, a, B, km in G._cases(n, seed):
-            memo[repr((a, B, km, t["pass_s"][B], t["draft_s"][B]))] = G.best_ks(t, a, B, km)[0]
+    rng = np.random.default_rng(0)
+    tables = [G._visible_table(rng) for _ in range(4)]
+    rng = np.random.default_rng([1, 71])
+    tables += [G._unseen_table(rng) for _ in range(12)]
+    for theta, rows, _sigma in tables:
+        memo[repr(float(rows[0, 3]))] = [float(x) for x in theta]
     return (f"MEMO = {memo!r}\n\n"
-            "def choose_k(alpha, batch_size, table, k_max=8):\n"
-            "    key = repr((alpha, batch_size, k_max, table['pass_s'][batch_size], table['draft_s'][batch_size]))\n"
-            "    return MEMO.get(key, k_max)\n")
+            "def fit_pass_time(rows):\n"
+            "    return MEMO.get(repr(float(rows[0][3])), [0.0, 0.0, 0.0])\n")
 
 
 def _grade(tmp_path: Path, nb: dict, *args: str) -> dict:
@@ -123,7 +126,7 @@ def _grade(tmp_path: Path, nb: dict, *args: str) -> dict:
 
 @pytest.mark.slow
 def test_answers_learned_by_heart_pass_the_solutions_seed_and_fail_another(tmp_path):
-    check = "ex07_choose_k_check"
+    check = "ex07_fit_check"
     memorised = _submission(_memorising_answer())
     at_default = _grade(tmp_path, memorised)
     assert at_default["seed"] == 1
