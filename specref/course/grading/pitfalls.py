@@ -14,13 +14,18 @@ target's joint. The grader decides that itself, by exact enumeration (`specref.c
 on its own cases, with the inputs checked unchanged after every call. It does not keep a table of answers:
 whether a sampler is lossless is what it does.
 
-* `check_classification(answer)`: the learner's {name: True (lossless) / False} for the visible `SAMPLERS`;
-* `check_lossless_check(fn)`: the learner's is_lossless(sampler) -> bool must give the right verdict on every
-  visible sampler, and (hidden tests) on samplers the learner has not seen. Either way the check runs on fresh
-  samplers the grader builds, under opaque names, in an order the learner cannot know in advance.
+Samplers are built from a `Spec` (how drafts are drawn and reported, how they are verified, the bonus, an
+input written in place). The six visible ones (`SAMPLERS`, "A" to "F") are fixed; the hidden ones are
+composed anew from the hidden seed (`hidden_specs`): random lossless variants, and broken ones with one
+flaw of a random kind and random parameters, kept only when exactly lossless or clearly broken.
 
-Every `check_*` function raises AssertionError with the input, the expected and the received answer and a
-hint, or returns None and prints one line on success.
+* `check_lossless_check(is_lossless)`: the right verdict on fresh copies of the six, or (hidden) on
+  samplers built from the seed;
+* `check_evidence(is_lossless, evidence)`: each verdict together with its evidence, the input the sampler
+  writes into or its exact largest TV from the target over `reference_cases()`.
+
+Both run on fresh function objects under opaque names, in an order drawn anew; a failure shows what the
+learner's code returned and which property failed, never which verdict is wrong.
 """
 
 from __future__ import annotations
@@ -29,12 +34,14 @@ import functools
 import math
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from ...checks.rng import exact_distribution
 from ...checks.toy import MarkovChain, random_chain
-from .report import _call, _fail, _passed
+from .report import _as_float, _call, _fail, _passed
+from .rules import graded
 
 TEMPERATURE = 0.7
 TOL = 1e-9
@@ -75,27 +82,61 @@ def _entropy(p: list[float]) -> float:
     return -sum(x * math.log(x) for x in p if x > 0)
 
 
-def _speculate(target: torch.Tensor, draft: torch.Tensor, start: int, n: int, rng: object, k: int, how: str) -> list:
-    """n tokens of the target at TEMPERATURE by speculation with k drafts per step; `how` picks the variant."""
-    if how == "inplace":  # the temperature applied to the caller's tensor, in place
-        target.copy_(torch.softmax(torch.log(target) / TEMPERATURE, -1))
+@dataclass(frozen=True)
+class Spec:
+    """How a sampler is built: every field at its first value is the exact rule at TEMPERATURE.
+
+    k: drafts per step. temperature: what the sampler processes the target with. sampled / reported:
+    the draft distributions the drafts come from and the one handed to the rule ("processed": the draft
+    at the sampler's temperature, "raw": unprocessed, "argmax": one-hot on the processed argmax,
+    "softmax": the processed draft where the drafts were argmax, "mix:w": w x processed + (1 - w) x uniform).
+    verify: "exact", "count" (every test drawn first, then counted), "always", "typical:h" (keep a draft
+    whose p exceeds h; argmax next token), "inverted" (accept with min(1, q/p)), "extra_draw" (an unused
+    uniform first: lossless). final: "residual", "skip_residual" (p_a after a rejection), "q_residual"
+    (max(0, q - p)). bonus: "next" (p_{k+1}), "same" (p_k again), "none" (no bonus: lossless).
+    inplace: "" or the input ("target" or "draft") the sampler writes into.
+    """
+
+    k: int = 2
+    temperature: float = TEMPERATURE
+    sampled: str = "processed"
+    reported: str = "processed"
+    verify: str = "exact"
+    final: str = "residual"
+    bonus: str = "next"
+    inplace: str = ""
+
+
+def _draft_rows(draft: torch.Tensor, how: str, temperature: float) -> list[list[float]]:
+    if how == "raw":
+        return draft.double().tolist()
+    rows = _processed(draft, temperature)
+    if how == "argmax":
+        return _one_hot_argmax(rows)
+    if how.startswith("mix:"):
+        w = float(how[4:])
+        return [[w * x + (1 - w) / len(r) for x in r] for r in rows]
+    return rows  # "processed", "softmax"
+
+
+def _speculate(target: torch.Tensor, draft: torch.Tensor, start: int, n: int, rng: object, spec: Spec) -> list:
+    """n tokens of the target at TEMPERATURE (if the spec is right) by speculation with spec.k drafts per step."""
+    T = spec.temperature
+    if spec.inplace == "target":  # the temperature applied to the caller's tensor, in place
+        target.copy_(torch.softmax(torch.log(target) / T, -1))
         P = target.tolist()
     else:
-        P = _processed(target, TEMPERATURE)
-    if how == "raw":  # sampled and reported raw: consistent
-        sampled = reported = draft.double().tolist()
-    elif how == "q_raw":  # sampled processed, reported raw
-        sampled, reported = _processed(draft, TEMPERATURE), draft.double().tolist()
-    elif how in ("argmax", "argmax_softmax"):
-        reported = _processed(draft, TEMPERATURE)
-        sampled = _one_hot_argmax(reported)
-        if how == "argmax":
-            reported = sampled
-    else:
-        sampled = reported = _processed(draft, TEMPERATURE)
+        P = _processed(target, T)
+    sampled = _draft_rows(draft, spec.sampled, T)
+    reported = _draft_rows(draft, spec.reported, T)
+    if spec.inplace == "draft":  # the draft's rows normalised in place after use: the caller's tensor changes
+        draft.copy_(torch.softmax(torch.log(draft) / T, -1))
+    k = spec.k
     out: list[int] = []
     last = start
     while len(out) < n:
+        if spec.verify == "extra_draw":
+            rng.uniform()  # drawn and never used: changes nothing
         xs, ctx = [], last
         for _ in range(k):
             x = rng.categorical(sampled[ctx])
@@ -103,7 +144,7 @@ def _speculate(target: torch.Tensor, draft: torch.Tensor, start: int, n: int, rn
             ctx = x
         ctxs = [last] + xs  # ctxs[i]: the context of position i
         emitted: list[int] = []
-        if how == "count":  # every accept test drawn first, then counted, not stopped at the first failure
+        if spec.verify == "count":  # every accept test drawn first, then counted, not stopped at the first failure
             passed = [rng.uniform() < min(1.0, P[ctxs[i]][x] / reported[ctxs[i]][x]) for i, x in enumerate(xs)]
             a = sum(passed)
             emitted = xs[:a]
@@ -113,51 +154,113 @@ def _speculate(target: torch.Tensor, draft: torch.Tensor, start: int, n: int, rn
             a = 0
             for i, x in enumerate(xs):
                 p_i, q_i = P[ctxs[i]], reported[ctxs[i]]
-                if how == "typical":
-                    keep = p_i[x] > min(0.09, 0.3 * math.exp(-_entropy(p_i)))
-                elif how == "always":
+                if spec.verify.startswith("typical:"):
+                    keep = p_i[x] > float(spec.verify[8:])
+                elif spec.verify == "always":
                     keep = True
+                elif spec.verify == "inverted":
+                    keep = rng.uniform() < min(1.0, q_i[x] / p_i[x]) if p_i[x] > 0 else False
                 else:
                     keep = rng.uniform() < min(1.0, p_i[x] / q_i[x])
                 if not keep:
                     break
                 emitted.append(x)
                 a += 1
+            typical = spec.verify.startswith("typical:")
             if a < k:  # rejected at position a
                 p_a, q_a = P[ctxs[a]], reported[ctxs[a]]
-                if how == "typical":
+                if typical:
                     emitted.append(max(range(len(p_a)), key=p_a.__getitem__))
-                elif how == "skip_residual":
+                elif spec.final == "skip_residual":
                     emitted.append(rng.categorical(p_a))
+                elif spec.final == "q_residual":
+                    emitted.append(rng.categorical(_residual(q_a, p_a)))
                 else:
                     emitted.append(rng.categorical(_residual(p_a, q_a)))
-            elif how == "typical":
+            elif typical:
                 bonus = P[ctxs[k]]
                 emitted.append(max(range(len(bonus)), key=bonus.__getitem__))
-            elif how == "bonus_off_by_one":
+            elif spec.bonus == "same" and k > 0:
                 emitted.append(rng.categorical(P[ctxs[k - 1]]))
-            elif how != "no_bonus":
+            elif spec.bonus != "none" or k == 0:
                 emitted.append(rng.categorical(P[ctxs[k]]))
         out += emitted
         last = out[-1] if emitted else last
     return out[:n]
 
 
-def _make(k: int, how: str) -> Sampler:
+def _make(spec: Spec) -> Sampler:
     def sampler(target: torch.Tensor, draft: torch.Tensor, start: int, n: int, rng: object) -> list:
         """n tokens of the target chain at TEMPERATURE, by speculation with the draft chain."""
-        return _speculate(target, draft, start, n, rng, k, how)
+        return _speculate(target, draft, start, n, rng, spec)
 
     return sampler
 
 
-# Visible: what the learner classifies. The names say nothing; the constructions below are the grader's.
-_VISIBLE = {"A": (2, "exact"), "B": (2, "argmax_softmax"), "C": (2, "raw"), "D": (2, "count"),
-            "E": (2, "no_bonus"), "F": (1, "inplace")}
-# Hidden: samplers the learner's check has never run on.
-_HIDDEN = [(1, "exact"), (0, "exact"), (2, "argmax"), (1, "no_bonus"), (2, "q_raw"), (1, "skip_residual"),
-           (1, "bonus_off_by_one"), (1, "always"), (2, "typical"), (2, "inplace")]
-SAMPLERS: dict[str, Sampler] = {name: _make(k, how) for name, (k, how) in _VISIBLE.items()}
+# Visible: what the learner classifies. The names say nothing; the constructions are the grader's.
+_VISIBLE = {"A": Spec(), "B": Spec(sampled="argmax", reported="softmax"), "C": Spec(sampled="raw", reported="raw"),
+            "D": Spec(verify="count"), "E": Spec(bonus="none"), "F": Spec(k=1, inplace="target")}
+SAMPLERS: dict[str, Sampler] = {name: _make(spec) for name, spec in _VISIBLE.items()}
+
+# The ways a hidden sampler is built: lossless variants, and flaws (one per broken sampler).
+_LOSSLESS_DRAFTS = [("processed", "processed"), ("raw", "raw"), ("argmax", "argmax"), ("mix", "mix")]
+_FLAWS = ["temperature", "q_mismatch", "count", "always", "typical", "inverted", "skip_residual", "q_residual",
+          "bonus_same", "inplace"]
+
+
+def _random_spec(rnd: random.Random) -> Spec:
+    """A sampler composed anew: lossless options at random, and with probability 1/2 one flaw of a random kind."""
+    k = rnd.choice([1, 1, 2, 2, 0]) if rnd.random() < 0.9 else 2
+    sampled, reported = rnd.choice(_LOSSLESS_DRAFTS)
+    if sampled == "mix":
+        sampled = reported = f"mix:{rnd.uniform(0.2, 0.9):.3f}"
+    fields = dict(k=k, sampled=sampled, reported=reported, verify=rnd.choice(["exact", "exact", "extra_draw"]),
+                  bonus=rnd.choice(["next", "next", "none"]))
+    if rnd.random() < 0.5:
+        flaw = rnd.choice(_FLAWS)
+        fields["k"] = max(k, 1)  # a flaw of the verification needs drafts to show
+        if flaw == "temperature":
+            fields["temperature"] = round(TEMPERATURE + rnd.choice([-1, 1]) * rnd.uniform(0.2, 0.5), 3)
+        elif flaw == "q_mismatch":
+            fields["sampled"], fields["reported"] = rnd.choice(
+                [("processed", "raw"), ("raw", "processed"), ("argmax", "softmax"),
+                 (f"mix:{rnd.uniform(0.1, 0.4):.3f}", f"mix:{rnd.uniform(0.7, 1.0):.3f}")])
+        elif flaw in ("count", "always", "inverted"):
+            fields["verify"] = flaw
+        elif flaw == "typical":
+            fields["verify"] = f"typical:{rnd.uniform(0.05, 0.3):.3f}"
+        elif flaw in ("skip_residual", "q_residual"):
+            fields["final"] = flaw
+        elif flaw == "bonus_same":
+            fields["bonus"], fields["k"] = "same", 1  # k < N: the wrong bonus is among the tokens checked
+        else:
+            fields["inplace"] = rnd.choice(["target", "draft"])
+    return Spec(**fields)
+
+
+MIN_TV = 0.08  # a broken hidden sampler moves the output by at least this much on some reference case
+
+
+def hidden_specs(seed: int, count: int = 8) -> list[Spec]:
+    """`count` samplers composed from `seed`, about half lossless: each one exactly lossless, visibly broken
+    (an exact TV of MIN_TV or more on some reference case, which a distribution test of a few thousand
+    samples resolves), or writing into its inputs. Candidates in between are drawn again."""
+    rnd = random.Random(f"ex08-hidden-{seed}")
+    specs: list[Spec] = []
+    lossless = 0
+    while len(specs) < count:
+        spec = _random_spec(rnd)
+        if spec in specs:
+            continue
+        is_lossless, found = _truth(spec)
+        if not is_lossless and not isinstance(found, str) and found < MIN_TV:
+            continue  # broken, but too subtly for a sampled check at a size a notebook affords
+        room = count - count // 2 - lossless if is_lossless else count // 2 - (len(specs) - lossless)
+        if room <= 0:  # half of each kind: a constant verdict is wrong on half of them
+            continue
+        specs.append(spec)
+        lossless += is_lossless
+    return specs
 
 
 # --------------------------------------------------------------------------------------
@@ -182,114 +285,148 @@ def reference_cases(n_cases: int = 3, seed: int = 0) -> list[tuple[torch.Tensor,
     return cases
 
 
-def _verdict(sampler: Sampler, cases: list, n: int = 2) -> tuple[bool, str]:
-    """(lossless?, why not) by exact enumeration of n tokens, each call on copies checked unchanged afterwards."""
+def _evidence_of(sampler: Sampler, cases: list, n: int = 2) -> tuple[str | None, float]:
+    """(the input the sampler writes into, "target" or "draft", else None; its largest exact TV over the cases).
+
+    Exact enumeration of the first n tokens on each case, each call on copies compared with the originals
+    afterwards. The first case on which some call changes an input decides: "target" if the target changed
+    on some path, else "draft" (the TV is then not computed: NaN). Outcomes of the wrong length count as mass
+    outside the target's cells.
+    """
+    worst = 0.0
     for target, draft, start in cases:
         want = MarkovChain(target).processed(TEMPERATURE).joint(start, n)
+        changed: set[str] = set()
 
         def run(rng: object, target: torch.Tensor = target, draft: torch.Tensor = draft, start: int = start) -> tuple:
             t_in, d_in = target.clone(), draft.clone()
-            out = sampler(t_in, d_in, start, n, rng)
-            if not (torch.equal(t_in, target) and torch.equal(d_in, draft)):
-                raise _InputsChanged
-            return tuple(int(x) for x in out)
+            out = tuple(int(x) for x in sampler(t_in, d_in, start, n, rng))
+            changed.update(name for name, a, b in (("target", t_in, target), ("draft", d_in, draft))
+                           if not torch.equal(a, b))
+            return out
 
-        try:
-            got = exact_distribution(run)
-        except _InputsChanged:
-            return False, "it changes its inputs in place"
-        for seq, prob in got.items():
-            if len(seq) != n:
-                return False, f"it returned {len(seq)} tokens instead of {n}"
+        got = exact_distribution(run)
+        if changed:
+            return ("target" if "target" in changed else "draft"), math.nan
         cells = set(got) | {tuple(int(v) for v in idx) for idx in torch.nonzero(want > 0).tolist()}
-        worst = max(abs(got.get(c, 0.0) - float(want[c])) for c in cells)
-        if worst > TOL:
-            return False, f"P(tokens) is off by up to {worst:.3g}"
-    return True, ""
+        tv = 0.5 * sum(abs(got.get(c, 0.0) - (float(want[c]) if len(c) == n else 0.0)) for c in cells)
+        worst = max(worst, tv)
+    return None, worst
 
 
-class _InputsChanged(Exception):
-    pass
-
-
-@functools.lru_cache(maxsize=None)
-def _truth(k: int, how: str, seed: int) -> tuple[bool, str]:
-    """The grader's verdict on one construction, on the cases of `seed` (computed once per process)."""
-    return _verdict(_make(k, how), reference_cases(seed=seed))
-
-
-# --------------------------------------------------------------------------------------
-# Task 1: the classification
-# --------------------------------------------------------------------------------------
-
-
-def check_classification(answer: object) -> None:
-    """Grade {name: True if lossless else False} for every sampler in SAMPLERS."""
-    g = "check_classification"
-    if type(answer) is not dict:  # a plain dict: a subclass could answer differently each time it is read
-        raise _fail(g, "the answer is not a dict.", [f"got {type(answer).__name__}"],
-                    'give {"A": True or False, ...}: True means lossless.')
-    answer = dict(answer)
-    missing = sorted(set(SAMPLERS) - set(answer))
-    if missing:
-        raise _fail(g, "some samplers are not classified.", [f"missing: {missing}"], "classify every sampler in SAMPLERS.")
-    wrong = []
-    for name in SAMPLERS:
-        said = answer[name]
-        if not isinstance(said, bool):
-            raise _fail(g, f"the verdict for {name} is not a bool.", [f"got {said!r}"], "True (lossless) or False.")
-        if said != _truth(*_VISIBLE[name], 0)[0]:
-            wrong.append(name)
-    if wrong:
-        raise _fail(g, f"{len(wrong)} of {len(SAMPLERS)} verdicts are wrong.", [f"first wrong verdict: {wrong[0]}"],
-                    "run your check on it: compare its exact output distribution with the processed target's joint, "
-                    "and look at its inputs after the call.")
-    _passed(g, f"{len(SAMPLERS)} samplers classified")
+@functools.lru_cache(maxsize=256)
+def _truth(spec: Spec, seed: int = 0) -> tuple[bool, str | float]:
+    """The grader's (lossless?, evidence) for one construction on the cases of `seed` (once per process)."""
+    changed, tv = _evidence_of(_make(spec), reference_cases(seed=seed))
+    if changed is not None:
+        return False, changed
+    return tv <= TOL, tv
 
 
 # --------------------------------------------------------------------------------------
-# Task 2: the learner's check, on the visible samplers and on unseen ones
+# The learner's check and evidence, on fresh samplers under opaque names
 # --------------------------------------------------------------------------------------
 
 
-def _opaque(sampler: Sampler, rnd: random.Random) -> tuple[str, Sampler]:
+def _opaque(spec: Spec, rnd: random.Random) -> tuple[str, Sampler]:
     """A fresh function object with a random name: a check can only tell samplers apart by running them."""
     name = "sampler_" + "".join(rnd.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(6))
+    inner = _make(spec)
 
     def wrapped(target: torch.Tensor, draft: torch.Tensor, start: int, n: int, rng: object) -> list:
-        return sampler(target, draft, start, n, rng)
+        return inner(target, draft, start, n, rng)
 
     wrapped.__name__ = wrapped.__qualname__ = name
     return name, wrapped
 
 
-def check_lossless_check(fn: Callable[[Sampler], object], hidden: bool = False, seed: int | None = None) -> None:
-    """Grade is_lossless(sampler) -> bool: the right verdict on every visible sampler (or on the hidden ones).
+def _specs(hidden: bool, seed: int | None) -> list[Spec]:
+    if not hidden:
+        return list(_VISIBLE.values())
+    return hidden_specs(0 if seed is None else seed)
 
-    The learner's check is called once per sampler, on a fresh function object built here (never an object
-    of SAMPLERS, which the learner's notebook holds and could replace), in an order drawn from `seed`: None,
-    the default of the exercise's tests, draws it from the OS, so no sequence of verdicts can be replayed.
-    It sees only a function, never its name in SAMPLERS or how it was built.
+
+# What the tasks must not call: the graders' insides (the exercise's own setup names stay allowed).
+ALLOWED = tuple(f"specref.course.grading.pitfalls.{n}" for n in (
+    "reference_cases", "check_lossless_check", "check_evidence", "SAMPLERS", "TEMPERATURE"))
+FORBIDDEN = ("specref.course.grading",)
+
+_CHECK_HINT = ("lossless means the first N tokens have exactly the processed target's joint on every case, and a "
+               "sampler that writes into its inputs is not lossless. Compare exact distributions (a tolerance like "
+               "1e-9) or use a distribution test whose threshold a correct sampler passes, with enough samples to "
+               "resolve a TV of 0.08 over 9 cells; check the inputs after every call.")
+
+
+@graded(1, "check_lossless_check", FORBIDDEN, ALLOWED)
+def check_lossless_check(fn: Callable[[Sampler], object], hidden: bool = False, seed: int | None = None,
+                         order_seed: int | None = None) -> None:
+    """Grade is_lossless(sampler) -> bool on fresh copies of the six (hidden=False) or on samplers built from `seed`.
+
+    Each sampler is a fresh function object under a random name, in an order drawn from `order_seed` (None: from
+    the OS, so no sequence of verdicts can be replayed). A failure never says which verdict is wrong: it shows
+    what the check returned and which property of a check failed.
     """
     g = "check_lossless_check"
-    rnd = random.Random(seed)
-    keys = list(_HIDDEN) if hidden else list(_VISIBLE.values())
-    labels = [None] * len(keys) if hidden else [f"SAMPLERS[{name!r}]" for name in _VISIBLE]
-    order = list(range(len(keys)))
-    rnd.shuffle(order)
-    n_lossless = 0
-    for i in order:
-        name, sampler = _opaque(_make(*keys[i]), rnd)
-        label = labels[i] or name
-        want, why = _truth(*keys[i], 0)  # a construction's verdict does not depend on the order: computed once
-        n_lossless += want
-        where = f"wrong verdict on {label}."
-        got = _call(g, where, [f"sampler: {label}"], fn, sampler)
+    rnd = random.Random(order_seed)
+    specs = _specs(hidden, seed)
+    rnd.shuffle(specs)
+    wrong = 0
+    for spec in specs:
+        name, sampler = _opaque(spec, rnd)
+        got = _call(g, f"your check raised on {name}.", [f"sampler: {name}"], fn, sampler)
         if not isinstance(got, bool):
-            raise _fail(g, where, [f"your check returned {got!r}"], "return True (lossless) or False.")
-        if got != want:
-            hint = (f"this sampler is not lossless ({why}); your check passed it." if not want else
-                    "this sampler is lossless; your check flagged it. Compare distributions exactly (with a "
-                    "tolerance like 1e-9) or with a test whose threshold a correct sampler passes.")
-            raise _fail(g, where, [f"expected {want}, your check said {got}"], hint)
-    _passed(g, f"{len(keys)} samplers, {n_lossless} lossless" + (", unseen ones included" if hidden else ""))
+            raise _fail(g, f"your check returned {got!r} for {name}.", [], "return True (lossless) or False.")
+        wrong += got != _truth(spec)[0]
+    if wrong:
+        raise _fail(g, f"your check's verdicts are not all right on these {len(specs)} samplers"
+                    + (" (built from the hidden seed)" if hidden else "") + ".", [], _CHECK_HINT)
+    n_lossless = sum(_truth(spec)[0] for spec in specs)
+    _passed(g, f"{len(specs)} samplers, {n_lossless} lossless" + (", unseen ones included" if hidden else ""))
+
+
+@graded(2, "check_evidence", FORBIDDEN, ALLOWED, learner_args=2)
+def check_evidence(is_lossless: Callable[[Sampler], object], evidence: Callable[[Sampler], object],
+                   hidden: bool = False, seed: int | None = None, order_seed: int | None = None) -> None:
+    """Grade (is_lossless(s), evidence(s)) together on every sampler: the verdict counts only with its evidence.
+
+    evidence(s): the input s writes into ("target" or "draft", on the first case where it does, the target first),
+    else the largest exact TV over reference_cases() between its first N = 2 tokens and the processed target's
+    joint. Compared with the grader's own enumeration to 1e-9. A failure says which property of the learner's own
+    answer failed, never the verdict the grader expects.
+    """
+    g = "check_evidence"
+    rnd = random.Random(order_seed)
+    specs = _specs(hidden, seed)
+    rnd.shuffle(specs)
+    mismatches = 0
+    for spec in specs:
+        name, sampler = _opaque(spec, rnd)
+        verdict = _call(g, f"your is_lossless raised on {name}.", [f"sampler: {name}"], is_lossless, sampler)
+        found = _call(g, f"your evidence raised on {name}.", [f"sampler: {name}"], evidence, sampler)
+        shown = [f"sampler: {name}", f"is_lossless: {verdict!r}, evidence: {found!r}"]
+        if not isinstance(verdict, bool):
+            raise _fail(g, "a verdict is not a bool.", shown, "is_lossless returns True (lossless) or False.")
+        if isinstance(found, str):
+            if found not in ("target", "draft"):
+                raise _fail(g, "evidence that is a string must name an input.", shown, 'say "target" or "draft".')
+            if verdict:
+                raise _fail(g, "the verdict contradicts its own evidence.", shown,
+                            "a sampler that writes into its inputs is not lossless.")
+        else:
+            tv = _as_float(found)
+            if tv is None or not math.isfinite(tv) or not -TOL <= tv <= 1 + TOL:
+                raise _fail(g, "the evidence is neither an input's name nor a total variation in [0, 1].", shown,
+                            'return "target", "draft" or the largest exact TV over reference_cases().')
+            if verdict != (tv <= TOL):
+                raise _fail(g, "the verdict contradicts its own evidence.", shown,
+                            f"a sampler is lossless exactly when its TV from the target is 0 (to {TOL:g}).")
+        lossless, want = _truth(spec)
+        same = found == want if isinstance(want, str) else (not isinstance(found, str) and abs(_as_float(found) - want) <= TOL)
+        mismatches += not same or verdict != lossless
+    if mismatches:
+        raise _fail(g, f"not every verdict and its evidence match what the {len(specs)} samplers do"
+                    + (" (built from the hidden seed)" if hidden else "") + ".", [],
+                    "for each sampler: the input it writes into, else the largest exact TV of its first N tokens from "
+                    "the processed target's joint over reference_cases() (every outcome of the enumeration, and "
+                    "every cell of the joint).")
+    _passed(g, f"{len(specs)} samplers, each verdict with its evidence" + (", unseen ones included" if hidden else ""))

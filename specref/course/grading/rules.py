@@ -87,11 +87,16 @@ def reference_uses(obj: object, forbidden: Iterable[str], allowed: Iterable[str]
         seen.add(id(v))
         if isinstance(v, types.ModuleType):
             if _matches(v.__name__, forbidden) is not None:
-                used = [f"{v.__name__}.{n}" for n in sorted(names) if hasattr(v, n)]
-                bad = [u for u in used if u not in allowed]
-                if bad or not used:  # the module itself, or names in it that are not the exercise's own
-                    for u in bad or [v.__name__]:
-                        flag(u)
+                # Names the code may read from the module (co_names does not tell `m.x` from a global `x`).
+                used = [n for n in sorted(names) if hasattr(v, n)]
+                if not used:
+                    flag(v.__name__)  # the module itself, handed on or searched by name
+                for n in used:
+                    attr = getattr(v, n)
+                    if isinstance(attr, (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType)):
+                        value(attr, names, home)  # judged by where it is defined (imports into it are not its own)
+                    elif home.get(n) is not attr:  # a setting or table of the module, not the exercise's own
+                        flag(f"{v.__name__}.{n}")
                 return
             for f in forbidden:  # `import specref` then specref.drafts.prompt_lookup.lookup(...)
                 if f.startswith(v.__name__ + ".") and set(f[len(v.__name__) + 1 :].split(".")) <= names:
