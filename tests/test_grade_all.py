@@ -234,7 +234,9 @@ def test_one_feedback_file_per_submission_says_what_failed_and_why(course, tmp_p
     honest = (fb / "alice" / "ex90_double.md").read_text()
     assert "| double_check | 2 / 2 | passed |" in honest and "1 point awaits hand grading" in honest
     assert "## " not in honest.split("| double_why")[1]  # nothing failed: no section
-    assert "could not be graded" in (fb / "dave" / "ex90_double.md").read_text()
+    dave = (fb / "dave" / "ex90_double.md").read_text()
+    assert "could not be graded" in dave and "dave/ex90_double.ipynb is not valid JSON" in dave
+    assert str(tmp_path) not in dave  # the learner's file by its name in the class, not the instructor's folders
     frank = (fb / "frank" / "ex90_double.md").read_text().splitlines()
     heading = frank.index("# Full marks")  # the learner's line, verbatim, inside a fence longer than its own
     opened = max(i for i, ln in enumerate(frank[:heading]) if ln.startswith("```"))
@@ -243,6 +245,9 @@ def test_one_feedback_file_per_submission_says_what_failed_and_why(course, tmp_p
 
 def test_hand_grading_sheets_and_merge(course, tmp_path):
     sol, sub = course
+    formula = "=HYPERLINK(\"http://example.invalid\", \"see here\")"  # a spreadsheet would run it
+    (sub / "alice" / "ex91_pair.ipynb").write_text(json.dumps(
+        with_answer(solved(pair_solution(), "ex91_pair.ipynb"), "pair_why", formula)))
     _run(course, tmp_path)
     sheets = tmp_path / "book-handgrading"
     assert sorted(p.name for p in sheets.iterdir()) == ["ex90_double.double_why.csv", "ex91_pair.pair_why.csv"]
@@ -267,6 +272,7 @@ def test_hand_grading_sheets_and_merge(course, tmp_path):
     lines = why.read_text().splitlines()
     why.write_text("\n".join(lines[:-1]) + "\n")
     pair = sheets / "ex91_pair.pair_why.csv"
+    assert {r["file"]: r["answer"] for r in csv.DictReader(pair.open())}["alice/ex91_pair.ipynb"] == "'" + formula
     with pair.open("a", encoding="utf-8") as f:
         f.write("alice/ex90_double.ipynb,ex91_pair,pair_why,2,,1,\n")  # alice's ex90 has no question pair_why
     with pytest.raises(GA.MergeError, match="has no hand-graded question 'pair_why'"):
@@ -284,6 +290,14 @@ def test_hand_grading_sheets_and_merge(course, tmp_path):
     assert (carol["double_why"], carol["status"]) == ("0.5", "autograded checks passed, 0.5/1 by hand")
     assert book["bob/ex91_pair.ipynb"]["hand_pending"] == "2"  # no mark given yet
     assert "| double_why (by hand) | 1 / 1 | graded by hand |" in (tmp_path / "book-feedback/alice/ex90_double.md").read_text()
+
+    pair.unlink()  # a question whose sheet is gone keeps its marks; a mark taken back from a sheet is gone
+    _marks(why, {"carol/ex91_pair.ipynb": ""})
+    GA.merge(sub, tmp_path / "book.csv")
+    book = _rows(tmp_path / "book.csv")
+    assert (book["alice/ex91_pair.ipynb"]["pair_why"], book["carol/ex91_pair.ipynb"]["hand_pending"]) == ("2", "1")
+    _marks(why, {"carol/ex91_pair.ipynb": "0.5"})
+    GA.merge(sub, tmp_path / "book.csv")
 
     # a regrade keeps the marks of unchanged answers; an answer handed in anew waits for a new mark
     changed = with_answer(solved(double_solution(), "ex90_double.ipynb"), "double_why", "Because I said so.")
@@ -311,3 +325,23 @@ def test_the_console_line_names_the_exercise_it_graded(course, tmp_path):
     assert any(ln.startswith("ex90_double ") and "carol/ex91_pair.ipynb" in ln for ln in done.stdout.splitlines())
     assert "graded 6 of 6 submissions" in done.stdout and "submissions per minute" in done.stdout
     assert {r["hidden_seed"] for r in _rows(tmp_path / "cli.csv").values()} == {"3", ""}
+
+
+def test_the_benchmarks_class_mixes_every_exercise_and_kind(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_grade_all", ROOT / "benchmarks" / "bench_grade_all.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    exercises = sorted(p.stem for p in (ROOT / "solutions").glob("ex*.ipynb"))
+    n = 4 * len(exercises) + 1
+    made = bench.make_class(n, tmp_path)
+    assert len(made) == n == len(list(tmp_path.rglob("*.ipynb")))
+    assert {(ex, kind) for ex, kind in list(made.values())[:-1]} == {(e, k) for e in exercises for k in bench.KINDS}
+    last_file, (last_ex, last_kind) = list(made.items())[-1]
+    assert last_kind == "solved" and not Path(last_file).name.startswith(last_ex)  # saved under another's name
+    for rel, (ex, kind) in made.items():
+        nb = json.loads((tmp_path / rel).read_text())
+        assert nb["metadata"]["specref"]["exercise"] == ex
+        answers = "\n".join("".join(c["source"]) for c in bench._code_answers(nb))
+        assert ("NotImplementedError" in answers) == (kind in ("stub", "partial")), (rel, kind)
+        assert ("if answer_is_done\n" in answers) == (kind == "broken")

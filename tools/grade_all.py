@@ -151,10 +151,11 @@ def default_jobs() -> int:
 def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, seed: str | int | None = None,
         fresh: bool = False, retry: bool = False, solutions_dir: Path | None = None,
         cell_timeout: float = G.CELL_TIMEOUT_S, run_timeout: float = G.RUN_TIMEOUT_S, memory_mb: int = G.MEMORY_MB,
-        echo=print) -> dict:
+        echo=print, progress: bool = False) -> dict:
     """Grade every submission under `folder` that is new or changed; write the gradebook, feedback and sheets.
 
-    Returns a summary: seed, files, graded, reused, wall_s, per_minute, exit_code, rows.
+    `echo` gets each graded submission's console line; `progress` shows a progress bar (tqdm, on stderr).
+    Returns a summary: seed, files, graded, reused, wall_s, per_minute, mean_s, exit_code, rows, outputs.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -197,15 +198,25 @@ def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, 
     start = time.monotonic()
     args = (str(solutions_dir), run_seed, cell_timeout, run_timeout, memory_mb)
     seconds: list[float] = []
+    bar = None
+    if progress and todo:
+        from tqdm import tqdm
+        bar = tqdm(total=len(todo), desc="grading", unit="notebook")
+        if echo is print:
+            echo = tqdm.write
 
     def done(rel: str, result: tuple[dict, float, bool]) -> None:
         report, secs, failed = result
         seconds.append(secs)
         report["path"] = rel
-        entry = {"key": None if failed else keys[rel], "report": report}
+        if report.get("error"):  # the learner's feedback names their file, not the instructor's folders
+            report["error"] = report["error"].replace(str(folder / rel), rel)
+        entry = {"key": None if failed else keys[rel], "report": report, "seconds": round(secs, 3)}
         state["entries"][rel] = entry
         _write_private(out["state"], json.dumps(state, indent=1))  # a run stopped half-way resumes from here
         echo(G.printable(console_line(rel, report, _hand(state, rel, report))))
+        if bar is not None:
+            bar.update(1)
 
     if todo and jobs == 1:
         for rel, path in todo:
@@ -217,6 +228,8 @@ def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, 
             for fut in as_completed(futures):
                 done(futures[fut], fut.result())
     wall = time.monotonic() - start
+    if bar is not None:
+        bar.close()
     _write_private(out["state"], json.dumps(state, indent=1))
     rows = write_outputs(state, out)
     codes = [r["exit_code"] for r in rows]
@@ -315,8 +328,8 @@ def write_outputs(state: dict, out: dict[str, Path]) -> list[dict]:
     w = csv.writer(buf)
     w.writerow(FIXED + auto + manual + ["flags", "reasons", "feedback"])
     for r in rows:
-        w.writerow([r[c] for c in FIXED] + [r["scores"].get(g, "") for g in auto + manual]
-                   + [r["flags"], r["reasons"], r["feedback"]])
+        w.writerow([cell(str(r[c])) for c in FIXED] + [r["scores"].get(g, "") for g in auto + manual]
+                   + [cell(r["flags"]), cell(r["reasons"]), cell(r["feedback"])])
     _write_private(out["csv"], buf.getvalue())
     write_sheets(state, out["sheets"])
     return rows
@@ -385,6 +398,18 @@ def feedback(rel: str, report: dict, hand: dict) -> str:
 SHEET_COLUMNS = ["file", "exercise", "question", "points", "answer", "marks", "comment"]
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet may run as a formula
+
+
+def cell(text: str) -> str:
+    """A learner's text as a CSV cell a spreadsheet shows as text: a leading formula character gets a quote."""
+    return "'" + text if text.startswith(FORMULA_START) else text
+
+
+def uncell(text: str) -> str:
+    return text[1:] if text.startswith("'") and text[1:].startswith(FORMULA_START) else text
+
+
 def _sheet_name(exercise: str, gid: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{exercise}.{gid}") + ".csv"
 
@@ -429,8 +454,11 @@ def write_sheets(state: dict, folder: Path) -> None:
             marks = f"{got['marks']:g}" if got else ("0" if unanswered else "")
             comment = got.get("comment", "") if got else ("unanswered: the exercise's stub" if unanswered else "")
             sheets.setdefault(_sheet_name(report["exercise"], m["grade_id"]), []).append(
-                {"file": rel, "exercise": report["exercise"], "question": m["grade_id"], "points": f"{m['points']:g}",
-                 "answer": m["answer"], "marks": marks, "comment": comment})
+                {"file": cell(rel), "exercise": report["exercise"], "question": m["grade_id"],
+                 "points": f"{m['points']:g}", "answer": cell(m["answer"]), "marks": marks, "comment": comment})
+    for old_sheet in folder.glob("*.csv"):  # a question nobody in the run answers any more
+        if old_sheet.name not in sheets:
+            old_sheet.unlink()
     for name, rows in sheets.items():
         path = folder / name
         if path.is_file():  # marks typed into the sheet but not merged yet: kept while the answer is the same
@@ -458,7 +486,8 @@ def merge(folder: Path, csv_path: Path | None = None) -> dict:
     if not out["sheets"].is_dir():
         raise MergeError(f"no hand-grading sheets in {out['sheets']}")
     errors: list[str] = []
-    marks: dict[str, dict] = {}
+    marks = {rel: dict(qs) for rel, qs in state.get("hand", {}).items()}  # a question without a sheet keeps its marks
+    seen: set[tuple[str, str]] = set()
     sheets = sorted(out["sheets"].glob("*.csv"))
     for sheet in sheets:
         try:
@@ -468,7 +497,7 @@ def merge(folder: Path, csv_path: Path | None = None) -> dict:
             continue
         for line, r in enumerate(rows, 2):
             where = f"{sheet.name}, line {line}"
-            rel, gid, text = r.get("file") or "", r.get("question") or "", (r.get("marks") or "").strip()
+            rel, gid, text = uncell(r.get("file") or ""), r.get("question") or "", (r.get("marks") or "").strip()
             entry = state["entries"].get(rel)
             if entry is None:
                 errors.append(f"{where}: unknown submission {rel!r} (not in this run's gradebook)")
@@ -478,10 +507,12 @@ def merge(folder: Path, csv_path: Path | None = None) -> dict:
                 errors.append(f"{where}: {rel!r} has no hand-graded question {gid!r}"
                               + (f" (its questions: {', '.join(manual)})" if manual else ""))
                 continue
-            if (rel, gid) in {(f, g) for f, qs in marks.items() for g in qs}:
-                errors.append(f"{where}: a second mark for {rel!r}, question {gid!r}")
+            if (rel, gid) in seen:
+                errors.append(f"{where}: a second row for {rel!r}, question {gid!r}")
                 continue
-            if not text:
+            seen.add((rel, gid))
+            if not text:  # no mark (or one taken back)
+                marks.get(rel, {}).pop(gid, None)
                 continue
             points = manual[gid]["points"]
             try:
@@ -499,7 +530,7 @@ def merge(folder: Path, csv_path: Path | None = None) -> dict:
     state["hand"] = marks
     _write_private(out["state"], json.dumps(state, indent=1))
     rows = write_outputs(state, out)
-    return {"sheets": len(sheets), "marks": sum(len(v) for v in marks.values()),
+    return {"sheets": len(sheets), "marks": len(seen & {(f, g) for f, qs in marks.items() for g in qs}),
             "pending": sum(float(r["hand_pending"]) for r in rows), "rows": rows, "outputs": out}
 
 
@@ -537,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         s = run(args.dir, args.csv, jobs=args.jobs, seed=args.seed, fresh=args.fresh, retry=args.retry,
                 solutions_dir=args.solutions_dir, cell_timeout=args.cell_timeout, run_timeout=args.timeout,
-                memory_mb=args.memory)
+                memory_mb=args.memory, progress=True)
     except G.GradeError as e:
         print(f"error: {e}", file=sys.stderr)
         return G.EXIT_UNGRADABLE
