@@ -13,20 +13,39 @@ How one submission is graded:
    included) and its order. From the submission only the source of each answer cell is
    taken, found by grade_id (or cell id). Everything else in the submission (its other
    cells, test cells, metadata, points, outputs) is ignored and listed in the report.
-3. Every answer cell is read before it runs (tools/grade_scan.py): code that reaches for
-   the machinery around it, or uses specref (the reference implementation), is flagged.
-4. Each test cell runs in a process of its own (tools/grade_runner.py): setup, answers,
-   the exercise's other cells up to the test, then the test. The process starts with
-   ``python -I`` in an empty temporary folder, with a minimal environment; as root it runs
-   under a fresh unprivileged uid (so it can write nothing of the repository's, the
-   environment's or other submissions'), and every process of that uid is killed at the end.
-   Its results come back signed with a key only the grader and that process hold.
+3. Every answer cell is read before it runs (tools/grade_scan.py): use of specref (the reference
+   implementation) beyond the exercise's own helpers, and code that reaches for the machinery
+   around it, is flagged ("needs review", the task scores 0).
+4. The cells run on two sides of a wall (run_cells_wall; the default, see WALL):
+   - a jailed kernel (tools/grade_jail.py) runs the solution's setup cells, the learner's answer
+     cells and the exercise's other cells, never a test cell. As root it runs in its own mount,
+     network, pid, IPC and UTS namespaces, chrooted into a tmpfs that holds read-only binds of
+     /usr, /etc, the interpreter, the virtual environment and the specref package only, with its
+     private temporary folder as /tmp, as a fresh unprivileged uid with no capabilities (bounding
+     set emptied, no_new_privs) and resource limits. It can read no file of root's, of the
+     repository (solutions/, tools/) or of another submission, and reach no network. Without
+     root (or namespaces) it runs as a plain child process, and only the wall below holds.
+   - a trusted process (tools/grade_trusted.py) runs the setup cells too, then each test cell,
+     hidden tests and ``HIDDEN_SEED`` included. The names a test reads from the answers are proxies:
+     calling one sends plain data (numbers, strings, containers, tensors and arrays as bytes) to
+     the kernel, which calls the learner's function and sends plain data back
+     (tools/grade_rpc.py, JSON and raw bytes, no pickle), under a per-call time limit. What the
+     checks hand to the learner's code (models, caches, samplers, random generators) is served
+     from the trusted process the same way; private attributes are never served. The trusted
+     process decides each test's outcome from whether its cell raised and reports it on a pipe the
+     kernel cannot reach: nothing the answers do in their kernel can change a grade.
+   All tests share one pair of processes; when a call into the kernel hangs past its limit or the
+   kernel dies, that test fails and a fresh pair runs the tests that remain. Every process of the
+   kernel's uid is killed at the end. ``wall=False`` (SPECREF_GRADE_WALL=0) runs the old single
+   kernel (tools/grade_runner.py), where tests and answers share a process; it is kept only as a
+   fallback and is not a security boundary.
 
 Hidden tests draw their cases from ``HIDDEN_SEED``. The solutions set it to 1, and so does the
 grader unless told otherwise: ``--seed N`` (N >= 1; 0 draws the visible cases) or ``--seed random``
-grades with other hidden cases, which a learner who has read the solutions has never seen. The
-grader binds the seed at the top of every test cell that reads it, after the answers have run, so
-no answer can choose it. The report names the seed, so a grade can be reproduced.
+(``grade(seed=None)``) grades with other hidden cases, which a learner who has read the solutions has
+never seen. The grader binds the seed at the top of every test cell that reads it; test cells run only
+in the trusted process, so the learner's kernel never sees the hidden tests or the seed. The report
+names the seed, so a grade can be reproduced.
 
 Exit status: 0 full marks; 1 some check failed; 2 could not be graded (unreadable
 notebook, no matching solution, the kernel died, a report is missing); 3 needs review
@@ -581,7 +600,7 @@ def run_cells_wall(cells: list[dict], cell_timeout: float, deadline: float, memo
         plan = json.dumps({"cells": cells, "rfd": j2t_r, "wfd": t2j_w, "events": ev_w,
                            "call_timeout": min(call_timeout, cell_timeout)}).encode()
         try:
-            return _collect(procs[1], plan, ev_r, None, cells, cell_timeout, deadline, base / "output.log")
+            return _collect(procs[1], plan, ev_r, None, cells, cell_timeout, deadline, base / "output.log", procs[0])
         finally:
             for proc in procs:
                 _kill_all(proc, uid if proc is procs[0] else None, marker)
@@ -630,8 +649,19 @@ def _split_events(buf: bytes, chunk: bytes, skipping: bool,
     return lines, buf, False, overlong
 
 
-def _collect(proc, plan: bytes, r: int, secret: bytes, cells: list[dict], cell_timeout: float, deadline: float,
-             log: Path) -> KernelRun:
+def _kernel_end(kernel: subprocess.Popen, log: Path) -> str:
+    """' (signal 9)' or ' (exit status 1)' of the jailed kernel, and its last output."""
+    try:
+        code = kernel.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        return ""
+    how = f"signal {code - 128}" if code > 128 else f"signal {-code}" if code < 0 else f"exit status {code}"
+    tail = log.read_bytes()[-1500:].decode("utf-8", "replace").strip() if log.is_file() else ""
+    return f" ({how})" + (f"; its last output:\n{tail}" if tail else "")
+
+
+def _collect(proc, plan: bytes, r: int, secret: bytes | None, cells: list[dict], cell_timeout: float, deadline: float,
+             log: Path, kernel: subprocess.Popen | None = None) -> KernelRun:
     import threading
     threading.Thread(target=_feed, args=(proc, plan), daemon=True).start()
     roles = {c["n"]: c for c in cells}
@@ -680,8 +710,10 @@ def _collect(proc, plan: bytes, r: int, secret: bytes, cells: list[dict], cell_t
                 current = None
             elif ev == "stop":  # the wall's trusted process: the kernel hung or died in this cell
                 run.stopped_at = roles.get(event.get("n"), {})
-                run.stop = RunOutcome(str(event.get("outcome", "died")), str(event.get("message", "")),
-                                      answer_errors=list(errors))
+                message = str(event.get("message", ""))
+                if event.get("kernel") and kernel is not None:
+                    message += _kernel_end(kernel, log)
+                run.stop = RunOutcome(str(event.get("outcome", "died")), message, answer_errors=list(errors))
                 return run
             elif ev == "internal_error":
                 errors.append(f"the grading kernel failed: {event.get('message')}")
@@ -935,6 +967,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds for one submission, all tests")
     ap.add_argument("--memory", type=int, default=MEMORY_MB, metavar="MB", help="memory of one grading kernel")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    ap.add_argument("--no-wall", action="store_true",
+                    help="run tests and answers in one kernel, as before the wall (not a security boundary)")
     ap.add_argument("--seed", default=None, metavar="N|random",
                     help=f"seed of the hidden tests' cases (default {DEFAULT_HIDDEN_SEED}, the solutions'; with --all a "
                          "fresh one per run; 'random' draws a fresh one, named in the report)")
@@ -954,7 +988,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.notebook.is_file():
         print(f"error: no such notebook: {args.notebook}", file=sys.stderr)
         return EXIT_UNGRADABLE
-    report = grade(args.notebook, args.solution, args.solutions_dir, args.cell_timeout, args.timeout, seed, args.memory)
+    report = grade(args.notebook, args.solution, args.solutions_dir, args.cell_timeout, args.timeout, seed, args.memory,
+                   wall=False if args.no_wall else None)
     print(json.dumps(report.as_dict(), indent=1) if args.json else report.text())
     return report.exit_code
 

@@ -10,8 +10,9 @@ tmpfs holding read-only bind mounts of /usr, /etc and the interpreter, the virtu
 and the specref package (nothing else of the repository: no solutions/, no tools/, no other
 submission), a few device nodes, a fresh /proc, and the run's private temporary folder as /tmp.
 It changes root into it, drops every capability from the bounding set, takes the run's fresh
-unprivileged uid and gid (no groups), sets no_new_privs and the resource limits, and executes the
-kernel: `python -I -c <tools/grade_rpc.py + KERNEL>`.
+unprivileged uid and gid (no groups), sets no_new_privs and the resource limits, and starts the
+kernel as its child (it stays the namespace's init, reaping orphans, and leaves with the kernel's
+status, 128 + N for signal N): `python -I -c <tools/grade_rpc.py + KERNEL>`.
 The network namespace has only a loopback interface, which is down: no network.
 
 The kernel serves calls from the trusted process (tools/grade_trusted.py) over two pipes: `exec`
@@ -166,7 +167,19 @@ def launch(config: dict) -> None:
             pass
     os.umask(0o077)
     fds = [int(config["rfd"]), int(config["wfd"])]
-    os.execve(config["python"], [config["python"], "-I", "-c", config["source"], *map(str, fds)], config["env"])
+    kernel = os.fork()  # the kernel is not the namespace's init (pid 1 ignores the signals it sends itself)
+    if kernel == 0:
+        os.execve(config["python"], [config["python"], "-I", "-c", config["source"], *map(str, fds)], config["env"])
+    for fd in fds:
+        os.close(fd)
+    while True:  # init: reap every orphan; leave (which kills the namespace) when the kernel is gone
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            os._exit(0)
+        if pid == kernel:
+            code = os.waitstatus_to_exitcode(status)
+            os._exit(code if code >= 0 else 128 - code)
 
 
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "launch":

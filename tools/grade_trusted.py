@@ -125,8 +125,8 @@ def run_test(cell: dict, ns: dict, peer: Peer, answer_errors: list[str]) -> bool
         return False
     except ChannelClosed as e:
         emit({"ev": "stop", "n": n, "outcome": "died",
-              "message": f"the kernel running the submission's code died during this test ({e})",
-              "answer_errors": answer_errors})
+              "message": "the kernel running the submission's code died during this test",
+              "answer_errors": answer_errors, "kernel": True})
         return False
     except AssertionError as e:
         outcome, message = "failed", _message(e)
@@ -161,8 +161,8 @@ def main() -> None:
                 peer.timeout = saved
         except (ChannelClosed, CallTimeout) as e:
             emit({"ev": "stop", "n": n, "outcome": "died", "message": f"the kernel died while running "
-                  f"{'answer cell ' + repr(cell.get('grade_id')) if role == 'answer' else 'cell ' + str(n)} ({e})",
-                  "answer_errors": answer_errors})
+                  f"{'answer cell ' + repr(cell.get('grade_id')) if role == 'answer' else 'cell ' + str(n)}",
+                  "answer_errors": answer_errors, "kernel": True})
             return
         if role == "setup":
             if error is None:
