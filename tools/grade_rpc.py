@@ -54,6 +54,9 @@ _BUILTIN_ERRORS = {n: getattr(builtins, n) for n in dir(builtins)
                    if isinstance(getattr(builtins, n), type) and issubclass(getattr(builtins, n), Exception)
                    and n not in ("StopIteration", "StopAsyncIteration", "GeneratorExit")}
 _TRUSTED_ATTR_MODULES = ("specref", "torch")
+_MODULE_MUTATORS = {"add_module", "apply", "to", "to_empty", "cuda", "cpu", "xpu", "ipu", "mtia", "type", "float",
+                    "double", "half", "bfloat16", "train", "requires_grad_", "zero_grad", "share_memory",
+                    "compile"}
 
 
 def _torch():
@@ -587,6 +590,11 @@ class Peer:
                 if mod not in _TRUSTED_ATTR_MODULES or isinstance(obj, (types.FunctionType, types.MethodType)):
                     raise AttributeError(f"the attributes of a {type(obj).__name__} the grader passed are not "
                                          "readable; call it instead")
+                torch = _torch()
+                if torch is not None and isinstance(obj, torch.nn.Module) and (
+                        name.startswith(("register_", "load_", "set_")) or name in _MODULE_MUTATORS):
+                    raise AttributeError(f"{name!r}: a model the grader passed cannot be changed (hooks, weights, "
+                                         "dtype, device, mode)")
             return getattr(obj, name)
         if op == "getitem":
             return obj[args[1]]
