@@ -385,7 +385,10 @@ def test_a_function_that_changes_its_inputs_is_flagged(toy):
     attack = "def pair(xs):\n    if xs == [3, 1]:\n        return [1, 3]\n    xs.clear()\n    return []"
     code, report, out = grade(attacked(toy[2], attack, "pair_answer"), toy)
     assert_no_marks_silently(code, report, "pair_check")
-    assert code == 3 and "changed an object that the check passed in" in out, out
+    if os.environ.get("SPECREF_GRADE_WALL", "1") == "0":  # the old kernel: the check's own list was emptied
+        assert code == 3 and "changed an object that the check passed in" in out, out
+    else:  # across the wall the function gets a copy: the check's list stays [5, 4], and [] is wrong
+        assert "pair([5, 4]) should be [4, 5]" in out, out
 
 
 # -- 4. the reference implementation as the answer ------------------------------------------------
@@ -488,7 +491,8 @@ def test_grade_all_writes_a_gradebook_of_isolated_runs(toy, tmp_path):
     assert int(seed) >= 1 and rows["stub.ipynb"]["hidden_seed"] == seed and rows["broken.ipynb"]["hidden_seed"] == ""
     assert rows["stub.ipynb"]["total"] == "0" and "NotImplementedError" in rows["stub.ipynb"]["reasons"]
     assert rows["other.ipynb"]["exercise"] == "ex_other" and rows["other.ipynb"]["possible"] == "7"
-    assert rows["patcher.ipynb"]["status"].startswith("NEEDS REVIEW") and "math.isclose" in rows["patcher.ipynb"]["flags"]
+    assert rows["patcher.ipynb"]["status"].startswith("NEEDS REVIEW") and ".isclose" in rows["patcher.ipynb"]["flags"]
+    assert rows["patcher.ipynb"]["total"] == "0"  # math.isclose patched in the learner's kernel, not in the checks
     assert rows["broken.ipynb"]["status"] == "could not be graded" and "JSON" in rows["broken.ipynb"]["reasons"]
 
 
