@@ -205,3 +205,75 @@ def test_the_exercises_own_helpers_are_allowed_in_answers():
                       "    return bool(result) and rng is not None\n")
     plan = grader.build_plan(sol, sub, "ex08_lossless_or_not.ipynb", wall=True)
     assert not plan.flags and not plan.reference, (plan.flags, plan.reference)
+
+
+# -- the wire itself (tools/grade_rpc.py): what crosses, what is refused ---------------------------------
+@pytest.fixture
+def wire():
+    """A trusted Peer here, talking to a forked 'kernel' Peer that serves `get` of a few learner objects."""
+    import torch
+
+    from grade_rpc import Peer
+    a_r, b_w = os.pipe()
+    b_r, a_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the kernel side: learner-style functions that poke at what the checks pass them
+        os.close(a_r)
+        os.close(a_w)
+
+        def poke(obj, what):
+            if what == "closure":
+                return obj._peer.request("getattr", obj._hid, "__closure__")  # a forged request, past the proxy
+            if what == "globals":
+                return obj._peer.request("getattr", obj._hid, "__globals__")
+            if what == "public-of-function":
+                return obj.seed_table
+            if what == "call":
+                return obj(3)
+            raise ValueError(what)
+
+        def scale_in_place(t):
+            t.mul_(2)
+            return None
+
+        def draw(g):
+            return torch.rand(3, generator=g).tolist(), g.initial_seed()
+
+        learner = {"poke": poke, "scale_in_place": scale_in_place, "draw": draw}
+        Peer(b_r, b_w, "jail", ops={"get": learner.__getitem__}).serve_forever()
+        os._exit(0)
+    os.close(b_r)
+    os.close(b_w)
+    peer = Peer(a_r, a_w, "trusted", timeout=30, trusted=True)
+    yield peer
+    os.close(a_w)
+    os.close(a_r)
+    os.waitpid(pid, 0)
+
+
+def test_the_wire_refuses_private_and_function_attributes_even_to_a_forged_request(wire):
+    import torch
+    hidden = 4711
+
+    def sampler(x):  # a closure over a hidden parameter, like ex08's opaque samplers
+        return x * hidden
+    sampler.seed_table = [hidden]
+
+    poke = wire.request("get", "poke")
+    assert poke(sampler, "call") == 3 * 4711  # calling is allowed
+    for what in ("closure", "globals", "public-of-function"):
+        with pytest.raises(AttributeError):
+            poke(sampler, what)
+    with pytest.raises(TypeError):  # a module is never handed out
+        poke(torch, "call")
+
+
+def test_arrays_changed_in_place_are_copied_back_and_generators_stay_in_step_without_their_seed(wire):
+    import torch
+    t = torch.ones(3, dtype=torch.float64)
+    wire.request("get", "scale_in_place")(t)
+    assert t.tolist() == [2.0, 2.0, 2.0]  # the check sees what the learner did to its input
+    g, twin = torch.Generator().manual_seed(918273), torch.Generator().manual_seed(918273)
+    drawn, seed_seen = wire.request("get", "draw")(g)
+    assert drawn == torch.rand(3, generator=twin).tolist() and seed_seen != 918273
+    assert torch.rand(2, generator=g).tolist() == torch.rand(2, generator=twin).tolist()  # g advanced here too

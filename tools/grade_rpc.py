@@ -33,7 +33,7 @@ import struct
 import time
 import types
 
-MAX_MESSAGE = 1 << 30  # bytes of one message (header and blobs); a longer one breaks the channel
+MAX_MESSAGE = 1 << 28  # bytes of one message (header and blobs); a longer one breaks the channel
 MAX_ITEMS = 1 << 20  # items of one container, or of one iteration
 MAX_DEPTH = 64
 
