@@ -327,3 +327,13 @@ def test_the_graders_speedup_grid_is_specrefs_cost_model():
         model = CostModel(PassModel(overhead=theta[0], per_token=theta[1], kv=theta[2]), c, S)
         want = [[model.predict_speedup(alpha, k, B) for k in range(10)] for B in batches]
         assert np.allclose(grid, want, rtol=1e-12, atol=0)
+
+
+def test_crossover_feedback_names_the_property_not_the_answer():
+    one_short = lambda p, a, c, S, k, b: max(crossover(p, a, c, S, k, b) - 1, 0)  # noqa: E731
+    for wrong, said in ((first_losing_batch, "does not beat plain decoding at batch"),
+                        (one_short, "still beats plain decoding at batch")):
+        with pytest.raises(AssertionError) as e:
+            quiet(G.check_crossover, wrong)
+        text = str(e.value)
+        assert said in text and "your crossover:" in text and "speedup at" not in text

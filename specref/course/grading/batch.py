@@ -272,12 +272,13 @@ def _grade_crossover(g: str, fn: Callable, cases: list[tuple]) -> None:
         got = int(out)
         if not crossover_ok(theta, alpha, c, S, k, b_max, got):
             s = _speedups(theta, alpha, c, S, k, b_max)
-            lines = [f"your crossover: {got}"]
-            if 1 <= got <= b_max:
-                lines.append(f"predicted speedup at batch {got}: {s[got - 1]:.6g}")
-            if got < b_max:
-                lines.append(f"predicted speedup at batch {got + 1}: {s[got]:.6g}")
-            raise _fail(g, where, inputs + lines,
+            if not 0 <= got <= b_max:
+                why = f"it is not a batch size in 0..b_max = 0..{b_max}."
+            elif got >= 1 and s[got - 1] < 1 - REL:
+                why = f"by this cost model k = {k} does not beat plain decoding at batch {got}."
+            else:
+                why = f"by this cost model k = {k} still beats plain decoding at batch {got + 1}."
+            raise _fail(g, where, inputs + [f"your crossover: {got}: {why}"],
                         "B*(k) is the largest batch size in 1..b_max at which k still beats plain decoding "
                         "(speedup > 1); 0 if it beats it nowhere, b_max if everywhere.")
     _passed(g, f"{len(cases)} cases, B*(k) against specref's cost model at every batch size")
