@@ -84,6 +84,7 @@ RUNNER = Path(__file__).resolve().parent / "grade_runner.py"  # the old single-p
 TRUSTED = Path(__file__).resolve().parent / "grade_trusted.py"
 WALL = os.environ.get("SPECREF_GRADE_WALL", "1") != "0"  # tests in a trusted process, answers in a jailed kernel
 CALL_TIMEOUT_S = 60  # one call of the checks into the submission's code (the cell's own limit still applies)
+WALL_TEST_FACTOR = 3  # a test cell across the wall may take this many cell limits (thousands of calls: ex04)
 DEFAULT_HIDDEN_SEED = 1  # what the solutions' setup cells set HIDDEN_SEED to (a test keeps them equal)
 CELL_TIMEOUT_S = 180
 RUN_TIMEOUT_S = 1800  # one submission, all of its tests together
@@ -672,13 +673,17 @@ def _collect(proc, plan: bytes, r: int, secret: bytes | None, cells: list[dict],
     done = False
     while not done:
         now = time.monotonic()
-        limit = min(deadline, started + cell_timeout)
+        # Across the wall a test cell's calls into the kernel are limited one by one (CALL_TIMEOUT_S); the cell
+        # as a whole gets WALL_TEST_FACTOR times the cell limit, for the round trips of checks that call a lot.
+        span = cell_timeout * (WALL_TEST_FACTOR if secret is None and roles.get(current, {}).get("role") == "test"
+                               else 1)
+        limit = min(deadline, started + span)
         if now >= limit:
             cell = roles.get(current, {})
-            why = "the whole grading run" if deadline <= started + cell_timeout else "one cell"
+            why = "the whole grading run" if deadline <= started + span else "one cell"
             run.stopped_at = cell
             run.stop = RunOutcome("timeout", f"timed out: {_cell_words(cell)} was still running after "
-                                  f"{min(cell_timeout, deadline - started):.0f} s (the limit for {why}); an endless "
+                                  f"{min(span, deadline - started):.0f} s (the limit for {why}); an endless "
                                   "loop, or far too slow", answer_errors=list(errors))
             return run
         ready, _, _ = select.select([r], [], [], max(0.0, min(limit - now, 1.0)))
