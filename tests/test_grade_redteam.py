@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -210,15 +211,16 @@ def test_clearing_the_setups_cases_in_place_is_flagged_and_undone(toy_cases, att
     nb = attacked(toy_cases[2], attack + "\ndouble = lambda x: 0")
     code, report, out = grade(nb, toy_cases)
     assert_no_marks_silently(code, report)
-    assert code == 3 and "CASES" in " ".join(report["flags"]), out
-    assert "double(1) returned 0" in out  # the check ran on the cases the setup made
+    if os.environ.get("SPECREF_GRADE_WALL", "1") == "0":  # the old kernel: caught, flagged and put back
+        assert code == 3 and "CASES" in " ".join(report["flags"]), out
+    assert "double(1) returned 0" in out  # the check ran on the cases the setup made (across the wall: its own)
 
 
 def test_clearing_ex08s_samplers_does_not_pass_the_classification(tmp_path):
     """SAMPLERS.clear() with CLASSIFICATION = {} got ex08_classification_check's 2 points."""
     nb = with_answer(exercise("ex08_lossless_or_not"), "ex08_classification", "SAMPLERS.clear()\nCLASSIFICATION = {}")
     code, report, out = grade_exercise(nb, tmp_path)
-    assert scores(report)["ex08_classification_check"] == 0 and code == 3, out
+    assert scores(report)["ex08_classification_check"] == 0 and code in (1, 3), out
 
 
 # -- 5. what must not take the grader or the host down -------------------------------------------------
