@@ -644,12 +644,13 @@ def _frozen_specref_dataclass(t: type) -> str:
 
 
 def _dataclass_named(name: str) -> type:
-    import importlib
     import sys
     mod, _, qual = name.partition(":")
     if not mod.startswith("specref.") or not qual or "<" in qual or any(p.startswith("_") for p in qual.split(".")):
         raise ValueError("refused record type")
-    obj = sys.modules.get(mod) or importlib.import_module(mod)
+    obj = sys.modules.get(mod)  # only a module this process has imported: a name never imports anything
+    if obj is None:
+        raise ValueError("refused record type")
     for part in qual.split("."):
         obj = getattr(obj, part)
     if not isinstance(obj, type) or _frozen_specref_dataclass(obj) != name:
