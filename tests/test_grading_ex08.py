@@ -146,12 +146,16 @@ def test_lossless_hidden_samplers_are_lossless_beyond_the_tokens_checked():
 # --------------------------------------------------------------------------------------
 
 
+def report(check, evidence):
+    return {name: (check(s), evidence(s)) for name, s in G.SAMPLERS.items()}
+
+
 def test_the_reference_check_and_evidence_pass(capsys):
     check, evidence = make_check(), make_evidence()
     G.check_lossless_check(check)
     G.check_lossless_check(check, hidden=True, seed=1)
-    G.check_evidence(check, evidence)
-    G.check_evidence(check, evidence, hidden=True, seed=7)
+    G.check_evidence(evidence, report(check, evidence))
+    G.check_evidence(evidence, report(check, evidence), hidden=True, seed=7)
     assert capsys.readouterr().out.count("passed") == 4
 
 
@@ -224,19 +228,42 @@ def test_a_check_must_return_a_bool():
 
 
 @pytest.mark.parametrize("is_lossless, evidence, message", [
-    (make_check(), lambda s: 0.0, "contradicts its own evidence"),  # the check itself says some are lossy
-    (make_check(), make_evidence("first_token_only"), "not every verdict and its evidence match"),
-    (make_check(), make_evidence("first_case_only"), "not every verdict and its evidence match"),
+    (make_check(), make_evidence("first_token_only"), "not every verdict and its evidence"),
+    (make_check(), make_evidence("first_case_only"), "not every verdict and its evidence"),
     (make_check(), make_evidence("no_input_check"), "contradicts its own evidence"),  # F looks right on its copies
+    (make_check(), lambda s: 0.0, "contradicts its own evidence"),  # the check itself says some are lossy
     (lambda s: True, make_evidence(), "contradicts its own evidence"),
     (make_check(), lambda s: "yes", "must name an input"),
     (make_check(), lambda s: [0.1], "neither an input's name nor a total variation"),
-    (make_check(), lambda s: 0.0 if make_check()(s) else 1.0, "not every verdict and its evidence match"),
+    (make_check(), lambda s: 0.0 if make_check()(s) else 1.0, "not every verdict and its evidence"),
 ])
-def test_wrong_evidence_fails_without_saying_which_sampler(is_lossless, evidence, message):
+def test_a_wrong_report_fails_without_saying_which_entry(is_lossless, evidence, message):
     with pytest.raises(AssertionError, match=message) as e:
-        G.check_evidence(is_lossless, evidence)
+        G.check_evidence(make_evidence(), report(is_lossless, evidence))
     _no_oracle(str(e.value))
+
+
+@pytest.mark.parametrize("evidence, message", [
+    (make_evidence("first_token_only"), "not all the evidence matches"),
+    (lambda s: 0.0, "not all the evidence matches"),
+    (lambda s: "target", "not all the evidence matches"),
+    (lambda s: None, "neither an input's name nor a total variation"),
+])
+def test_wrong_evidence_fails_on_the_hidden_samplers_without_saying_which(evidence, message):
+    with pytest.raises(AssertionError, match=message) as e:
+        G.check_evidence(evidence, None, hidden=True, seed=1)
+    _no_oracle(str(e.value))
+
+
+@pytest.mark.parametrize("answer, message", [
+    (None, "not a dict"),
+    ({"A": (True, 0.0)}, "one entry per sampler"),
+    ({n: (True, 0.0) for n in "ABCDEF"} | {"B": [False, 0.5]}, "not a pair"),
+    (type("Lying", (dict,), {})({n: (True, 0.0) for n in "ABCDEF"}), "not a dict"),
+])
+def test_a_malformed_report_is_flagged(answer, message):
+    with pytest.raises(AssertionError, match=message):
+        G.check_evidence(make_evidence(), answer)
 
 
 def test_the_graders_own_verdicts_used_as_the_answer_score_zero_with_a_message_that_says_why():
@@ -252,7 +279,7 @@ def test_the_graders_own_verdicts_used_as_the_answer_score_zero_with_a_message_t
     with pytest.raises(AssertionError, match=r"Task 1: your is_lossless uses specref\.course\.grading\.pitfalls\._evidence_of"):
         G.check_lossless_check(is_lossless)
     with pytest.raises(AssertionError, match=r"Task 2: your evidence uses .*_evidence_of.*scores 0"):
-        G.check_evidence(make_check(), evidence)
+        G.check_evidence(evidence, {})
     G.check_lossless_check(make_check())  # the exercise's own setup names (reference_cases, TEMPERATURE) are allowed
 
 
@@ -265,7 +292,5 @@ def test_an_unsolved_stub_says_which_task_is_not_done_yet():
 
     with pytest.raises(NotImplementedError, match="^Task 1 is not done yet: write is_lossless"):
         G.check_lossless_check(stub1)
-    with pytest.raises(NotImplementedError, match="^Task 1 is not done yet"):
-        G.check_evidence(stub1, stub2)
     with pytest.raises(NotImplementedError, match="^Task 2 is not done yet: write evidence"):
-        G.check_evidence(make_check(), stub2)
+        G.check_evidence(stub2, None, hidden=True, seed=1)

@@ -21,11 +21,12 @@ flaw of a random kind and random parameters, kept only when exactly lossless or 
 
 * `check_lossless_check(is_lossless)`: the right verdict on fresh copies of the six, or (hidden) on
   samplers built from the seed;
-* `check_evidence(is_lossless, evidence)`: each verdict together with its evidence, the input the sampler
-  writes into or its exact largest TV from the target over `reference_cases()`.
+* `check_evidence(evidence, REPORT)`: the six verdicts each together with its evidence (the input the sampler
+  writes into, or its exact largest TV from the target over `reference_cases()`), and (hidden) the learner's
+  evidence on samplers built from the seed.
 
-Both run on fresh function objects under opaque names, in an order drawn anew; a failure shows what the
-learner's code returned and which property failed, never which verdict is wrong.
+Samplers handed to the learner's code are fresh function objects under opaque names, in an order drawn anew; a
+failure shows what the learner's code returned and which property failed, never which verdict is wrong.
 """
 
 from __future__ import annotations
@@ -384,49 +385,83 @@ def check_lossless_check(fn: Callable[[Sampler], object], hidden: bool = False, 
     _passed(g, f"{len(specs)} samplers, {n_lossless} lossless" + (", unseen ones included" if hidden else ""))
 
 
-@graded(2, "check_evidence", FORBIDDEN, ALLOWED, learner_args=2)
-def check_evidence(is_lossless: Callable[[Sampler], object], evidence: Callable[[Sampler], object],
-                   hidden: bool = False, seed: int | None = None, order_seed: int | None = None) -> None:
-    """Grade (is_lossless(s), evidence(s)) together on every sampler: the verdict counts only with its evidence.
+def _judge(g: str, verdict: object, found: object, shown: list[str]) -> None:
+    """The properties of one (verdict, evidence) pair that need no answer key: types, and agreement with each other."""
+    if not isinstance(verdict, bool):
+        raise _fail(g, "a verdict is not a bool.", shown, "True (lossless) or False.")
+    if isinstance(found, str):
+        if found not in ("target", "draft"):
+            raise _fail(g, "evidence that is a string must name an input.", shown, 'say "target" or "draft".')
+        if verdict:
+            raise _fail(g, "a verdict contradicts its own evidence.", shown,
+                        "a sampler that writes into its inputs is not lossless.")
+        return
+    tv = _as_float(found)
+    if tv is None or not math.isfinite(tv) or not -TOL <= tv <= 1 + TOL:
+        raise _fail(g, "evidence is neither an input's name nor a total variation in [0, 1].", shown,
+                    'give "target", "draft" or the largest exact TV over reference_cases().')
+    if verdict != (tv <= TOL):
+        raise _fail(g, "a verdict contradicts its own evidence.", shown,
+                    f"a sampler is lossless exactly when its TV from the target is 0 (to {TOL:g}).")
 
-    evidence(s): the input s writes into ("target" or "draft", on the first case where it does, the target first),
-    else the largest exact TV over reference_cases() between its first N = 2 tokens and the processed target's
-    joint. Compared with the grader's own enumeration to 1e-9. A failure says which property of the learner's own
-    answer failed, never the verdict the grader expects.
+
+def _matches(found: object, want: str | float) -> bool:
+    if isinstance(want, str) or isinstance(found, str):
+        return found == want
+    return abs(_as_float(found) - want) <= TOL
+
+
+_EVIDENCE_HINT = ("for each sampler: the input it writes into, else the largest exact TV of its first N tokens from the "
+                  "processed target's joint over reference_cases() (every outcome of the enumeration, and every cell "
+                  "of the joint).")
+
+
+@graded(2, "check_evidence", FORBIDDEN, ALLOWED)
+def check_evidence(evidence: Callable[[Sampler], object], report: object, hidden: bool = False,
+                   seed: int | None = None, order_seed: int | None = None, n_hidden: int = 4) -> None:
+    """Grade Task 2: REPORT, the six verdicts each with its evidence; hidden, evidence(s) on samplers built from `seed`.
+
+    report: {name: (verdict, evidence)} for every sampler in SAMPLERS, plain data. evidence(s): the input s writes
+    into ("target" or "draft", on the first case where it does, the target first), else the largest exact TV over
+    reference_cases() between its first N = 2 tokens and the processed target's joint. Both are compared with the
+    grader's own enumeration, to 1e-9. A failure says which property of the learner's own answer failed, never
+    which verdict or evidence the grader expects.
     """
     g = "check_evidence"
+    if not hidden:
+        if type(report) is not dict:  # a plain dict: a subclass could answer differently each time it is read
+            raise _fail(g, "REPORT is not a dict.", [f"got {type(report).__name__}"],
+                        "give {name: (verdict, evidence)} for every sampler in SAMPLERS.")
+        report = dict(report)
+        if sorted(report) != sorted(_VISIBLE):
+            raise _fail(g, "REPORT does not have one entry per sampler.", [f"keys: {sorted(report)!r}"],
+                        f"give an entry for each of {sorted(_VISIBLE)}, and nothing else.")
+        right = True
+        for name in sorted(_VISIBLE):
+            entry = report[name]
+            if not (isinstance(entry, tuple) and len(entry) == 2):
+                raise _fail(g, f"REPORT[{name!r}] is not a pair.", [f"got {entry!r}"], "(verdict, evidence).")
+            _judge(g, entry[0], entry[1], [f"REPORT[{name!r}] = {entry!r}"])
+            lossless, want = _truth(_VISIBLE[name])
+            right &= entry[0] == lossless and _matches(entry[1], want)
+        if not right:
+            raise _fail(g, "not every verdict and its evidence in REPORT match what the six samplers do.", [],
+                        _EVIDENCE_HINT)
+        _passed(g, f"{len(_VISIBLE)} verdicts, each with its evidence")
+        return
     rnd = random.Random(order_seed)
-    specs = _specs(hidden, seed)
+    specs = hidden_specs(0 if seed is None else seed)
     rnd.shuffle(specs)
-    mismatches = 0
+    specs = specs[:n_hidden]
+    right = True
     for spec in specs:
         name, sampler = _opaque(spec, rnd)
-        verdict = _call(g, f"your is_lossless raised on {name}.", [f"sampler: {name}"], is_lossless, sampler)
         found = _call(g, f"your evidence raised on {name}.", [f"sampler: {name}"], evidence, sampler)
-        shown = [f"sampler: {name}", f"is_lossless: {verdict!r}, evidence: {found!r}"]
-        if not isinstance(verdict, bool):
-            raise _fail(g, "a verdict is not a bool.", shown, "is_lossless returns True (lossless) or False.")
-        if isinstance(found, str):
-            if found not in ("target", "draft"):
-                raise _fail(g, "evidence that is a string must name an input.", shown, 'say "target" or "draft".')
-            if verdict:
-                raise _fail(g, "the verdict contradicts its own evidence.", shown,
-                            "a sampler that writes into its inputs is not lossless.")
-        else:
-            tv = _as_float(found)
-            if tv is None or not math.isfinite(tv) or not -TOL <= tv <= 1 + TOL:
-                raise _fail(g, "the evidence is neither an input's name nor a total variation in [0, 1].", shown,
-                            'return "target", "draft" or the largest exact TV over reference_cases().')
-            if verdict != (tv <= TOL):
-                raise _fail(g, "the verdict contradicts its own evidence.", shown,
-                            f"a sampler is lossless exactly when its TV from the target is 0 (to {TOL:g}).")
         lossless, want = _truth(spec)
-        same = found == want if isinstance(want, str) else (not isinstance(found, str) and abs(_as_float(found) - want) <= TOL)
-        mismatches += not same or verdict != lossless
-    if mismatches:
-        raise _fail(g, f"not every verdict and its evidence match what the {len(specs)} samplers do"
-                    + (" (built from the hidden seed)" if hidden else "") + ".", [],
-                    "for each sampler: the input it writes into, else the largest exact TV of its first N tokens from "
-                    "the processed target's joint over reference_cases() (every outcome of the enumeration, and "
-                    "every cell of the joint).")
-    _passed(g, f"{len(specs)} samplers, each verdict with its evidence" + (", unseen ones included" if hidden else ""))
+        _judge(g, not isinstance(found, str) and (_as_float(found) or 0.0) <= TOL, found,
+               [f"sampler: {name}", f"evidence: {found!r}"])
+        right &= _matches(found, want)
+    if not right:
+        raise _fail(g, f"not all the evidence matches what these {len(specs)} samplers (built from the hidden seed) do.",
+                    [], _EVIDENCE_HINT)
+    _passed(g, f"evidence on {len(specs)} samplers built from the hidden seed")
