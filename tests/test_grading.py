@@ -14,8 +14,27 @@ from specref.course.grading import speedup as speedup_grading
 from specref.checks.exact import step_distribution_formula
 from specref.checks.montecarlo import simulate
 from specref.checks.rng import TorchRNG, exact_distribution
-from specref.rejection import acceptance_probability, residual
-from specref.theory import expected_tokens_per_step, optimal_k, speedup
+from specref.rejection import acceptance_probability  # Task 6 measures with it (the exercise's setup imports it)
+
+
+# The answers a learner writes. A task may not call the specref function it asks for (the reference rule,
+# specref.course.grading.rules), so the passing answers are written here, as the solutions write them.
+def residual(p, q):
+    diff = (p - q).clamp(min=0)
+    mass = diff.sum(-1, keepdim=True)
+    return torch.where(mass > 0, diff / torch.where(mass > 0, mass, torch.ones_like(mass)), p)
+
+
+def expected_tokens_per_step(alpha, k):
+    return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def speedup(alpha, k, c):
+    return expected_tokens_per_step(alpha, k) / (1 + c * k)
+
+
+def optimal_k(alpha, c, k_max=16):
+    return max(range(k_max + 1), key=lambda k: (speedup(alpha, k, c), -k))
 
 # --------------------------------------------------------------------------------------
 # Reference answers, written with the learner's interface

@@ -388,8 +388,22 @@ def test_deterministic_child_is_accepted_with_probability_p_of_it():
 
 
 def _mask_and_positions(parents, start):
-    tree = Tree(parents, range(len(parents)))
-    return tree_attention_mask(tree), tree_position_ids(tree, start)
+    """As a learner writes it: an answer may not call specref.trees (the reference rule), so it is written here."""
+    mask = torch.zeros((len(parents), len(parents)), dtype=torch.bool)
+    depth = []
+    for i, par in enumerate(parents):
+        if par >= 0:
+            mask[i] = mask[par]
+        mask[i, i] = True
+        depth.append(depth[par] + 1 if par >= 0 else 1)
+    return mask, start + torch.tensor(depth, dtype=torch.long)
+
+
+def test_the_graders_reference_answer_is_specref_s_mask():
+    for parents in ([-1, -1, 0, 0, 1, 1], [-1, 0, 0, 1, 2], [-1]):
+        tree = Tree(parents, range(len(parents)))
+        mask, positions = _mask_and_positions(parents, 7)
+        assert torch.equal(mask, tree_attention_mask(tree)) and torch.equal(positions, tree_position_ids(tree, 7))
 
 
 def _one_level(p, children, q, deterministic, rng, onehot=True, update=True):

@@ -33,6 +33,14 @@ from ...checks.rng import _SYMBOLIC_HINT, exact_distribution
 from ...rejection import residual as _ref_residual
 from ...rejection import verify_chain
 from .report import TOL, _as_float, _as_vector, _call, _close, _fail, _fmt, _global_rng_state, _passed, _same_global_rng
+from .rules import graded
+
+# The reference rule: the tasks write the rule, so its implementations in specref are out of bounds.
+FORBIDDEN = ("specref.rejection", "specref.checks.exact", "specref.checks.montecarlo", "specref.checks.pitfalls",
+             "specref.typical", "specref.trees", "specref.course.grading")
+ALLOWED = tuple(f"specref.course.grading.accept_reject.{n}" for n in
+                ("check_worked_example", "check_residual", "check_accept_reject_step"))
+
 
 # --------------------------------------------------------------------------------------
 # Exercise 2.1: beta and the residual of the worked case
@@ -42,6 +50,7 @@ WORKED_P = (0.6, 0.3, 0.1)
 WORKED_Q = (0.3, 0.6, 0.1)
 
 
+@graded(1, "check_worked_example", FORBIDDEN, ALLOWED, learner_args=3)
 def check_worked_example(
     beta: object, residual: object, emit_parts: Callable[[torch.Tensor, torch.Tensor], object],
     n_cases: int = 40, seed: int = 0,
@@ -204,6 +213,7 @@ def _random_dist(rng: np.random.Generator, V: int) -> np.ndarray:
     return counts / 20.0
 
 
+@graded(2, "check_residual", FORBIDDEN, ALLOWED)
 def check_residual(fn: Callable[[torch.Tensor, torch.Tensor], object], n_cases: int = 60, seed: int = 0) -> None:
     """Grade residual(p, q) -> max(0, p - q) normalized, on random [V] float64 cases.
 
@@ -545,6 +555,7 @@ def _lossless_error(
     return None
 
 
+@graded(3, "check_accept_reject_step", FORBIDDEN, ALLOWED)
 def check_accept_reject_step(fn: Callable[..., object], n_cases: int = 60, seed: int = 0) -> None:
     """Grade speculative_step(draft_tokens, q, p, rng) -> emitted tokens by exact enumeration.
 

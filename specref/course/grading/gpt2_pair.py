@@ -45,6 +45,15 @@ from ...models import heldout_prompts, load_pair
 from ...models.kvcache import KVCache
 from ...sampling import process_logits
 from .report import _fail, _passed
+from .rules import graded
+
+# The reference rule: the tasks write the speculative loop, so specref's own drafts and decoding loop are out
+# of bounds; the rule itself (verify_chain), the models and process_logits stay allowed (the setup imports them).
+FORBIDDEN = ("specref.decoding", "specref.drafts", "specref.course.grading")
+ALLOWED = tuple(f"specref.course.grading.gpt2_pair.{n}" for n in (
+    "SAMPLING_HIDDEN", "check_first_two_tokens", "check_propose", "check_speculative_decode",
+    "check_speculative_step", "sampling_power"))
+
 
 # --------------------------------------------------------------------------------------
 # The graded pair, in float64, and a model wrapper that counts and remembers passes
@@ -206,6 +215,7 @@ PROPOSE_CASES = (  # (prompt index, prompt tokens, k, temperature, top_k, tokens
 )
 
 
+@graded(1, "check_propose", FORBIDDEN, ALLOWED)
 def check_propose(fn: Callable[..., object], cases=PROPOSE_CASES, seed: int = 0) -> None:
     """Grade propose(draft, draft_cache, seq, k, temperature, top_k, generator) -> (drafts, q)."""
     g = "check_propose"
@@ -370,6 +380,7 @@ def _check_caches(target_real, draft_real, seq, emitted, drafts_fed_all, tc, dc,
         raise _fail(g, where, inputs + [f"emitted {emitted}", err], "the draft cache must hold a prefix of seq + emitted.")
 
 
+@graded(2, "check_speculative_step", FORBIDDEN, ALLOWED)
 def check_speculative_step(fn: Callable[..., object], sampling: dict | None = None, seed: int = 0) -> None:
     """Grade speculative_step: one target pass, both caches against a recompute, greedy steps, and the
     exact distribution of the first two sampled tokens (see SAMPLING for the power argument)."""
@@ -379,6 +390,7 @@ def check_speculative_step(fn: Callable[..., object], sampling: dict | None = No
                                       f"{n} sampled generations follow the target's exact distribution")
 
 
+@graded(2, "check_step_caches", FORBIDDEN, ALLOWED)
 def check_step_caches(fn: Callable[..., object], seed: int = 0) -> None:
     """(b) one target pass per step and (d) both caches equal a recompute after the step; greedy steps emit
     what the greedy rule emits."""
@@ -415,6 +427,7 @@ def _step_caches(fn: Callable[..., object], seed: int) -> int:
     return len(cases)
 
 
+@graded(2, "check_first_two_tokens", FORBIDDEN, ALLOWED)
 def check_first_two_tokens(fn: Callable[..., object], sampling: dict | None = None, seed: int = 0) -> None:
     """(c) the first two tokens of N sampled generations, each started from the same prefilled caches,
     against their exact distribution (`distribution_test`, level 1e-3)."""
@@ -523,6 +536,7 @@ def _greedy_steps(prompt: list[int], k: int, max_new_tokens: int, expected: list
     return steps
 
 
+@graded(3, "check_speculative_decode", FORBIDDEN, ALLOWED)
 def check_speculative_decode(
     fn: Callable[..., object],
     n_prompts: int = 2,

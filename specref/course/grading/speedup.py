@@ -19,6 +19,16 @@ from ...theory import expected_tokens_per_step as _ref_expected
 from ...theory import optimal_k as _ref_optimal_k
 from ...theory import speedup as _ref_speedup
 from .report import _as_float, _as_vector, _call, _close, _fail, _fmt, _passed
+from .rules import graded
+
+# The reference rule: Tasks 1-5 write the formulas of specref.theory; Task 6 measures with the course's simulator
+# (its setup imports), but not with the grader's own reference measurement.
+FORBIDDEN = ("specref.theory", "specref.checks.exact", "specref.course.grading")
+FORBIDDEN_MEASURE = ("specref.course.grading",)
+ALLOWED = tuple(f"specref.course.grading.speedup.{n}" for n in (
+    "check_accepted_count_pmf", "check_expected_tokens", "check_expected_tokens_value", "check_optimal_k",
+    "check_speedup", "check_toy_measurement"))
+
 
 # --------------------------------------------------------------------------------------
 # Exercise 3: tokens per step and speedup (Leviathan et al. 2022)
@@ -78,6 +88,7 @@ def _theory_cases(n_cases: int, seed: int) -> list[tuple[float, int]]:
     return (fixed + rand)[:n_cases]
 
 
+@graded(3, "check_expected_tokens", FORBIDDEN, ALLOWED)
 def check_expected_tokens(fn: Callable[[float, int], object], n_cases: int = 60, seed: int = 0) -> None:
     """Grade expected_tokens_per_step(alpha, k) against specref.theory on random (alpha, k), alpha = 1 included."""
     g = "check_expected_tokens"
@@ -97,6 +108,7 @@ def check_expected_tokens(fn: Callable[[float, int], object], n_cases: int = 60,
     _passed(g, f"{len(cases)} cases, alpha = 0 and alpha = 1 included")
 
 
+@graded(1, "check_accepted_count_pmf", FORBIDDEN, ALLOWED)
 def check_accepted_count_pmf(fn: Callable[[float, int], object], n_cases: int = 40, seed: int = 0) -> None:
     """Grade accepted_count_pmf(alpha, k) -> [P(A = 0), ..., P(A = k)] for i.i.d. acceptance.
 
@@ -139,6 +151,7 @@ def check_accepted_count_pmf(fn: Callable[[float, int], object], n_cases: int = 
     _passed(g, f"{n_cases} cases: sums to 1, P(A >= i) = alpha^i")
 
 
+@graded(4, "check_speedup", FORBIDDEN, ALLOWED)
 def check_speedup(fn: Callable[[float, int, float], object], n_cases: int = 60, seed: int = 0) -> None:
     """Grade speedup(alpha, k, c) = E[tokens per step] / (1 + c k) against specref.theory."""
     g = "check_speedup"
@@ -170,6 +183,7 @@ def check_speedup(fn: Callable[[float, int, float], object], n_cases: int = 60, 
     _passed(g, f"{n_cases} cases")
 
 
+@graded(5, "check_optimal_k", FORBIDDEN, ALLOWED)
 def check_optimal_k(fn: Callable[[float, float, int], object], n_cases: int = 60, seed: int = 0) -> None:
     """Grade optimal_k(alpha, c, k_max) -> the k in 0..k_max with the largest speedup.
 
@@ -308,6 +322,7 @@ def toy_tolerances(ref: dict) -> tuple[float, float]:
     return _Z * ref["tokens_per_step_spread"] * scale, _Z * ref["alpha_steps_spread"] * scale
 
 
+@graded(6, "check_toy_measurement", FORBIDDEN_MEASURE, ALLOWED)
 def check_toy_measurement(fn: Callable[..., object], n_cases: int = 3, seed: int = 0) -> None:
     """Grade measure_toy(target, draft, k, runs, n, generator) -> (tokens_per_step, alpha_states, alpha_steps).
 

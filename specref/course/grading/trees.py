@@ -15,6 +15,13 @@ from ...checks.exact_trees import random_parents
 from ...checks.rng import exact_distribution
 from ...trees import ROOT, Tree, tree_attention_mask, tree_position_ids, verify_tree
 from .report import _call, _fail, _fmt, _passed
+from .rules import graded
+
+# The reference rule: the tasks write what specref.trees does; specref.residual stays allowed (the setup imports it).
+FORBIDDEN = ("specref.trees", "specref.rejection.verify_chain", "specref.rejection._verify_chain",
+             "specref.course.grading")
+ALLOWED = ("specref.course.grading.trees.check_tree_mask", "specref.course.grading.trees.check_multi_candidate")
+
 
 # --------------------------------------------------------------------------------------
 # Exercise 6.1: the tree attention mask and position ids
@@ -68,6 +75,7 @@ def _mask_hint(parents: list[int], got: torch.Tensor, want: torch.Tensor) -> str
     return "mask[i, j] is True iff j == i or j is an ancestor of i (its parent, the parent's parent, ...)."
 
 
+@graded(1, "check_tree_mask", FORBIDDEN, ALLOWED)
 def check_tree_mask(fn: Callable[[list[int], int], object], n_cases: int = 40, seed: int = 0) -> None:
     """Grade fn(parents, start) -> (mask [N, N] bool, positions [N]) on random breadth-first trees.
 
@@ -169,6 +177,7 @@ def _reference_one_level(p: torch.Tensor, q: torch.Tensor, children: tuple[int, 
     return exact_distribution(outcome)
 
 
+@graded(2, "check_multi_candidate", FORBIDDEN, ALLOWED)
 def check_multi_candidate(fn: Callable[..., object], n_cases: int = 40, seed: int = 0) -> None:
     """Grade fn(p, children, q, deterministic, rng) -> (accepted child index or None, token).
 
