@@ -15,7 +15,7 @@ must name the exercise graded). Then tools/grade_all.py grades the folder (a fre
 per minute, the mean seconds one submission takes in a worker, per exercise, and the host's load
 average before and after (other work on the host slows every figure).
 
-    python benchmarks/bench_grade_all.py --n 200 --jobs 2 [--out FILE] [--keep DIR]
+    python benchmarks/bench_grade_all.py --n 200 --jobs 2 [--out FILE] [--keep DIR] [--no-resume]
 
 Writes benchmarks/results/grade_all_cpu.json unless --out names another file; the class and its
 gradebook, feedback and hand-grading sheets go to a temporary folder (or --keep DIR, kept).
@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--n", type=int, default=200, help="submissions in the class")
     ap.add_argument("--jobs", type=int, default=GA.default_jobs(), help="grade-all's worker processes")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "grade_all_cpu.json")
+    ap.add_argument("--no-resume", action="store_true", help="skip the second, resumed run (it regrades everything "
+                    "if the grader's code or a solution changed meanwhile)")
     ap.add_argument("--keep", type=Path, help="make the class here and keep it (default: a temporary folder)")
     args = ap.parse_args(argv)
     if args.n < 1 or args.jobs < 1:
@@ -119,7 +121,9 @@ def main(argv: list[str] | None = None) -> dict:
               "per_minute": first["per_minute"], "mean_worker_s": first["mean_s"], "load_before": load_before[0],
               "load_after": load_after[0], "seed": first["seed"],
               "per_exercise_mean_s": {ex: sum(v) / len(v) for ex, v in sorted(per.items())},
-              "statuses": dict(sorted(statuses.items())), "class": str(base) if args.keep else None}
+              "statuses": dict(sorted(statuses.items())), "class": str(base) if args.keep else None,
+              "timeouts": sorted(f"{rel}: {t['grade_id']}" for rel, e in state["entries"].items()
+                                 for t in e["report"].get("tests", []) if t["outcome"] == "timeout")}
     print(f"grade-all: {args.n} submissions in {first['wall_s']:.1f} s with {args.jobs} workers: "
           f"{first['per_minute']:.1f} per minute, {first['wall_s'] / args.n:.2f} s of wall time per submission, "
           f"{first['mean_s']:.1f} s each in a worker; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
@@ -127,14 +131,17 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  {ex:<22} {mean:6.1f} s per submission in a worker ({len(per[ex])} submissions)")
     for what, count in result["statuses"].items():
         print(f"  {count:4d}  {what}")
+    if result["timeouts"]:
+        print(f"  tests that ran out of time (a loaded host?): {', '.join(result['timeouts'])}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"written: {args.out}", flush=True)
     # Resumed: nothing changed, so nothing is regraded (unless the grader's code or a solution changed meanwhile).
-    again = GA.run(folder, base / "gradebook.csv", jobs=args.jobs, echo=lambda line: None)
-    result["resumed"] = {"graded": again["graded"], "reused": again["reused"], "wall_s": again["wall_s"]}
-    print(f"resumed: {again['graded']} regraded, {again['reused']} reused in {again['wall_s']:.1f} s")
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    if not args.no_resume:
+        again = GA.run(folder, base / "gradebook.csv", jobs=args.jobs, echo=lambda line: None)
+        result["resumed"] = {"graded": again["graded"], "reused": again["reused"], "wall_s": again["wall_s"]}
+        print(f"resumed: {again['graded']} regraded, {again['reused']} reused in {again['wall_s']:.1f} s")
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)
     return result
