@@ -61,7 +61,8 @@ def test_repeats_refuse_what_is_no_time(times):
 def test_time_passes_gives_one_row_per_cell_that_the_fit_reads(pair):
     target, _ = pair
     rows = time_passes(target, [1, 3], [1, 2], context=8, repeats=2, clock="wall", max_len=16)
-    assert [(r["batch_size"], r["n_tokens"], r["context"]) for r in rows] == [(1, 1, 8), (1, 2, 8), (3, 1, 8), (3, 2, 8)]
+    cells = [(r["batch_size"], r["n_tokens"], r["context"]) for r in rows]
+    assert cells == [(1, 1, 8), (1, 2, 8), (3, 1, 8), (3, 2, 8)]
     for r in rows:
         assert 0 < r["low"] <= r["seconds"] <= r["high"]
     fit = PassModel.fit(rows)
