@@ -24,6 +24,7 @@ import functools
 import types
 from collections.abc import Callable, Iterable
 
+_COURSE_OWN = ("specref.", "grade_runner", "grade_scan", "grade", "tools.")  # modules whose code is the course's
 _FUNCTIONS = (types.FunctionType, types.MethodType, functools.partial, staticmethod, classmethod, property)
 
 
@@ -163,6 +164,12 @@ def reference_uses(obj: object, forbidden: Iterable[str], allowed: Iterable[str]
         for d in list(f.__defaults__ or ()) + list((f.__kwdefaults__ or {}).values()):
             value(d, names, home)
 
+    if not isinstance(obj, (types.FunctionType, types.MethodType, functools.partial, type)):
+        return found  # a proxy, a value, an object: nothing to inspect (and no attribute of it is read)
+    if isinstance(obj, (types.FunctionType, type)) and flag(_origin(obj)):
+        return found  # the reference itself handed in as the answer (lookup_proposal = lookup)
+    if str(getattr(obj, "__module__", "") or "").startswith(_COURSE_OWN):
+        return found  # the course's own code (a grader's wrapper), not a learner's
     if isinstance(obj, type):
         seen.add(id(obj))
         flag(_origin(obj))
