@@ -516,3 +516,7 @@ def double(x):
     assert code == 3 and report["total"] == 0, out
     flags = " ".join(report["flags"])
     assert "f_back" in flags and "imports os" in flags
+
+
+# Grades in kernels whose environment tools/grade.py sets itself: tools/portable.py leaves these out.
+pytestmark = pytest.mark.grader

@@ -144,3 +144,7 @@ def test_grade_py_refuses_a_bad_seed_before_grading(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "grade.py"), str(tmp_path / "none.ipynb"),
                            "--seed", "0"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--seed must be in [1, 2**31)" in done.stderr
+
+
+# Grades in kernels whose environment tools/grade.py sets itself: tools/portable.py leaves these out.
+pytestmark = pytest.mark.grader

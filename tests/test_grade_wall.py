@@ -277,3 +277,7 @@ def test_arrays_changed_in_place_are_copied_back_and_generators_stay_in_step_wit
     drawn, seed_seen = wire.request("get", "draw")(g)
     assert drawn == torch.rand(3, generator=twin).tolist() and seed_seen != 918273
     assert torch.rand(2, generator=g).tolist() == torch.rand(2, generator=twin).tolist()  # g advanced here too
+
+
+# Grades in kernels whose environment tools/grade.py sets itself: tools/portable.py leaves these out.
+pytestmark = pytest.mark.grader

@@ -75,15 +75,17 @@ def test_the_numpy_fingerprint_sees_a_solver_that_rounds_differently(monkeypatch
 
 
 def test_the_unit_tests_it_reruns_are_every_test_but_the_browser_and_fresh_clone_ones():
-    """The rule: tests/ less `browser` and `fresh_clone`. A test that compares a fit with a committed file is in it
-    (slow or not); the fresh clone is not."""
+    """The rule: tests/ less `browser`, `fresh_clone` and `grader`. A test that compares a fit with a committed file
+    is in it (slow or not); the fresh clone and the grader's end-to-end tests are not."""
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                          *portable.unit_test_run(["tests/test_bench_batch.py", "tests/test_fresh_clone.py"])[1:]],
+                          *portable.unit_test_run(["tests/test_bench_batch.py", "tests/test_fresh_clone.py",
+                                                  "tests/test_grade_seed.py"])[1:]],
                          cwd=portable.ROOT, capture_output=True, text=True, timeout=300)
     ids = [ln for ln in out.stdout.splitlines() if "::" in ln]
     assert any("test_the_in_loop_model_never_sees" in i for i in ids), out.stdout[-2000:]
-    assert any("quick_prints_every_table" in i for i in ids) and not any("fresh_clone" in i for i in ids), ids
-    assert portable.unit_test_run([]) == ["tests", "-m", "not browser and not fresh_clone"]
+    assert any("quick_prints_every_table" in i for i in ids), ids
+    assert not any("fresh_clone" in i or "test_grade_seed" in i for i in ids), ids
+    assert portable.unit_test_run([]) == ["tests", "-m", "not browser and not fresh_clone and not grader"]
 
 
 def _fake_fingerprints(monkeypatch, by_env) -> None:

@@ -21,7 +21,9 @@ counts, the check fails, because it would prove nothing.
 
 What runs under each counted environment (the rule, stated once, in `unit_test_run`):
 * the unit tests: every test in tests/ except those marked ``browser`` or ``fresh_clone`` (a
-  page in Chromium, a second set-up: no numerics of ours). tests/test_portable.py's survey of the
+  page in Chromium, a second set-up: no numerics of ours) and ``grader`` (they grade in kernels
+  whose environment tools/grade.py builds itself, so the variables under test never reach them;
+  the solutions they grade are in the next item). tests/test_portable.py's survey of the
   environments skips itself inside one (``SPECREF_PORTABLE_ENV`` is set there);
 * the notebooks and solutions, under strict nbval (the pytest arguments after ``--``).
 """
@@ -39,7 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 THREADS_ENV = "SPECREF_THREADS"  # torch threads the tests use (tests/conftest.py; default 1)
-UNIT_MARKERS = "not browser and not fresh_clone"
+UNIT_MARKERS = "not browser and not fresh_clone and not grader"
 INSIDE_ENV = "SPECREF_PORTABLE_ENV"  # set to the environment's name in the processes run under it
 
 
