@@ -207,12 +207,17 @@ def _unseen_speedup_cases(seed: int) -> list[tuple]:
     return cases
 
 
+def _case(theta, alpha: float, c: float, S: int, k: int, last: str, value: int) -> tuple[list[float], list[str]]:
+    """A case's parameters as plain floats, and the line that shows the learner what their function was given."""
+    params = [float(x) for x in theta]
+    return params, [f"params = [{', '.join(f'{x:.6g}' for x in params)}], alpha = {alpha:.6g}, c = {c:.6g}, "
+                    f"context = {S}, k = {k}, {last} = {value}"]
+
+
 def _grade_speedup(g: str, fn: Callable, cases: list[tuple]) -> None:
     for n, (theta, alpha, c, S, k, B) in enumerate(cases, 1):
         where = f"case {n} of {len(cases)}."
-        params = [float(x) for x in theta]
-        inputs = [f"params = [{', '.join(f'{x:.6g}' for x in params)}], alpha = {alpha:.6g}, c = {c:.6g}, "
-                  f"context = {S}, k = {k}, batch_size = {B}"]
+        params, inputs = _case(theta, alpha, c, S, k, "batch_size", B)
         out = _call(g, where, inputs, fn, params, alpha, c, S, k, B)
         got = _as_float(out)
         if got is None:
@@ -263,9 +268,7 @@ def _crossover_cases(rng: np.random.Generator, theta_of: Callable, n: int) -> li
 def _grade_crossover(g: str, fn: Callable, cases: list[tuple]) -> None:
     for n, (theta, alpha, c, S, k, b_max) in enumerate(cases, 1):
         where = f"case {n} of {len(cases)}."
-        params = [float(x) for x in theta]
-        inputs = [f"params = [{', '.join(f'{x:.6g}' for x in params)}], alpha = {alpha:.6g}, c = {c:.6g}, "
-                  f"context = {S}, k = {k}, b_max = {b_max}"]
+        params, inputs = _case(theta, alpha, c, S, k, "b_max", b_max)
         out = _call(g, where, inputs, fn, params, alpha, c, S, k, b_max)
         if isinstance(out, (bool, np.bool_)) or not isinstance(out, (int, np.integer)):
             raise _fail(g, where, inputs + [f"got {out!r}"], "return one integer batch size (0 if k never pays).")
