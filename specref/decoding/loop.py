@@ -13,9 +13,6 @@ returns the requested ones; the step then hands them to `draft.observe` before
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,6 +20,7 @@ import torch
 
 from .._validate import check_int, check_probs, check_tokens
 from ..sampling import SamplingParams
+from ..timing import sync, timed  # noqa: F401 - importable from here as before
 
 
 @dataclass
@@ -109,25 +107,6 @@ class SpecStats:
             "time_overhead": self.time_overhead,
             "time_total": self.time_total,
         }
-
-
-# -- timing ------------------------------------------------------------------------------------
-
-
-def sync(device: torch.device | str) -> None:
-    """Wait for queued GPU work, so a timer measures the work and not its launch."""
-    if (device.type if isinstance(device, torch.device) else torch.device(device).type) == "cuda":
-        torch.cuda.synchronize(device)
-
-
-@contextmanager
-def timed(stats: SpecStats, name: str, device: torch.device) -> Iterator[None]:
-    """Add the block's wall time to `stats.<name>`, waiting for the device before and after it."""
-    sync(device)
-    t0 = time.perf_counter()
-    yield
-    sync(device)
-    setattr(stats, name, getattr(stats, name) + time.perf_counter() - t0)
 
 
 # -- checks ------------------------------------------------------------------------------------

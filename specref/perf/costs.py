@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..decoding.loop import sync
+from ..timing import sync
 
 
 def repeat_times(
@@ -139,11 +139,6 @@ def memory_bandwidth(device: torch.device | str = "cpu", n_bytes: int = 256 * 2*
     y = torch.empty_like(x)
     t = median_time(lambda: y.copy_(x), device, repeats=5, warmup=1)
     return 2 * x.numel() * 4 / t
-
-
-def ridge_point(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> float:
-    """FLOP per byte where the roofline turns: below it a kernel is memory-bound."""
-    return peak_matmul_flops(device, dtype=dtype) / memory_bandwidth(device)
 
 
 def _gen(device: torch.device | str) -> torch.Generator:

@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..decoding.loop import sync
 from ..decoding.chain import generate, speculative_generate
 from ..decoding.loop import SpecStats
 from ..theory import expected_tokens_per_step, speedup
+from ..timing import sync
 
 
 @dataclass(frozen=True)
