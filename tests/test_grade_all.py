@@ -9,8 +9,11 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -345,6 +348,60 @@ def test_the_benchmarks_class_mixes_every_exercise_and_kind(tmp_path):
         answers = "\n".join("".join(c["source"]) for c in bench._code_answers(nb))
         assert ("NotImplementedError" in answers) == (kind in ("stub", "partial")), (rel, kind)
         assert ("if answer_is_done\n" in answers) == (kind == "broken")
+
+
+def _processes_under(folder: Path) -> set[int]:
+    """Live processes that run in `folder` or name it on their command line: a grading run's unshare, jail and
+    trusted process (when the jail's init dies, its pid namespace, the kernel included, dies with it)."""
+    found, needle = set(), str(folder).encode()
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and (needle in (d / "cmdline").read_bytes()
+                                     or os.readlink(d / "cwd").startswith(str(folder))):
+                found.add(int(d.name))
+        except OSError:
+            pass
+    return found
+
+
+def _wait_for(predicate, seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return predicate()
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_stopped_run_leaves_no_kernel_behind(course, tmp_path, jobs):
+    """SIGTERM to grade-all (an instructor's kill, a CI timeout) takes its workers, jails and trusted processes."""
+    sol, _ = course
+    sub = tmp_path / "hanging"
+    sleeper = with_answer(solved(double_solution(), "ex90_double.ipynb"), "double_answer",
+                          "import time\ntime.sleep(600)\ndef double(x):\n    return 2 * x")
+    for name in ("ann", "ben"):
+        (sub / name).mkdir(parents=True)
+        (sub / name / "ex90_double.ipynb").write_text(json.dumps(sleeper))
+    temp = tmp_path / "temp"  # where grade.py makes each run's folder: its processes are found by this path
+    temp.mkdir()
+    run = subprocess.Popen([sys.executable, str(ROOT / "tools" / "grade_all.py"), "grade", str(sub), "--jobs", str(jobs),
+                            "--solutions-dir", str(sol), "--cell-timeout", "600", "--timeout", "600"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(temp)})
+    left = lambda: _processes_under(temp)  # noqa: E731
+    try:
+        # a kernel and a trusted process for each submission being graded
+        assert _wait_for(lambda: len(left()) >= 2 * jobs, 120), "no grading started"
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=30)
+        assert _wait_for(lambda: not left(), 20), f"processes left running after SIGTERM: {sorted(left())}"
+    finally:
+        run.kill()
+        for pid in left():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 # Grades in kernels whose environment tools/grade.py sets itself: tools/portable.py leaves these out.

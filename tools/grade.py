@@ -55,6 +55,7 @@ notebook, no matching solution, the kernel died, a report is missing); 3 needs r
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import hmac
 import json
@@ -451,6 +452,28 @@ def _limits(memory_mb: int) -> None:  # runs in the child before exec
     os.umask(0o077)
 
 
+def die_with_parent() -> None:  # runs in a child before exec, or first thing in a worker
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux's PR_SET_PDEATHSIG).
+
+    A grader stopped by SIGTERM or SIGKILL then takes its kernels, jails and trusted processes with it
+    (unshare's --kill-child passes the signal on into the jail's namespace) instead of leaving them to run.
+    """
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return  # not Linux: the process-group kill in _kill_all still applies
+    if os.getppid() != parent:  # the parent died before the request took
+        os._exit(1)
+
+
+def _child_setup(memory_mb: int | None) -> None:  # runs in the child before exec
+    die_with_parent()
+    if memory_mb is not None:
+        _limits(memory_mb)
+
+
 def processes_with(marker: str) -> list[int]:
     """Live processes whose environment carries `marker` (what a grading run leaves behind)."""
     found = []
@@ -511,7 +534,7 @@ def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, cwd=work,
                                     env=_environment(str(work), marker), pass_fds=(w,), start_new_session=True,
-                                    preexec_fn=lambda: _limits(memory_mb))
+                                    preexec_fn=lambda: _child_setup(memory_mb))
         except OSError as e:
             return KernelRun(setup_error=f"could not start the grading kernel ({cmd[0]}): {e}")
         os.close(w)
@@ -579,10 +602,10 @@ def run_cells_wall(cells: list[dict], cell_timeout: float, deadline: float, memo
                       "read_only": grade_jail.read_only_paths(), "rfd": t2j_r, "wfd": j2t_w,
                       "python": sys.executable, "source": source, "env": env}
             cmd = grade_jail.command(config)
-            pre = None
+            pre = lambda: _child_setup(None)  # noqa: E731  # the jail sets its own limits
         else:
             cmd = [sys.executable, "-I", "-c", source, str(t2j_r), str(j2t_w)]
-            pre = lambda: _limits(memory_mb)  # noqa: E731
+            pre = lambda: _child_setup(memory_mb)  # noqa: E731
         try:
             procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                           cwd=work, env=env, pass_fds=(t2j_r, j2t_w), start_new_session=True,
@@ -592,7 +615,7 @@ def run_cells_wall(cells: list[dict], cell_timeout: float, deadline: float, memo
             procs.append(subprocess.Popen([sys.executable, "-I", str(TRUSTED)], stdin=subprocess.PIPE, stdout=tlog,
                                           stderr=subprocess.STDOUT, cwd=base, env=tenv,
                                           pass_fds=(t2j_w, j2t_r, ev_w), start_new_session=True,
-                                          preexec_fn=lambda: _limits(memory_mb)))
+                                          preexec_fn=lambda: _child_setup(memory_mb)))
         except OSError as e:
             return KernelRun(setup_error=f"could not start the grading kernel: {e}")
         for fd in (t2j_r, t2j_w, j2t_r, j2t_w, ev_w):
