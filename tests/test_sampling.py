@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -93,6 +94,24 @@ def test_top_p_keeps_the_smallest_set_reaching_top_p(logits, top_p):
 def test_top_p_always_keeps_the_most_likely_token():
     x = torch.tensor([0.0, 5.0, 1.0])
     assert process_logits(x, top_p=1e-9).tolist() == [0.0, 1.0, 0.0]
+
+
+# softmax of these float64 logits is exactly [0.5, 0.25, 0.25]: the masses before the sorted tokens are 0, 0.5, 0.75.
+EXACT_HALF_QUARTER_QUARTER = torch.tensor([math.log(2), 0.0, 0.0], dtype=F64)
+
+
+def test_the_boundary_logits_give_exact_probabilities_so_the_boundary_is_hit_exactly():
+    assert torch.softmax(EXACT_HALF_QUARTER_QUARTER, -1).tolist() == [0.5, 0.25, 0.25]
+
+
+def test_top_p_drops_a_token_whose_mass_before_it_equals_top_p():
+    # The set {0} already reaches top_p = 0.5, so the next token is not needed.
+    assert process_logits(EXACT_HALF_QUARTER_QUARTER, top_p=0.5).tolist() == [1.0, 0.0, 0.0]
+
+
+def test_top_p_just_above_the_boundary_keeps_the_next_token():
+    kept = process_logits(EXACT_HALF_QUARTER_QUARTER, top_p=math.nextafter(0.5, 1.0)) > 0
+    assert bool(kept[0]) and int(kept.sum()) == 2
 
 
 def test_top_k_is_applied_before_top_p():

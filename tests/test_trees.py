@@ -11,6 +11,7 @@ import torch
 from specref import trees
 from specref.sampling import SamplingParams
 from specref.checks.exact_trees import (
+    BROKEN_TREE_RULES,
     PrefixModel,
     random_parents,
     sample_tree_steps,
@@ -320,6 +321,20 @@ def test_exact_enumeration_flags_a_rule_that_does_not_update_p(spec, monkeypatch
     monkeypatch.setattr(trees, "residual", lambda p, q: p)
     target, draft = PrefixModel(3, seed=1, concentration=0.7), PrefixModel(3, seed=2, concentration=0.7)
     assert tree_step_error(spec, target, draft) > 1e-2
+
+
+# Negative controls: two top-2 children with one grandchild each has rejections, a residual and leaves to reach.
+CONTROL_SHAPE = (2, 1)
+
+
+def test_the_exact_tree_check_passes_the_real_rule():
+    assert tree_step_error(CONTROL_SHAPE, PrefixModel(3, seed=1), PrefixModel(3, seed=2), verify_tree) < 1e-12
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN_TREE_RULES))
+def test_the_exact_tree_check_flags_a_broken_rule(name):
+    rule = BROKEN_TREE_RULES[name]
+    assert tree_step_error(CONTROL_SHAPE, PrefixModel(3, seed=1), PrefixModel(3, seed=2), rule) > 1e-2, name
 
 
 # -- sampling: Monte-Carlo with the foundation's test ----------------------------------------
