@@ -221,14 +221,38 @@ def test_enumerating_a_learner_style_step_agrees_with_the_closed_form_of_specref
     assert max(abs(ours[s] - formula[s]) for s in ours) < 1e-12
 
 
-def _skip_residual(draft_tokens, q, p, rng):
-    out = []
-    for i, x in enumerate(draft_tokens.tolist()):
-        if rng.uniform() < min(1.0, float(p[i, x] / q[i, x])):
-            out.append(x)
-        else:
-            return out + [rng.categorical(p[i])]
-    return out + [rng.categorical(p[-1])]
+def _accept_min_ratio(rng, px, qx):
+    return rng.uniform() < min(1.0, float(px / qx))
+
+
+def _bonus_from_p_after_the_last_draft(rng, p, k):
+    return [rng.categorical(p[k])]
+
+
+def _learner_step(accepts=_accept_min_ratio, replacement=residual, stops=True,
+                  bonus=_bonus_from_p_after_the_last_draft):
+    """A learner's speculative step built from its parts; each broken sampler swaps one part for a typical mistake.
+
+    accepts(rng, p(x), q(x)) -> keep the draft x; replacement(p_i, q_i) -> the distribution a rejected position
+    is redrawn from; stops: whether the step ends at its first rejection; bonus(rng, p, k) -> the tokens added
+    when every draft was kept.
+    """
+
+    def step_fn(draft_tokens, q, p, rng):
+        out = []
+        for i, x in enumerate(draft_tokens.tolist()):
+            if accepts(rng, p[i, x], q[i, x]):
+                out.append(x)
+                continue
+            out.append(rng.categorical(replacement(p[i], q[i])))
+            if stops:
+                return out
+        return out + bonus(rng, p, len(draft_tokens))
+
+    return step_fn
+
+
+_skip_residual = _learner_step(replacement=lambda p_i, q_i: p_i)
 
 
 def test_sampling_with_torch_rng_follows_the_enumerated_distribution_and_a_broken_rule_is_flagged():
@@ -380,98 +404,8 @@ def test_residual_grader_rejects_typical_mistakes(wrong, message):
         accept_reject.check_residual(wrong)
 
 
-def _inverted_comparison(draft_tokens, q, p, rng):
-    out = []
-    for i, x in enumerate(draft_tokens.tolist()):
-        if rng.uniform() > float(p[i, x] / q[i, x]):  # accepts with 1 - min(1, p/q)
-            out.append(x)
-        else:
-            return out + [rng.categorical(residual(p[i], q[i]))]
-    return out + [rng.categorical(p[-1])]
-
-
-def _ratio_upside_down(draft_tokens, q, p, rng):
-    out = []
-    for i, x in enumerate(draft_tokens.tolist()):
-        if p[i, x] > 0 and rng.uniform() < float(q[i, x] / p[i, x]):
-            out.append(x)
-        else:
-            return out + [rng.categorical(residual(p[i], q[i]))]
-    return out + [rng.categorical(p[-1])]
-
-
-def _no_stop(draft_tokens, q, p, rng):
-    out = []
-    for i, x in enumerate(draft_tokens.tolist()):
-        if rng.uniform() < min(1.0, float(p[i, x] / q[i, x])):
-            out.append(x)
-        else:
-            out.append(rng.categorical(residual(p[i], q[i])))  # and carries on
-    return out + [rng.categorical(p[-1])]
-
-
-def _no_bonus(draft_tokens, q, p, rng):
-    out = []
-    for i, x in enumerate(draft_tokens.tolist()):
-        if rng.uniform() < min(1.0, float(p[i, x] / q[i, x])):
-            out.append(x)
-        else:
-            return out + [rng.categorical(residual(p[i], q[i]))]
-    return out if out else [rng.categorical(p[0])]
-
-
-def _bonus_from_p_k(draft_tokens, q, p, rng):
-    out = []
-    for i, x in enumerate(draft_tokens.tolist()):
-        if rng.uniform() < min(1.0, float(p[i, x] / q[i, x])):
-            out.append(x)
-        else:
-            return out + [rng.categorical(residual(p[i], q[i]))]
-    return out + [rng.categorical(p[max(len(draft_tokens) - 1, 0)])]
-
-
-def _replacement_from_q(draft_tokens, q, p, rng):
-    out = []
-    for i, x in enumerate(draft_tokens.tolist()):
-        if rng.uniform() < min(1.0, float(p[i, x] / q[i, x])):
-            out.append(x)
-        else:
-            return out + [rng.categorical(q[i])]
-    return out + [rng.categorical(p[-1])]
-
-
-def _unnormalized_residual(draft_tokens, q, p, rng):
-    out = []
-    for i, x in enumerate(draft_tokens.tolist()):
-        if rng.uniform() < min(1.0, float(p[i, x] / q[i, x])):
-            out.append(x)
-        else:
-            return out + [rng.categorical((p[i] - q[i]).clamp(min=0))]
-    return out + [rng.categorical(p[-1])]
-
-
 def _plain_decoding(draft_tokens, q, p, rng):
     return [rng.categorical(p[0])]
-
-
-def _global_rng(draft_tokens, q, p, rng):
-    out = []
-    for i, x in enumerate(draft_tokens.tolist()):
-        if torch.rand(()) < min(1.0, float(p[i, x] / q[i, x])):
-            out.append(x)
-        else:
-            return out + [rng.categorical(residual(p[i], q[i]))]
-    return out + [rng.categorical(p[-1])]
-
-
-def _float_uniform(draft_tokens, q, p, rng):
-    out = []
-    for i, x in enumerate(draft_tokens.tolist()):
-        if float(rng.uniform()) < min(1.0, float(p[i, x] / q[i, x])):
-            out.append(x)
-        else:
-            return out + [rng.categorical(residual(p[i], q[i]))]
-    return out + [rng.categorical(p[-1])]
 
 
 def _modifies_p(draft_tokens, q, p, rng):
@@ -483,17 +417,20 @@ def _modifies_p(draft_tokens, q, p, rng):
 @pytest.mark.parametrize(
     "wrong, message",
     [
-        (_inverted_comparison, "comparison is inverted"),
-        (_ratio_upside_down, "ratio is upside down"),
-        (_no_stop, "after the first rejection the step emits its replacement and stops"),
-        (_no_bonus, "bonus token sampled from p_"),
-        (_bonus_from_p_k, "the bonus comes from the row after the last draft"),
+        (_learner_step(accepts=lambda rng, px, qx: rng.uniform() > float(px / qx)), "comparison is inverted"),
+        (_learner_step(accepts=lambda rng, px, qx: px > 0 and rng.uniform() < float(qx / px)), "ratio is upside down"),
+        (_learner_step(stops=False), "after the first rejection the step emits its replacement and stops"),
+        (_learner_step(bonus=lambda rng, p, k: [] if k else [rng.categorical(p[0])]), "bonus token sampled from p_"),
+        (_learner_step(bonus=lambda rng, p, k: [rng.categorical(p[max(k - 1, 0)])]),
+         "the bonus comes from the row after the last draft"),
         (_skip_residual, "not exact(.|\n)*You sampled p_1 itself"),
-        (_replacement_from_q, "not exact(.|\n)*sampled the draft distribution q"),
-        (_unnormalized_residual, "normalize them first"),
+        (_learner_step(replacement=lambda p_i, q_i: q_i), "not exact(.|\n)*sampled the draft distribution q"),
+        (_learner_step(replacement=lambda p_i, q_i: (p_i - q_i).clamp(min=0)), "normalize them first"),
         (_plain_decoding, "follows p, but it does not apply the speculative rule(.|\n)*accepts draft"),
-        (_global_rng, "global random number generator"),
-        (_float_uniform, "symbolic value"),
+        (_learner_step(accepts=lambda rng, px, qx: torch.rand(()) < min(1.0, float(px / qx))),
+         "global random number generator"),
+        (_learner_step(accepts=lambda rng, px, qx: float(rng.uniform()) < min(1.0, float(px / qx))),
+         "symbolic value"),
         (_modifies_p, "in place"),
         (lambda d, q, p, rng: [float(t) for t in step(d, q, p, rng)], "int ids"),
         (lambda d, q, p, rng: [], "at least one"),
@@ -503,6 +440,11 @@ def _modifies_p(draft_tokens, q, p, rng):
 def test_step_grader_rejects_typical_mistakes(wrong, message):
     with pytest.raises(AssertionError, match=message):
         accept_reject.check_accept_reject_step(wrong)
+
+
+def test_the_broken_samplers_parts_make_a_correct_step_when_none_is_swapped(capsys):
+    # The control for the test above: each broken sampler fails for the one part it swaps.
+    accept_reject.check_accept_reject_step(_learner_step())
 
 
 def test_step_grader_failure_shows_the_input_and_both_distributions():
