@@ -96,6 +96,24 @@ def test_reaching_the_kernels_own_globals_cannot_change_a_grade(toy, route):
     assert all(r.outcome != "passed" for r in results), [(r.grade_id, r.outcome, r.message) for r in results]
 
 
+def test_without_a_jail_the_wall_still_holds_and_the_report_says_so(toy, monkeypatch):
+    """Not root (or no namespaces): the answers run in a plain kernel of their own, the tests still in the
+    trusted process. Forging gains nothing, the honest answer gets full marks, and the report names the gap."""
+    monkeypatch.setattr(grader, "can_jail", lambda: False)
+    for route in (MATCH_ROUTE, ANY_MEANS):
+        results = grader.grade_plan(_plan_without_scanner(toy, route), cell_timeout=60, wall=True)
+        assert all(r.outcome != "passed" for r in results), [(r.grade_id, r.outcome, r.message) for r in results]
+    sol_dir, sub_dir, _ = toy
+    (sub_dir / "honest.ipynb").write_text(json.dumps(solved(toy)))
+    report = grader.grade(sub_dir / "honest.ipynb", solutions_dir=sol_dir, cell_timeout=60, wall=True)
+    assert report.exit_code == grader.EXIT_FULL and report.total == report.possible, report.as_dict()
+    assert grader.UNJAILED_NOTE in report.notes
+    monkeypatch.setattr(grader, "can_jail", lambda: True)  # the control: a jailed run carries no such note
+    if AS_ROOT:
+        assert grader.UNJAILED_NOTE not in grader.grade(sub_dir / "honest.ipynb", solutions_dir=sol_dir,
+                                                        cell_timeout=60, wall=True).notes
+
+
 def _reader(path: Path) -> str:
     return ('import numpy as np\n'
             f'raise ValueError("leaked: " + str(np.genfromtxt({str(path)!r}, dtype=str, delimiter="|")))\n')

@@ -554,6 +554,11 @@ def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb
 _JAIL: dict[int, bool] = {}
 
 
+UNJAILED_NOTE = ("the answers ran in a kernel of their own but not in a jail (the grader was not run as root, or "
+                 "this host has no namespaces): the tests still ran apart from them, but that kernel could read "
+                 "whatever the grading user can read")
+
+
 def can_jail() -> bool:
     """Whether the learner's kernel can be jailed here: root, with mount, network and pid namespaces."""
     if 0 not in _JAIL:
@@ -926,6 +931,8 @@ def grade(notebook: Path, solution: Path | None = None, solutions_dir: Path | No
         report.notes.insert(0, f"the notebook says it is exercise {claimed!r}; it was graded against "
                                f"{Path(solution).name}, as asked")
     report.tests = grade_plan(plan, cell_timeout, run_timeout, memory_mb, wall)
+    if (WALL if wall is None else wall) and not can_jail():
+        report.notes.append(UNJAILED_NOTE)
     for t, spec in zip(report.tests, plan.tests):
         if spec.saved_passing and t.outcome != "passed":
             report.notes.append(f"the saved output of test cell {t.grade_id!r} shows it passing, but run again it "
