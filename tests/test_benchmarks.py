@@ -3,6 +3,8 @@
 Their figures are timings and are not checked here (see benchmarks/README.md for the
 recorded ones); what is checked is that every script still runs with the package as it
 is, prints every row it promises, and that its correctness column says what it should.
+benchmarks/README.md is checked as a report: short, a run command and a dated latest result
+per benchmark, every results file and history date named, every figure quoted from history/.
 """
 
 from __future__ import annotations
@@ -169,3 +171,57 @@ def test_bench_notebooks_verdict_needs_no_error_and_a_time_under_the_limit():
     assert bench.verdict({"seconds": 59.9, "error": None}, 60)
     assert not bench.verdict({"seconds": 60.0, "error": None}, 60)
     assert not bench.verdict({"seconds": 1.0, "error": "ValueError: a student bug"}, 60)
+
+
+# -- benchmarks/README.md: a short report whose every figure is quoted from a dated record -----------------------
+
+BENCHMARKS = ROOT / "benchmarks"
+README = BENCHMARKS / "README.md"
+HISTORY = BENCHMARKS / "history"
+_FIGURE = re.compile(r"(?<![\w.])\d+(?:,\d{3})*(?:\.\d+)?")  # 1.53 in "1.53x", 1107 in "1,107 s"; not 200 in "H200"
+
+
+def _figures(text: str) -> set[str]:
+    return {m.group().replace(",", "") for m in _FIGURE.finditer(text)}
+
+
+def _unrecorded_figures(report: str, records: str) -> list[str]:
+    """The figures of `report` that appear nowhere in `records`."""
+    return sorted(_figures(report) - _figures(records), key=float)
+
+
+def _history_text() -> str:
+    return "".join(p.read_text(encoding="utf-8") for p in sorted(HISTORY.glob("*.md")))
+
+
+def test_benchmarks_readme_reads_in_ten_minutes():
+    assert len(README.read_bytes()) < 16_000, "benchmarks/README.md is a summary; full write-ups go to history/"
+
+
+def test_benchmarks_readme_quotes_every_figure_from_the_dated_history():
+    history = _history_text()
+    missing = _unrecorded_figures(README.read_text(encoding="utf-8"), history)
+    assert not missing, (f"figures in benchmarks/README.md that no history/<date>.md records: {missing}; "
+                         "write the run's full text into history/<date>.md and quote it")
+    # Negative control: a figure that no run recorded is caught, a recorded one is not.
+    assert _unrecorded_figures("best 1.53x greedy, 123.456x at k = 5", history) == ["123.456"]
+
+
+def test_benchmarks_readme_gives_each_benchmark_a_run_command_and_a_dated_latest_result():
+    readme = README.read_text(encoding="utf-8")
+    commands = "".join(re.findall(r"^```\n(.*?)^```$", readme, flags=re.M | re.S))
+    scripts = sorted(p.name for p in BENCHMARKS.glob("*.py"))
+    assert scripts and [s for s in scripts if f"benchmarks/{s}" not in commands] == []
+    for section in re.split(r"^## ", readme, flags=re.M)[1:]:
+        title = section.splitlines()[0]
+        assert re.search(r"^latest\b", section, flags=re.M | re.I), f"{title}: no 'Latest' line"
+        assert re.search(r"\[history/\d{4}-\d{2}-\d{2}\.md\]\(history/\d{4}-\d{2}-\d{2}\.md\)", section), title
+
+
+def test_benchmarks_readme_names_every_results_file_and_history_date_and_only_real_ones():
+    readme = README.read_text(encoding="utf-8")
+    named_results = set(re.findall(r"results/([\w.-]+\.json)", readme))
+    named_history = set(re.findall(r"history/([\w.-]+\.md)", readme))
+    assert named_results == {p.name for p in (BENCHMARKS / "results").glob("*.json")}
+    assert named_history == {p.name for p in HISTORY.glob("*.md")}
+    assert all(re.fullmatch(r"\d{4}-\d{2}-\d{2}\.md", name) for name in named_history), named_history
