@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 from ._validate import check_generator, check_probs, check_tensor, check_tokens
-from .sampling import _sample
+from .sampling import sample_unchecked
 
 
 # A chain verification rule: rule(draft_tokens [B, k], q [B, k, V], p [B, k+1, V], generator=None, u=None)
@@ -42,10 +42,11 @@ def residual(
     valid distribution and no NaN can leak into a batch.
     """
     _check_pair(p, q)
-    return _residual(p, q)
+    return residual_unchecked(p, q)
 
 
-def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def residual_unchecked(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """`residual` without its input checks: for p and q that were already checked (the rules' hot paths)."""
     diff = (p - q).clamp(min=0)
     mass = diff.sum(-1, keepdim=True)
     empty = mass <= 0
@@ -59,7 +60,7 @@ def _check_pair(p: torch.Tensor, q: torch.Tensor) -> None:
         raise ValueError(f"p and q must have the same shape [..., V], got {tuple(p.shape)} and {tuple(q.shape)}")
 
 
-def _check_chain(draft_tokens: object, q: object | None, p: object, probs: bool) -> tuple[int, int]:
+def check_chain(draft_tokens: object, q: object | None, p: object, probs: bool) -> tuple[int, int]:
     """Shapes: draft_tokens [B?, k], q [B?, k, V], p [B?, k+1, V]. Returns (k, V)."""
     p = check_probs("p", p, min_dim=2) if probs else check_tensor("p", p)
     draft_tokens = check_tensor("draft_tokens", draft_tokens)
@@ -104,7 +105,7 @@ def verify_chain(
     n_accepted is [B]. Random numbers: k + 1 uniforms per row, from `generator`, or
     given as `u` (exact enumeration drives the rule this way).
     """
-    k, V = _check_chain(draft_tokens, q, p, probs=True)
+    k, V = check_chain(draft_tokens, q, p, probs=True)
     batched = draft_tokens.dim() == 2
     if u is not None:
         _check_uniforms(u, tuple(draft_tokens.shape[:-1]) + (k + 1,))
@@ -113,7 +114,7 @@ def verify_chain(
     if not batched:
         draft_tokens, q, p = draft_tokens[None], q[None], p[None]
         u = None if u is None else u[None]
-    tokens, n_accepted = _verify_chain(draft_tokens.long(), q, p, generator, u)
+    tokens, n_accepted = verify_chain_unchecked(draft_tokens.long(), q, p, generator, u)
     return _unbatch(tokens, n_accepted, batched)
 
 
@@ -125,7 +126,7 @@ def _unbatch(tokens: torch.Tensor, n_accepted: torch.Tensor, batched: bool) -> t
     return tokens[0, : n + 1], n
 
 
-def _verify_chain(
+def verify_chain_unchecked(
     draft_tokens: torch.Tensor,  # [B, k] long
     q: torch.Tensor,  # [B, k, V]
     p: torch.Tensor,  # [B, k+1, V]
@@ -159,11 +160,11 @@ def _verify_chain(
     at = n_accepted.clamp(max=max(k - 1, 0))
     rows = torch.arange(B, device=p.device)
     if k > 0:
-        res = _residual(p[rows, at], q[rows, at])  # [B, V]
+        res = residual_unchecked(p[rows, at], q[rows, at])  # [B, V]
         final_dist = torch.where((n_accepted < k)[:, None], res, p[:, k])
     else:
         final_dist = p[:, 0]
-    final = _sample(final_dist, u=u[:, k])  # [B]
+    final = sample_unchecked(final_dist, u=u[:, k])  # [B]
 
     positions = torch.arange(k + 1, device=p.device)
     padded = torch.cat([draft_tokens, torch.full((B, 1), -1, device=p.device, dtype=torch.long)], -1)
@@ -192,7 +193,7 @@ def verify_chain_greedy(
     The one-hot special case of `verify_chain` (p and q both one-hot). Only the argmax
     of p is used, so logits work too. Same return as `verify_chain`.
     """
-    k, V = _check_chain(draft_tokens, None, p, probs=False)
+    k, V = check_chain(draft_tokens, None, p, probs=False)
     if not p.is_floating_point():
         raise TypeError(f"p must be a floating-point tensor, got {p.dtype}")
     if torch.isnan(p).any():
@@ -200,11 +201,11 @@ def verify_chain_greedy(
     batched = draft_tokens.dim() == 2
     if not batched:
         draft_tokens, p = draft_tokens[None], p[None]
-    tokens, n_accepted = _verify_chain_greedy(draft_tokens.long(), p)
+    tokens, n_accepted = verify_chain_greedy_unchecked(draft_tokens.long(), p)
     return _unbatch(tokens, n_accepted, batched)
 
 
-def _verify_chain_greedy(
+def verify_chain_greedy_unchecked(
     draft_tokens: torch.Tensor,  # [B, k] long
     p: torch.Tensor,  # [B, k+1, V] probabilities or logits
 ) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, k+1] padded with -1, n_accepted [B]
@@ -216,3 +217,10 @@ def _verify_chain_greedy(
     # Accepted drafts equal the argmax there, so the emitted tokens are the argmax
     # up to and including position n_accepted (the correction or the bonus).
     return torch.where(positions <= n_accepted[:, None], best, torch.full_like(best, -1)), n_accepted
+
+
+# The old private names of the unchecked twins, kept importable while callers move to the public ones.
+_residual = residual_unchecked
+_check_chain = check_chain
+_verify_chain = verify_chain_unchecked
+_verify_chain_greedy = verify_chain_greedy_unchecked

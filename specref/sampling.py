@@ -58,10 +58,10 @@ def process_logits(
     if torch.isneginf(logits).all(-1).any():
         raise ValueError("logits have a row where every token is -inf (nothing can be sampled)")
 
-    return _process_logits(logits, temperature, top_k, top_p)
+    return process_logits_unchecked(logits, temperature, top_k, top_p)
 
 
-def _process_logits(
+def process_logits_unchecked(
     logits: torch.Tensor,  # [..., V]
     temperature: float,
     top_k: int | None,
@@ -122,10 +122,10 @@ def sample(
                              f"got {tuple(u.shape)}")
         if u.numel() and not bool(((u >= 0) & (u < 1)).all()):
             raise ValueError("u must hold uniforms in [0, 1) (no NaN)")
-    return _sample(probs, generator, u)
+    return sample_unchecked(probs, generator, u)
 
 
-def _sample(
+def sample_unchecked(
     probs: torch.Tensor,  # [..., V]
     generator: torch.Generator | None = None,
     u: torch.Tensor | None = None,  # [...]
@@ -165,7 +165,7 @@ class SamplingParams:
 
         The decoding loop checks the stacked q of every step once (`specref.decoding`).
         """
-        return _process_logits(logits, self.temperature, self.top_k, self.top_p)
+        return process_logits_unchecked(logits, self.temperature, self.top_k, self.top_p)
 
 
 _PROB_SUM_TOL = 1e-6  # how far from 1 a distribution handed to rng.categorical may sum (float64)
@@ -222,7 +222,7 @@ class TorchRNG:
         """An index i drawn with probability probs[i] (probs: [V], summing to 1)."""
         t = as_distribution(probs, "rng.categorical")
         u = torch.rand((), generator=self.generator, dtype=torch.float64, device=self.device)
-        return int(_sample(t, u=u.cpu()))  # t was checked by as_distribution
+        return int(sample_unchecked(t, u=u.cpu()))  # t was checked by as_distribution
 
 
 def as_rng(generator: torch.Generator | None, rng: object | None) -> object:
@@ -234,3 +234,8 @@ def as_rng(generator: torch.Generator | None, rng: object | None) -> object:
             raise TypeError("rng must have uniform() and categorical(probs) methods")
         return rng
     return TorchRNG(generator)
+
+
+# The old private names of the unchecked twins, kept importable while callers move to the public ones.
+_process_logits = process_logits_unchecked
+_sample = sample_unchecked

@@ -6,16 +6,23 @@ the target's cache holds only the accepted text (`StaleCacheTarget`), the rule l
 inputs alone (`verify_inplace_residual`) and accepts a prefix (`verify_count_not_prefix`).
 `specref.checks.pitfalls` holds the check that catches each one. A check that passes the
 real thing but cannot flag these proves nothing.
+
+Every broken rule lives here: the chain rules in `BROKEN_RULES` (skip the residual, accept
+every draft, draw the bonus from p_k), which the Monte-Carlo and exact checks must flag, and
+the tree rules in `BROKEN_TREE_RULES`, which `specref.checks.exact_trees.tree_step_error` must flag.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import torch
 
 from ..drafts import ModelDraft
-from ..rejection import _check_chain, residual, verify_chain
-from ..sampling import SamplingParams, sample
-from .montecarlo import _uniforms, _with_final
+from ..rejection import ChainRule, check_chain, residual, verify_chain
+from ..sampling import SamplingParams, as_rng, sample
+from ..trees import ROOT, Tree, TreeResult, verify_tree
 
 
 class _SampledDraft(ModelDraft):
@@ -103,7 +110,70 @@ class StaleCacheTarget(torch.nn.Module):
         return out
 
 
-# Broken chain rules (same signature as `specref.rejection.verify_chain` on batched input).
+# Broken chain rules (the signature of `specref.rejection.verify_chain` on batched input).
+
+
+def _uniforms(
+    draft_tokens: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None, u: torch.Tensor | None
+) -> torch.Tensor:  # [B, k+1]
+    if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dim() != 2:
+        raise ValueError("the broken rules take batched input: draft_tokens must be [B, k]")
+    if u is not None:
+        return u
+    shape = tuple(draft_tokens.shape[:-1]) + (draft_tokens.shape[-1] + 1,)
+    return torch.rand(shape, generator=generator, dtype=p.dtype, device=p.device)
+
+
+def _with_final(tokens: torch.Tensor, n_acc: torch.Tensor, final: torch.Tensor) -> torch.Tensor:  # [B, k+1]
+    """`tokens` with the token after the accepted prefix (column n_acc) replaced by `final` [B]."""
+    return tokens.scatter(1, n_acc[:, None], final[:, None])
+
+
+def verify_skip_residual(
+    draft_tokens: torch.Tensor,  # [B, k]
+    q: torch.Tensor,  # [B, k, V]
+    p: torch.Tensor,  # [B, k+1, V]
+    generator: torch.Generator | None = None,
+    u: torch.Tensor | None = None,  # [B, k+1]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BROKEN (negative control): after a rejection, sample p_a instead of the residual."""
+    u = _uniforms(draft_tokens, p, generator, u)
+    tokens, n_acc = verify_chain(draft_tokens, q, p, u=u)
+    rows = torch.arange(draft_tokens.shape[0], device=p.device)
+    return _with_final(tokens, n_acc, sample(p[rows, n_acc], u=u[:, -1])), n_acc
+
+
+def verify_always_accept(
+    draft_tokens: torch.Tensor,  # [B, k]
+    q: torch.Tensor,  # [B, k, V]
+    p: torch.Tensor,  # [B, k+1, V]
+    generator: torch.Generator | None = None,
+    u: torch.Tensor | None = None,  # [B, k+1]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BROKEN (negative control): keep every draft, then add the bonus token from p_{k+1}."""
+    k, _ = check_chain(draft_tokens, q, p, probs=True)
+    u = _uniforms(draft_tokens, p, generator, u)
+    bonus = sample(p[:, k], u=u[:, -1])
+    tokens = torch.cat([draft_tokens.long(), bonus[:, None]], 1)
+    return tokens, torch.full_like(bonus, k)
+
+
+def verify_bonus_off_by_one(
+    draft_tokens: torch.Tensor,  # [B, k]
+    q: torch.Tensor,  # [B, k, V]
+    p: torch.Tensor,  # [B, k+1, V]
+    generator: torch.Generator | None = None,
+    u: torch.Tensor | None = None,  # [B, k+1]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BROKEN (negative control): when all k drafts pass, draw the bonus from p_k, not p_{k+1}."""
+    u = _uniforms(draft_tokens, p, generator, u)
+    tokens, n_acc = verify_chain(draft_tokens, q, p, u=u)
+    k = draft_tokens.shape[-1]
+    if k == 0:
+        return tokens, n_acc
+    wrong = sample(p[:, k - 1], u=u[:, -1])  # the distribution that scored the last draft
+    final = torch.where(n_acc == k, wrong, tokens.gather(1, n_acc[:, None]).squeeze(1))
+    return _with_final(tokens, n_acc, final), n_acc
 
 
 def verify_inplace_residual(
@@ -139,7 +209,7 @@ def verify_count_not_prefix(
     accepted = [yes, no, yes] gives 2, so the rejected x_2 is emitted and the final token
     comes from position 2. The right count is accepted.cumprod(-1).sum(-1).
     """
-    k, _ = _check_chain(draft_tokens, q, p, probs=True)
+    k, _ = check_chain(draft_tokens, q, p, probs=True)
     B = draft_tokens.shape[0]
     u = _uniforms(draft_tokens, p, generator, u)
     d = draft_tokens.long()
@@ -159,6 +229,13 @@ def verify_count_not_prefix(
     return _with_final(tokens, n_acc, final), n_acc
 
 
+BROKEN_RULES: dict[str, ChainRule] = {
+    "skip_residual": verify_skip_residual,
+    "always_accept": verify_always_accept,
+    "bonus_off_by_one": verify_bonus_off_by_one,
+}
+
+
 class UnprocessedQModelDraft(_SampledDraft):
     """BROKEN: samples its drafts from the processed distribution (temperature, top-k, top-p) but reports q raw.
 
@@ -170,3 +247,86 @@ class UnprocessedQModelDraft(_SampledDraft):
     ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V] -> x [B], q [B, V]
         x = sample(params.probs_unchecked(logits), generator)
         return x, torch.softmax(logits, -1)  # the bug: not the distribution x was drawn from
+
+
+# Broken tree rules (the signature of `specref.trees.verify_tree`).
+
+
+class _DeferredDraw:
+    """An rng that passes uniforms through and holds back the one categorical draw (0 stands in for it)."""
+
+    def __init__(self, source: object) -> None:
+        self.source = source
+        self.dist: torch.Tensor | None = None  # [V] what the rule would have drawn from
+
+    def uniform(self) -> object:
+        return self.source.uniform()
+
+    def categorical(self, probs: torch.Tensor) -> int:  # [V]
+        self.dist = probs
+        return 0
+
+
+def _final_from(
+    tree: Tree,
+    p: torch.Tensor,  # [N+1, V]
+    generator: torch.Generator | None,
+    rng: object | None,
+    pick: Callable[[TreeResult, torch.Tensor], torch.Tensor],
+) -> TreeResult:
+    """`verify_tree`, except that the last token is drawn from pick(result, the distribution it would use)."""
+    source = as_rng(generator, rng)
+    deferred = _DeferredDraw(source)
+    r = verify_tree(tree, p, rng=deferred)
+    x = source.categorical(pick(r, deferred.dist))
+    return TreeResult(r.tokens[:-1] + [int(x)], r.path, r.trials)
+
+
+def verify_tree_skip_residual(
+    tree: Tree, p: torch.Tensor, generator: torch.Generator | None = None, rng: object | None = None
+) -> TreeResult:  # p: [N+1, V]
+    """BROKEN (negative control): after the children of a node are rejected, sample p there, not the residual."""
+    return _final_from(tree, p, generator, rng, lambda r, dist: p[(r.path[-1] + 1) if r.path else 0])
+
+
+def verify_tree_bonus_off_by_one(
+    tree: Tree, p: torch.Tensor, generator: torch.Generator | None = None, rng: object | None = None
+) -> TreeResult:  # p: [N+1, V]
+    """BROKEN (negative control): after an accepted leaf, draw the bonus from p at its parent, not after the leaf."""
+
+    def pick(r: TreeResult, dist: torch.Tensor) -> torch.Tensor:
+        if r.path and not tree.children(r.path[-1]):
+            return p[tree.parents[r.path[-1]] + 1]
+        return dist
+
+    return _final_from(tree, p, generator, rng, pick)
+
+
+def verify_tree_always_accept(
+    tree: Tree, p: torch.Tensor, generator: torch.Generator | None = None, rng: object | None = None
+) -> TreeResult:  # p: [N+1, V]
+    """BROKEN (negative control): accept the first child at every node down to a leaf, then the bonus."""
+    source = as_rng(generator, rng)
+    node, path = ROOT, []
+    while tree.children(node):
+        node = tree.children(node)[0]
+        path.append(node)
+    x = source.categorical(p[node + 1])
+    return TreeResult([tree.tokens[i] for i in path] + [int(x)], path, [])
+
+
+def verify_tree_softmax_q(
+    tree: Tree, p: torch.Tensor, generator: torch.Generator | None = None, rng: object | None = None
+) -> TreeResult:  # p: [N+1, V]
+    """BROKEN (negative control): verify top-k (deterministic) children against the draft's softmax q, not onehot."""
+    if tree.mode == "deterministic" and tree.q is not None:
+        tree = dataclasses.replace(tree, mode="sampled")
+    return verify_tree(tree, p, generator, rng)
+
+
+BROKEN_TREE_RULES: dict[str, Callable[..., TreeResult]] = {
+    "skip_residual": verify_tree_skip_residual,
+    "bonus_off_by_one": verify_tree_bonus_off_by_one,
+    "always_accept": verify_tree_always_accept,
+    "softmax_q": verify_tree_softmax_q,
+}

@@ -13,9 +13,8 @@ the result must be the target's joint distribution of L tokens
 (`extended_distribution` vs `target_distribution`). That is exactly the statement
 that generation keeps going as if the target had decoded alone.
 
-A check is only as good as its power, so `BROKEN_TREE_RULES` holds deliberately
-broken tree rules (negative controls, like the chain's `montecarlo.BROKEN_RULES`)
-that `tree_step_error` must flag.
+A check is only as good as its power: `tree_step_error` must flag the deliberately
+broken tree rules of `specref.checks.broken` (`BROKEN_TREE_RULES`, negative controls).
 
 The toy models here are prefix-dependent (`PrefixModel`: a random next-token
 distribution for every prefix), so siblings with different tokens really see
@@ -24,7 +23,6 @@ different p and q.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Callable, Hashable, Sequence
 
@@ -32,8 +30,15 @@ import numpy as np
 import torch
 
 from ..drafts.shapes import DynamicTree, TreeShape, as_tree_spec, build_tree
-from ..sampling import SamplingParams, as_rng, sample
-from ..trees import ROOT, Tree, TreeResult, verify_tree
+from ..sampling import SamplingParams, sample
+from ..trees import ROOT, Tree, verify_tree
+from .broken import (  # noqa: F401 - the broken tree rules, importable from here as before
+    BROKEN_TREE_RULES,
+    verify_tree_always_accept,
+    verify_tree_bonus_off_by_one,
+    verify_tree_skip_residual,
+    verify_tree_softmax_q,
+)
 from .rng import exact_distribution
 
 EXACT_TOL = 1e-12
@@ -196,86 +201,3 @@ def sample_tree_steps(
             seq.append(int(sample(target(tuple(seq)), generator)))
         out[i] = torch.tensor(seq)
     return out
-
-
-# Negative controls: deliberately broken tree rules that the exact check must flag.
-
-
-class _DeferredDraw:
-    """An rng that passes uniforms through and holds back the one categorical draw (0 stands in for it)."""
-
-    def __init__(self, source: object) -> None:
-        self.source = source
-        self.dist: torch.Tensor | None = None  # [V] what the rule would have drawn from
-
-    def uniform(self) -> object:
-        return self.source.uniform()
-
-    def categorical(self, probs: torch.Tensor) -> int:  # [V]
-        self.dist = probs
-        return 0
-
-
-def _final_from(
-    tree: Tree,
-    p: torch.Tensor,  # [N+1, V]
-    generator: torch.Generator | None,
-    rng: object | None,
-    pick: Callable[[TreeResult, torch.Tensor], torch.Tensor],
-) -> TreeResult:
-    """`verify_tree`, except that the last token is drawn from pick(result, the distribution it would use)."""
-    source = as_rng(generator, rng)
-    deferred = _DeferredDraw(source)
-    r = verify_tree(tree, p, rng=deferred)
-    x = source.categorical(pick(r, deferred.dist))
-    return TreeResult(r.tokens[:-1] + [int(x)], r.path, r.trials)
-
-
-def verify_tree_skip_residual(
-    tree: Tree, p: torch.Tensor, generator: torch.Generator | None = None, rng: object | None = None
-) -> TreeResult:  # p: [N+1, V]
-    """BROKEN (negative control): after the children of a node are rejected, sample p there, not the residual."""
-    return _final_from(tree, p, generator, rng, lambda r, dist: p[(r.path[-1] + 1) if r.path else 0])
-
-
-def verify_tree_bonus_off_by_one(
-    tree: Tree, p: torch.Tensor, generator: torch.Generator | None = None, rng: object | None = None
-) -> TreeResult:  # p: [N+1, V]
-    """BROKEN (negative control): after an accepted leaf, draw the bonus from p at its parent, not after the leaf."""
-
-    def pick(r: TreeResult, dist: torch.Tensor) -> torch.Tensor:
-        if r.path and not tree.children(r.path[-1]):
-            return p[tree.parents[r.path[-1]] + 1]
-        return dist
-
-    return _final_from(tree, p, generator, rng, pick)
-
-
-def verify_tree_always_accept(
-    tree: Tree, p: torch.Tensor, generator: torch.Generator | None = None, rng: object | None = None
-) -> TreeResult:  # p: [N+1, V]
-    """BROKEN (negative control): accept the first child at every node down to a leaf, then the bonus."""
-    source = as_rng(generator, rng)
-    node, path = ROOT, []
-    while tree.children(node):
-        node = tree.children(node)[0]
-        path.append(node)
-    x = source.categorical(p[node + 1])
-    return TreeResult([tree.tokens[i] for i in path] + [int(x)], path, [])
-
-
-def verify_tree_softmax_q(
-    tree: Tree, p: torch.Tensor, generator: torch.Generator | None = None, rng: object | None = None
-) -> TreeResult:  # p: [N+1, V]
-    """BROKEN (negative control): verify top-k (deterministic) children against the draft's softmax q, not onehot."""
-    if tree.mode == "deterministic" and tree.q is not None:
-        tree = dataclasses.replace(tree, mode="sampled")
-    return verify_tree(tree, p, generator, rng)
-
-
-BROKEN_TREE_RULES: dict[str, TreeRule] = {
-    "skip_residual": verify_tree_skip_residual,
-    "bonus_off_by_one": verify_tree_bonus_off_by_one,
-    "always_accept": verify_tree_always_accept,
-    "softmax_q": verify_tree_softmax_q,
-}

@@ -7,8 +7,8 @@ Python loop is over steps. `distribution_test` then asks whether the tokens look
 like draws from the target's exact distribution, with a chi-square test and a
 total-variation bound that both depend on the sample size.
 
-A verification method is only as good as its power, so this module also ships
-deliberately broken rules (negative controls) that the same test must flag.
+A verification method is only as good as its power: the same test must flag the
+deliberately broken rules of `specref.checks.broken` (negative controls).
 """
 
 from __future__ import annotations
@@ -20,8 +20,13 @@ import numpy as np
 import scipy.stats
 import torch
 
-from ..rejection import ChainRule, _check_chain, verify_chain
-from ..sampling import sample
+from ..rejection import ChainRule, verify_chain
+from .broken import (  # noqa: F401 - the broken chain rules, importable from here as before
+    BROKEN_RULES,
+    verify_always_accept,
+    verify_bonus_off_by_one,
+    verify_skip_residual,
+)
 from .toy import MarkovChain, MisreportedDraft
 
 
@@ -114,79 +119,6 @@ def simulate(
         last = tokens.gather(1, n_acc[:, None]).squeeze(1)
         emitted = emitted + n_acc + 1
     return Simulation(out[:, :n], **{key: torch.stack(v) for key, v in record.items()})
-
-
-# Negative controls: deliberately broken rules that every check in the course must flag.
-
-
-def _uniforms(
-    draft_tokens: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None, u: torch.Tensor | None
-) -> torch.Tensor:  # [B, k+1]
-    if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dim() != 2:
-        raise ValueError("the broken rules take batched input: draft_tokens must be [B, k]")
-    if u is not None:
-        return u
-    shape = tuple(draft_tokens.shape[:-1]) + (draft_tokens.shape[-1] + 1,)
-    return torch.rand(shape, generator=generator, dtype=p.dtype, device=p.device)
-
-
-def _with_final(tokens: torch.Tensor, n_acc: torch.Tensor, final: torch.Tensor) -> torch.Tensor:  # [B, k+1]
-    """`tokens` with the token after the accepted prefix (column n_acc) replaced by `final` [B]."""
-    return tokens.scatter(1, n_acc[:, None], final[:, None])
-
-
-def verify_skip_residual(
-    draft_tokens: torch.Tensor,  # [B, k]
-    q: torch.Tensor,  # [B, k, V]
-    p: torch.Tensor,  # [B, k+1, V]
-    generator: torch.Generator | None = None,
-    u: torch.Tensor | None = None,  # [B, k+1]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """BROKEN (negative control): after a rejection, sample p_a instead of the residual."""
-    u = _uniforms(draft_tokens, p, generator, u)
-    tokens, n_acc = verify_chain(draft_tokens, q, p, u=u)
-    rows = torch.arange(draft_tokens.shape[0], device=p.device)
-    return _with_final(tokens, n_acc, sample(p[rows, n_acc], u=u[:, -1])), n_acc
-
-
-def verify_always_accept(
-    draft_tokens: torch.Tensor,  # [B, k]
-    q: torch.Tensor,  # [B, k, V]
-    p: torch.Tensor,  # [B, k+1, V]
-    generator: torch.Generator | None = None,
-    u: torch.Tensor | None = None,  # [B, k+1]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """BROKEN (negative control): keep every draft, then add the bonus token from p_{k+1}."""
-    k, _ = _check_chain(draft_tokens, q, p, probs=True)
-    u = _uniforms(draft_tokens, p, generator, u)
-    bonus = sample(p[:, k], u=u[:, -1])
-    tokens = torch.cat([draft_tokens.long(), bonus[:, None]], 1)
-    return tokens, torch.full_like(bonus, k)
-
-
-def verify_bonus_off_by_one(
-    draft_tokens: torch.Tensor,  # [B, k]
-    q: torch.Tensor,  # [B, k, V]
-    p: torch.Tensor,  # [B, k+1, V]
-    generator: torch.Generator | None = None,
-    u: torch.Tensor | None = None,  # [B, k+1]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """BROKEN (negative control): when all k drafts pass, draw the bonus from p_k, not p_{k+1}."""
-    u = _uniforms(draft_tokens, p, generator, u)
-    tokens, n_acc = verify_chain(draft_tokens, q, p, u=u)
-    k = draft_tokens.shape[-1]
-    if k == 0:
-        return tokens, n_acc
-    wrong = sample(p[:, k - 1], u=u[:, -1])  # the distribution that scored the last draft
-    final = torch.where(n_acc == k, wrong, tokens.gather(1, n_acc[:, None]).squeeze(1))
-    return _with_final(tokens, n_acc, final), n_acc
-
-
-BROKEN_RULES: dict[str, ChainRule] = {
-    "skip_residual": verify_skip_residual,
-    "always_accept": verify_always_accept,
-    "bonus_off_by_one": verify_bonus_off_by_one,
-}
 
 
 # The goodness-of-fit test.
