@@ -1,13 +1,15 @@
-"""record_generation and notebook 05's step view: the recorded steps are exactly what the loop did."""
+"""record_generation, notebook 05's step view and trace_step: what they record is exactly what the loop did."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from model_factory import noisy_copy, small_gpt2
 from specref import PromptLookupDraft, generate, load_draft, load_pair
 from specref.course.widgets import draft_steps_widget, format_steps
 from specref.decoding.record import RecordedStep, acceptance_by_position, counts_from_histogram, record_generation
+from specref.decoding.trace import trace_step
 from specref.drafts import ModelDraft
 from specref.models.pair import heldout_prompts
 
@@ -158,3 +160,18 @@ def test_acceptance_by_position_rejects_bad_input():
         acceptance_by_position([(1, 2)], 2)
     with pytest.raises(TypeError, match="RecordedStep"):
         acceptance_by_position(_step([1], 1), 2)
+
+
+def test_a_traced_greedy_step_emits_what_greedy_decoding_emits_and_rolls_both_caches_back():
+    target = small_gpt2(vocab=64, n_embd=32, n_layer=2, seed=0, scale=20.0)
+    draft = noisy_copy(target, noise=0.3, seed=1)
+    prompt = torch.tensor([1, 2, 3, 4, 5])
+    for k in (1, 3, 5):
+        tr = trace_step(target, draft, prompt, k=k)
+        n = len(tr.emitted)
+        assert n == tr.n_accepted + 1 and tr.drafts[: tr.n_accepted] == tr.emitted[: tr.n_accepted]
+        assert tr.emitted == generate(target, prompt[None], n, temperature=0)[0, 5:].tolist()
+        assert tr.emitted[-1] == tr.p_argmax[tr.n_accepted]  # the correction or bonus is the target's argmax
+        T = tr.context_len
+        assert tr.target_cache_len == (T - 1, T + k, T + tr.n_accepted)  # context + accepted drafts
+        assert tr.draft_cache_len == (0, T + k - 1, min(T + k - 1, T + tr.n_accepted))

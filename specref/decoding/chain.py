@@ -11,27 +11,28 @@ its K/V entry when it is fed at the start of the next step.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from .._validate import check_generator, check_int
 from ..drafts import Draft, as_draft
 from ..models.kvcache import KVCache
-from ..rejection import _verify_chain, _verify_chain_greedy
-from ..sampling import SamplingParams, _sample
+from ..rejection import verify_chain_greedy_unchecked, verify_chain_unchecked
+from ..sampling import SamplingParams, sample_unchecked
 from ..typical import TypicalAcceptance, as_acceptance
 from .loop import (
     Sequences,
     SpecStats,
+    StepObserver,
     check_eos,
     check_inputs,
     check_logits,
     check_pair,
     check_proposal,
     finish,
-    prefill,
+    run_steps,
     target_pass,
     timed,
 )
@@ -65,7 +66,7 @@ def generate(
     cache = model.new_cache(B, max_len=T + max_new_tokens)  # no more: a large batch's cache is the biggest allocation
     logits = model(input_ids, cache=cache, logits_to_keep=1)[:, -1]  # [B, V]
     for i in range(max_new_tokens):
-        x = logits.argmax(-1) if params.greedy else _sample(params.probs(logits), generator)  # [B]
+        x = logits.argmax(-1) if params.greedy else sample_unchecked(params.probs(logits), generator)  # [B]
         x = torch.where(done, torch.zeros_like(x), x)
         tokens[:, T + i] = x
         lengths = lengths + (~done).long()
@@ -87,7 +88,6 @@ class ChainStep:
     out: torch.Tensor  # [B, k+1] accepted drafts, then the correction or bonus (later entries unused)
     n_accepted: list[int]  # [B]
     kept: list[int]  # [B] tokens each row appended: n_accepted + 1, cut by the budget or at EOS
-    target_cache_scored: torch.Tensor  # [B] the target cache's lengths right after the pass
 
 
 @torch.no_grad()
@@ -124,7 +124,6 @@ def speculative_step(
         ids = torch.cat([seqs.last_tokens(), drafts], 1)  # [B, k+1]
         logits, features = target_pass(target, draft, ids, cache=cache)  # [B, k+1, V], None or ([B, k+1, C], ...)
     stats.target_passes += 1
-    scored = cache.lengths
     # 3. Accept or reject left to right, then one token from the target: a correction or the bonus.
     with timed(stats, "time_verify", dev):
         check_logits(logits, params)
@@ -133,9 +132,9 @@ def speculative_step(
         elif typical is not None:  # LOSSY: q is ignored
             out, n_acc = typical.verify(drafts, params.probs_unchecked(logits), generator)
         elif params.greedy:
-            out, n_acc = _verify_chain_greedy(drafts, logits)  # [B, k+1], [B]
+            out, n_acc = verify_chain_greedy_unchecked(drafts, logits)  # [B, k+1], [B]
         else:  # check_proposal checked q
-            out, n_acc = _verify_chain(drafts, q, params.probs_unchecked(logits), generator, None)
+            out, n_acc = verify_chain_unchecked(drafts, q, params.probs_unchecked(logits), generator, None)
         if k:
             n_acc = n_acc.tolist()  # waits for the rule to finish
     # 4. Commit the kept tokens; roll both caches back to context + accepted drafts.
@@ -145,13 +144,13 @@ def speculative_step(
     _count(stats, n_acc, kept, k)
     cache.lengths = seqs.lengths - 1  # as the model itself moves them: no check, no read back
     draft.rollback(n_valid)
-    return ChainStep(drafts, q, logits, out, n_acc, kept, scored)
+    return ChainStep(drafts, q, logits, out, n_acc, kept)
 
 
 def _plain_token(logits: torch.Tensor, params: SamplingParams,
                  generator: torch.Generator | None) -> torch.Tensor:  # [B, V] -> [B]
     """The argmax when greedy, else one draw from p: the k = 0 case of the rule (the same uniform it would use)."""
-    return logits.argmax(-1) if params.greedy else _sample(params.probs_unchecked(logits), generator)
+    return logits.argmax(-1) if params.greedy else sample_unchecked(params.probs_unchecked(logits), generator)
 
 
 def _count(stats: SpecStats, n_acc: list[int], kept: list[int], k: int) -> None:
@@ -178,6 +177,7 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     eos_token_id: int | None = None,
     acceptance: str | TypicalAcceptance = "exact",
+    on_step: StepObserver | None = None,
 ) -> tuple[torch.Tensor, SpecStats]:  # [B, T + max_new_tokens], stats
     """Speculative decoding: the output distribution is exactly the target's (greedy: the same tokens).
 
@@ -186,6 +186,7 @@ def speculative_generate(
     the rest is filled with EOS). For tree drafting see `specref.decoding.tree.tree_generate`.
     `acceptance=TypicalAcceptance(...)` swaps in Medusa's typical acceptance, which is LOSSY:
     the output is then no longer the target's distribution (`specref.typical`).
+    `on_step(step)`, if given, sees each step's `ChainStep` (`specref.decoding.loop.run_steps`).
     """
     as_acceptance(acceptance)
     stats = SpecStats(k=check_int("k", k, 1, "k drafted tokens per step"))
@@ -195,16 +196,10 @@ def speculative_generate(
     input_ids = check_inputs(target, input_ids, max_new_tokens, "the target")
     check_eos(eos_token_id, target.config.vocab_size)
     check_generator(generator, target.device)
-    seqs = Sequences(input_ids, max_new_tokens)
-    if max_new_tokens == 0:
-        return seqs.tokens, stats
-    t_start = time.perf_counter()
+    step = partial(speculative_step, target, drafter, k=k, params=params, generator=generator,
+                   eos_token_id=eos_token_id, stats=stats, acceptance=acceptance)
     # Rows write up to k drafts past the budget of the longest (k shrinks only with the room of the shortest).
-    max_len = min(target.config.n_positions, input_ids.shape[1] + max_new_tokens + k)
-    cache = target.new_cache(input_ids.shape[0], max_len=max_len)
-    drafter.begin(input_ids.shape[0])
-    prefill(target, input_ids, cache, stats, drafter)
-    while not seqs.done:
-        speculative_step(target, drafter, seqs, cache, k, params, generator, eos_token_id, stats, acceptance)
-    stats.time_total = time.perf_counter() - t_start
-    return seqs.finish(eos_token_id), stats
+    out = run_steps(target, input_ids, max_new_tokens, stats, step, room=k,
+                    begin=partial(drafter.begin, input_ids.shape[0]), draft=drafter,
+                    eos_token_id=eos_token_id, on_step=on_step)
+    return out, stats

@@ -39,12 +39,10 @@ After the pass:
 Cost: a pass processes 1 + W (N-1) + (trie nodes <= G (N-1)) tokens instead of k + 1;
 `LookaheadStats.processed_per_step` reports it next to `tokens_per_step`.
 
-Which loop: `lookahead_step` is built from the parts `tree.tree_step` uses (`Sequences`,
-`prefill`, `check_inputs`, `verify_tree*`, `keep_path`, `TreeSpecStats`), not served by
-`tree_step` itself: the lookahead branch must ride in the same target pass as the tree, and its
-outputs must flow back into the window and pool. `tree_step` scores only the draft's tree and
-hands the draft no logits, so serving lookahead through it would need two new hooks in the shared
-loop; a separate step of the same parts keeps that loop unchanged.
+Which loop: `lookahead_generate` runs the one generation loop (`loop.run_steps`) over its own
+step, and the step ends with the tree step's commit (`tree.commit_tree`). The step is its own
+because the lookahead branch rides in the same target pass as the trie, and its outputs flow
+back into the window and pool; `tree_step` scores only a draft's tree and hands it no logits.
 
 Near the end of the budget the candidates are cut to what can still be emitted; near the end of
 the context window they are cut to what fits, and the lookahead branch is left out of the pass
@@ -53,10 +51,9 @@ when it no longer fits (those steps neither update the window nor the pool).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import torch
 
@@ -64,8 +61,8 @@ from .._validate import check_generator, check_int
 from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
 from ..trees import ROOT, Tree, TreeResult, tree_attention_mask, tree_position_ids, verify_tree, verify_tree_greedy
-from .loop import Sequences, check_eos, check_inputs, prefill, timed
-from .tree import TreeSpecStats, keep_path
+from .loop import Sequences, StepObserver, check_eos, check_inputs, run_steps, timed
+from .tree import TreeSpecStats, commit_tree
 
 
 # -- the lookahead branch's shape ---------------------------------------------------------------
@@ -352,24 +349,13 @@ def lookahead_step(
             for b in range(B):
                 if active[b]:
                     state.advance(b, new[b])
-    # 5. Commit; the cache keeps context + root + the accepted trie path (never the window).
+    # 5. Commit; the cache keeps context + root + the accepted trie path (never the window). A finished row
+    # holds no cache (done rows' contexts are 0), which keeps room for the others.
     contexts = torch.tensor([n if a else 0 for n, a in zip(seqs.lengths_h, active)], device=cache.device)
-    width = max(len(r.tokens) for r in results)
-    out_h = [r.tokens + [0] * (width - len(r.tokens)) for r in results]
-    out = torch.tensor(out_h, dtype=torch.long, device=dev)  # [B, width]
-    kept, _ = seqs.commit(out, [r.n_accepted for r in results], eos_token_id, out_h)
-    paths = [[offsets[b] - 1 + j for j in r.path] if kept[b] else [] for b, r in enumerate(results)]
-    if any(paths):
-        keep_path(cache, contexts, paths)
-    else:  # nothing accepted: keeping context + root is a truncation, no copy
-        cache.truncate(contexts)
-    # A cut by budget or EOS keeps less; a finished row needs no cache, and holding none keeps room for the others.
-    done = torch.tensor(seqs.done_h, device=cache.device)
-    cache.truncate(torch.where(done, 0, torch.minimum(cache.lengths, seqs.lengths.to(cache.device) - 1)))
+    kept, _ = commit_tree(seqs, cache, tries, results, contexts, eos_token_id, stats,
+                          offsets=[o - 1 for o in offsets], release_done=True)
     processed = [m.shape[0] if a else 0 for (m, _), a in zip(layouts, active)]
     served = [b for b in range(B) if kept[b]]
-    stats.count_step([results[b].n_accepted for b in served], sum(kept), sum(tries[b].n_nodes for b in served),
-                     sum(len(results[b].trials) for b in served))
     stats.processed += sum(processed[b] for b in served)
     stats.lookahead_tokens += sum(L for b in served if windows[b] is not None)
     return LookaheadStep(windows, tries, logits, results, kept, processed)
@@ -389,13 +375,15 @@ def lookahead_generate(
     generator: torch.Generator | None = None,
     eos_token_id: int | None = None,
     pool_from_prompt: bool = False,
+    on_step: StepObserver | None = None,
 ) -> tuple[torch.Tensor, LookaheadStats]:  # [B, T + max_new_tokens], stats
     """Lookahead decoding: the output distribution is exactly the target's (greedy: the same tokens).
 
     `window` W columns and `ngram` N (N - 1 levels) make the lookahead branch, `guesses` G caps
     the candidates verified per step. `pool_from_prompt` (an option of the reference
     implementation) also seeds the pool with the prompt's own n-grams. Exactly `max_new_tokens`
-    tokens per row unless it emits `eos_token_id`.
+    tokens per row unless it emits `eos_token_id`. `on_step(step)`, if given, sees each step's
+    `LookaheadStep` (`specref.decoding.loop.run_steps`).
     """
     state = LookaheadState(window, ngram, guesses)  # raises on bad W, N, G
     params = SamplingParams(temperature, top_k, top_p)  # raises on bad sampling arguments
@@ -411,18 +399,12 @@ def lookahead_generate(
         raise TypeError(f"pool_from_prompt must be a bool, got {pool_from_prompt!r}")
     stats = LookaheadStats(k=ngram - 1, window=window, ngram=ngram, guesses=guesses,
                            tree=f"lookahead(W={window}, N={ngram}, G={guesses})")
-    seqs = Sequences(input_ids, max_new_tokens)
-    if max_new_tokens == 0:
-        return seqs.tokens, stats
-    t_start = time.perf_counter()
-    # A pass holds more tokens than it keeps: the run's tokens plus one pass's window and candidates, not the whole
-    # context window for every row (`lookahead_step` grows it should a pass need more).
-    cache = target.new_cache(input_ids.shape[0], max_len=min(n_ctx, input_ids.shape[1] + max_new_tokens
-                                                             + (window + guesses) * (ngram - 1)))
-    state.begin(input_ids, pool_from_prompt)
-    prefill(target, input_ids, cache, stats)  # the last prompt token is fed as the first root
-    while not seqs.done:
-        lookahead_step(target, state, seqs, cache, params, generator, eos_token_id, stats)
+    step = partial(lookahead_step, target, state, params=params, generator=generator, eos_token_id=eos_token_id,
+                   stats=stats)
+    # A pass holds more tokens than it keeps: room for one pass's window and candidates (`lookahead_step` grows
+    # the cache should a pass need more).
+    out = run_steps(target, input_ids, max_new_tokens, stats, step, room=(window + guesses) * (ngram - 1),
+                    begin=partial(state.begin, input_ids, pool_from_prompt), eos_token_id=eos_token_id,
+                    on_step=on_step)
     stats.pool_ngrams = state.pool_size()
-    stats.time_total = time.perf_counter() - t_start
-    return seqs.finish(eos_token_id), stats
+    return out, stats

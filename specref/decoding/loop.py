@@ -8,17 +8,26 @@ The feature hook: every target pass goes through `target_pass`, which asks the t
 for its hidden states only when the draft reads some (`Draft.feature_layers`) and
 returns the requested ones; the step then hands them to `draft.observe` before
 `draft.rollback` (see `specref.drafts.base`). A plain draft's passes are unchanged.
+
+The driver: `run_steps` is the one generation loop (set-up, prefill, a step until every
+row is done, finish); chain, tree and lookahead decoding hand it only their step. The
+step observer: `on_step(record)`, if given, is called with each step's record (a
+`ChainStep`, `TreeStep` or `LookaheadStep`) after the step; instrumentation
+(`specref.decoding.record`, the checks) watches a run through it and changes nothing.
 """
 
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from .._validate import check_int, check_probs, check_tokens
+from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
 from ..timing import sync, timed  # noqa: F401 - importable from here as before
 
@@ -316,3 +325,39 @@ def prefill(target: torch.nn.Module, input_ids: torch.Tensor, cache, stats: Spec
             stats.target_passes += 1
     if features is not None:
         draft.observe(features, torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device))
+
+
+StepObserver = Callable[[object], None]  # on_step(record): called with each step's record, after the step
+
+
+def run_steps(
+    target: torch.nn.Module,
+    input_ids: torch.Tensor,  # [B, T], checked
+    max_new_tokens: int,
+    stats: SpecStats,
+    step: Callable[[Sequences, KVCache], object],  # step(seqs, cache) -> the step's record
+    room: int,  # cache slots a step may write past the budget: its drafts, tree or window
+    begin: Callable[[], None],  # readies the draft (or lookahead's state) for this batch
+    draft: object = None,  # a draft that reads the target's features observes the prompt's at prefill
+    eos_token_id: int | None = None,
+    on_step: StepObserver | None = None,
+) -> torch.Tensor:  # [B, T + max_new_tokens]
+    """The generation loop: a cache sized to the run, prefill, `step` until every row is done, EOS fill.
+
+    `stats.time_total` gets the wall time from the cache's allocation to the last step.
+    """
+    seqs = Sequences(input_ids, max_new_tokens)
+    if max_new_tokens == 0:
+        return seqs.tokens
+    t_start = time.perf_counter()
+    B, T = input_ids.shape
+    # Sized to the run, not the whole window for every row: a large batch's cache is the biggest allocation.
+    cache = target.new_cache(B, max_len=min(target.config.n_positions, T + max_new_tokens + room))
+    begin()
+    prefill(target, input_ids, cache, stats, draft)  # the last prompt token is fed first by the first step
+    while not seqs.done:
+        record = step(seqs, cache)
+        if on_step is not None:
+            on_step(record)
+    stats.time_total = time.perf_counter() - t_start
+    return seqs.finish(eos_token_id)

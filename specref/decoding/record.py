@@ -1,10 +1,9 @@
 """A whole speculative generation, recorded step by step: what was drafted, accepted, corrected or added (chapter 5).
 
 `record_generation` runs the real `speculative_generate` (so every draft gets exactly
-the loop it always gets, hidden-state hooks included) and watches the draft's two
-calls: `propose` says where a step starts and what it drafted, `rollback` how many
-drafts survived (n_valid = context + accepted). The emitted tokens are read back
-from the output. Nothing in the loop is changed or copied.
+the loop it always gets, hidden-state hooks included) and reads each step's `ChainStep`
+through the loop's step observer (`on_step`): what was drafted, how many drafts the row
+kept and the tokens it appended. Nothing in the loop or the draft is changed or copied.
 """
 
 from __future__ import annotations
@@ -15,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from .._validate import check_int
-from ..drafts import Draft, as_draft
-from .chain import speculative_generate
+from ..drafts import Draft
+from .chain import ChainStep, speculative_generate
 from .loop import SpecStats
 
 
@@ -62,39 +61,19 @@ def record_generation(
     if input_ids.dim() == 2 and input_ids.shape[0] != 1:
         raise ValueError(f"record_generation records one sequence: input_ids must be [T] or [1, T], "
                          f"got {tuple(input_ids.shape)}")
-    drafter = as_draft(draft)
-    calls: list[tuple[str, object, object]] = []
-    inner_propose, inner_rollback = drafter.propose, drafter.rollback
+    steps: list[RecordedStep] = []
+    start = input_ids.shape[-1] if input_ids.dim() else 0  # speculative_generate refuses a 0-d input
 
-    def propose(tokens, lengths, k, params, generator=None):  # noqa: ANN001 - the Draft signature
-        drafts, q = inner_propose(tokens, lengths, k, params, generator)
-        calls.append(("propose", int(lengths[0]), drafts[0].tolist()))
-        return drafts, q
+    def record(step: ChainStep) -> None:
+        nonlocal start
+        kept = step.kept[0]  # tokens the row appended: its accepted drafts, then the target's, cut by the budget
+        steps.append(RecordedStep(start, step.drafts[0].tolist(), min(step.n_accepted[0], kept),
+                                  step.out[0, :kept].tolist()))
+        start += kept
 
-    def rollback(n_valid):  # noqa: ANN001
-        calls.append(("rollback", int(n_valid[0]), None))
-        return inner_rollback(n_valid)
-
-    # Instance attributes shadow the class's methods for this run only; the draft's type is untouched,
-    # so the loop treats it exactly as it would unwatched.
-    drafter.propose, drafter.rollback = propose, rollback
-    try:
-        out, stats = speculative_generate(target, drafter, input_ids, k=k, max_new_tokens=max_new_tokens,
-                                          temperature=temperature, generator=generator)
-    finally:
-        del drafter.propose, drafter.rollback
-    return out, _steps(calls, out[0].tolist()), stats
-
-
-def _steps(calls: list[tuple[str, object, object]], tokens: list[int]) -> list[RecordedStep]:
-    """Pair each propose with the rollback after it; a step's tokens run to the next step's start."""
-    starts = [(start, drafts) for kind, start, drafts in calls if kind == "propose"]
-    valid = [n for kind, n, _ in calls if kind == "rollback"]
-    if len(starts) != len(valid):
-        raise RuntimeError(f"the draft was asked {len(starts)} times but rolled back {len(valid)} times")
-    ends = [s for s, _ in starts[1:]] + [len(tokens)]
-    return [RecordedStep(start, drafts, n - start, tokens[start:end])
-            for (start, drafts), n, end in zip(starts, valid, ends)]
+    out, stats = speculative_generate(target, draft, input_ids, k=k, max_new_tokens=max_new_tokens,
+                                      temperature=temperature, generator=generator, on_step=record)
+    return out, steps, stats
 
 
 def acceptance_by_position(steps: list[RecordedStep], k: int) -> list[tuple[int, int]]:

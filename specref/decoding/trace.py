@@ -1,7 +1,8 @@
 """One speculative step, opened up: every draft, its q and p, and what the rule decided (chapter 4).
 
 `trace_step` runs `speculative_step`, the very step `speculative_generate` loops
-over, for one sequence, and records what it did for display.
+over, for one sequence, and records what it did for display: the step's own record
+(`ChainStep`) and the two caches' lengths before and after it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .._validate import check_generator, check_int
-from ..drafts import ModelDraft
+from ..drafts import ModelDraft, as_draft
 from ..sampling import SamplingParams
 from .chain import speculative_step
 from .loop import Sequences, SpecStats, check_inputs, check_pair, prefill
@@ -54,7 +55,10 @@ def trace_step(
     ids = check_inputs(target, input_ids, k + 1, "the target")  # [1, T]
     T = ids.shape[1]
     check_generator(generator, target.device)
-    drafter = _Watched(draft)
+    drafter = as_draft(draft)
+    if not isinstance(drafter, ModelDraft):
+        raise TypeError(f"trace_step traces a model draft (a GPT-2-like model or a ModelDraft), "
+                        f"got {type(draft).__name__}")
     check_pair(target, drafter)
     drafter.begin(1)
     cache = target.new_cache(1)
@@ -65,6 +69,7 @@ def trace_step(
     step = speculative_step(target, drafter, seqs, cache, k, params, generator, stats=stats)
 
     x = step.drafts[0]
+    k = x.shape[0]  # what was proposed
     rows = torch.arange(k, device=x.device)
     p = params.probs(step.logits[0])  # [k+1, V]
     n_acc = step.n_accepted[0]
@@ -76,17 +81,8 @@ def trace_step(
         p_argmax=step.logits[0].argmax(-1).tolist(),
         n_accepted=n_acc,
         emitted=step.out[0, : step.kept[0]].tolist(),
-        target_cache_len=(t0, int(step.target_cache_scored[0]), int(cache.lengths[0])),
-        draft_cache_len=(d0, drafter.proposed_len, int(drafter.cache.lengths[0])),
+        # The pass appended [last token, x_1..x_k] to the target's cache; a model draft has fed the
+        # context and x_1..x_{k-1} when it proposes (it never feeds x_k: the target scores it).
+        target_cache_len=(t0, t0 + k + 1, int(cache.lengths[0])),
+        draft_cache_len=(d0, T + k - 1, int(drafter.cache.lengths[0])),
     )
-
-
-class _Watched(ModelDraft):
-    """A ModelDraft that remembers its cache length right after proposing (for the trace only)."""
-
-    proposed_len = -1
-
-    def propose(self, *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
-        out = super().propose(*args, **kwargs)
-        self.proposed_len = int(self.cache.lengths[0])
-        return out

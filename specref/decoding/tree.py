@@ -17,13 +17,14 @@ One step (`tree_step`), per sequence:
    features observes the same rows: the root's and the accepted path's
    (`path_rows`), laid out as a sequence.
 
-`tree_generate` is a loop over that step.
+`tree_generate` is a loop over that step (`specref.decoding.loop.run_steps`). `commit_tree`
+is step 4 for any tree-shaped result, lookahead's included.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -33,7 +34,17 @@ from ..drafts.shapes import DynamicTree, TreeShape, as_tree_spec
 from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
 from ..trees import Tree, TreeResult, stack_tree_masks, verify_tree, verify_tree_greedy
-from .loop import Sequences, SpecStats, check_eos, check_inputs, check_pair, prefill, target_pass, timed
+from .loop import (
+    Sequences,
+    SpecStats,
+    StepObserver,
+    check_eos,
+    check_inputs,
+    check_pair,
+    run_steps,
+    target_pass,
+    timed,
+)
 
 
 def score_tree(
@@ -195,19 +206,48 @@ def tree_step(
                    else verify_tree(t, params.probs(logits[b, : t.n_nodes + 1]), generator)
                    for b, t in enumerate(trees)]
     # 4. Commit the kept tokens; the target's cache keeps context + root + the accepted path only.
-    contexts = seqs.lengths
-    out_h = [r.tokens + [0] * (spec.depth + 1 - len(r.tokens)) for r in results]
-    out = torch.tensor(out_h, dtype=torch.long, device=dev)  # [B, depth + 1]
     if features is not None:  # the root (position lengths - 1) and the accepted path; rollback keeps what a row kept
         draft.observe(path_rows(features, [r.path for r in results]), seqs.lengths - 1)
-    kept, n_valid = seqs.commit(out, [r.n_accepted for r in results], eos_token_id, out_h)
-    keep_path(cache, contexts, [r.path if m else [] for r, m in zip(results, kept)])
-    cache.truncate(torch.minimum(cache.lengths, seqs.lengths - 1))  # a cut by budget or EOS keeps less
+    kept, n_valid = commit_tree(seqs, cache, trees, results, seqs.lengths, eos_token_id, stats)
     draft.rollback(n_valid)
-    active = [(t, r) for t, r, m in zip(trees, results, kept) if m]
-    stats.count_step([r.n_accepted for _, r in active], sum(kept), sum(t.n_nodes for t, _ in active),
-                     sum(len(r.trials) for _, r in active))  # examined: the children the rule tried
     return TreeStep(trees, logits, results, kept)
+
+
+def commit_tree(
+    seqs: Sequences,
+    cache: KVCache,  # the target's, after a pass over [root, nodes] per row
+    trees: list[Tree],  # [B] what each row verified
+    results: list[TreeResult],  # [B] each row's accepted path and emitted tokens
+    contexts: torch.Tensor,  # [B] the cache's lengths before the pass: the root sits at this slot
+    eos_token_id: int | None,
+    stats: SpecStats,
+    offsets: list[int] | None = None,  # [B] where each row's tree starts in its pass, after the root (default 0)
+    release_done: bool = False,  # let finished rows hold no cache (room for the others)
+) -> tuple[list[int], torch.Tensor]:  # kept [B], n_valid [B] (see `Sequences.commit`)
+    """Step 4 of any tree-shaped step: append each row's emitted tokens, keep context + root + accepted path.
+
+    The accepted path moves to consecutive slots after the root (`keep_path`); a cut by the
+    budget or EOS keeps less. Counts the step over the rows it served: the tree's nodes as
+    proposed, the children the rule tried as examined.
+    """
+    width = max(len(r.tokens) for r in results)
+    out_h = [r.tokens + [0] * (width - len(r.tokens)) for r in results]
+    out = torch.tensor(out_h, dtype=torch.long, device=seqs.tokens.device)  # [B, width]
+    kept, n_valid = seqs.commit(out, [r.n_accepted for r in results], eos_token_id, out_h)
+    shift = offsets or [0] * len(results)
+    paths = [[s + i for i in r.path] if m else [] for r, m, s in zip(results, kept, shift)]
+    if any(paths):
+        keep_path(cache, contexts, paths)
+    else:  # nothing accepted: keeping context + root is a truncation, no copy
+        cache.truncate(contexts)
+    ends = torch.minimum(cache.lengths, seqs.lengths.to(cache.device) - 1)  # a cut by budget or EOS keeps less
+    if release_done:
+        ends = torch.where(torch.tensor(seqs.done_h, device=cache.device), 0, ends)
+    cache.truncate(ends)
+    served = [b for b, m in enumerate(kept) if m]
+    stats.count_step([results[b].n_accepted for b in served], sum(kept), sum(trees[b].n_nodes for b in served),
+                     sum(len(results[b].trials) for b in served))  # examined: the children the rule tried
+    return kept, n_valid
 
 
 @torch.no_grad()
@@ -222,12 +262,14 @@ def tree_generate(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
     eos_token_id: int | None = None,
+    on_step: StepObserver | None = None,
 ) -> tuple[torch.Tensor, TreeSpecStats]:  # [B, T + max_new_tokens], stats
     """Tree speculative decoding: the output distribution is exactly the target's (greedy: the same tokens).
 
     `tree` is a static shape (a tuple of branching factors or a TreeShape, top-k or
     sampled children) or a dynamic tree (an int node budget or a DynamicTree).
     Exactly `max_new_tokens` tokens per row unless it emits `eos_token_id`.
+    `on_step(step)`, if given, sees each step's `TreeStep` (`specref.decoding.loop.run_steps`).
     """
     spec = as_tree_spec(tree)
     params = SamplingParams(temperature, top_k, top_p)  # raises on bad sampling arguments
@@ -237,17 +279,10 @@ def tree_generate(
     check_eos(eos_token_id, target.config.vocab_size)
     check_generator(generator)  # any device: the tree rules draw through TorchRNG
     stats = TreeSpecStats(k=spec.depth, tree=repr(spec))
-    seqs = Sequences(input_ids, max_new_tokens)
-    if max_new_tokens == 0:
-        return seqs.tokens, stats
-    t_start = time.perf_counter()
-    # Sized to the run (context, root and a full tree), not the whole window for every row; `tree_step` grows it
-    # if a draft's tree is larger than its shape says.
-    cache = target.new_cache(input_ids.shape[0], max_len=min(target.config.n_positions,
-                                                             input_ids.shape[1] + max_new_tokens + spec.n_nodes))
-    drafter.begin(input_ids.shape[0])
-    prefill(target, input_ids, cache, stats, drafter)  # the last prompt token is fed as the first root
-    while not seqs.done:
-        tree_step(target, drafter, seqs, cache, spec, params, generator, eos_token_id, stats)
-    stats.time_total = time.perf_counter() - t_start
-    return seqs.finish(eos_token_id), stats
+    step = partial(tree_step, target, drafter, spec=spec, params=params, generator=generator,
+                   eos_token_id=eos_token_id, stats=stats)
+    # Room for a full tree past the budget; `tree_step` grows the cache if a draft's tree is larger than its shape says.
+    out = run_steps(target, input_ids, max_new_tokens, stats, step, room=spec.n_nodes,
+                    begin=partial(drafter.begin, input_ids.shape[0]), draft=drafter,
+                    eos_token_id=eos_token_id, on_step=on_step)
+    return out, stats
