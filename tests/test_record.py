@@ -175,3 +175,29 @@ def test_a_traced_greedy_step_emits_what_greedy_decoding_emits_and_rolls_both_ca
         T = tr.context_len
         assert tr.target_cache_len == (T - 1, T + k, T + tr.n_accepted)  # context + accepted drafts
         assert tr.draft_cache_len == (0, T + k - 1, min(T + k - 1, T + tr.n_accepted))
+
+
+@pytest.mark.parametrize("kind", ["chain", "tree", "lookahead"])
+def test_on_step_sees_every_step_and_changes_nothing(kind):
+    from specref import lookahead_generate, speculative_generate, tree_generate
+
+    target = small_gpt2(vocab=64, n_embd=32, n_layer=2, seed=0, scale=20.0)
+    draft = noisy_copy(target, noise=0.3, seed=1)
+    prompt = torch.tensor([[1, 2, 3, 4, 5], [9, 8, 7, 6, 5]])
+    run = {
+        "chain": lambda **kw: speculative_generate(target, draft, prompt, k=3, max_new_tokens=20, **kw),
+        "tree": lambda **kw: tree_generate(target, draft, prompt, (2, 2), max_new_tokens=20, **kw),
+        "lookahead": lambda **kw: lookahead_generate(target, prompt, max_new_tokens=20, window=3, ngram=3, **kw),
+    }[kind]
+    plain, _ = run(temperature=1.0, generator=torch.Generator().manual_seed(5))
+    records = []
+    out, stats = run(temperature=1.0, generator=torch.Generator().manual_seed(5), on_step=records.append)
+    assert torch.equal(out, plain)  # watching a run does not change it
+    assert 0 < len(records) and sum(max(r.kept) > 0 for r in records) == len(records)
+    for b in range(2):  # the steps' kept tokens, joined, are the row's continuation
+        if kind == "chain":
+            joined = [t for r in records for t in r.out[b, : r.kept[b]].tolist()]
+        else:
+            joined = [t for r in records for t in r.results[b].tokens[: r.kept[b]]]
+        assert joined == out[b, 5:].tolist()
+    assert sum(sum(1 for m in r.kept if m) for r in records) == stats.steps
