@@ -32,7 +32,18 @@ from ...checks.exact import enumerate_step, merge
 from ...checks.rng import _SYMBOLIC_HINT, exact_distribution
 from ...rejection import residual as _ref_residual
 from ...rejection import verify_chain
-from .report import TOL, _as_float, _as_vector, _call, _close, _fail, _fmt, _global_rng_state, _passed, _same_global_rng
+from .report import (
+    TOL,
+    as_float,
+    as_vector,
+    call_learner,
+    close,
+    failure,
+    fmt,
+    global_rng_state,
+    passed,
+    same_global_rng,
+)
 from .rules import graded
 
 # The reference rule: the tasks write the rule, so its implementations in specref are out of bounds.
@@ -67,44 +78,44 @@ def check_worked_example(
     q = torch.tensor(WORKED_Q, dtype=torch.float64)
     want_beta = float(torch.minimum(p, q).sum())
     want_res = _ref_residual(p, q)
-    inputs = [f"p = {_fmt(p)}", f"q = {_fmt(q)}"]
+    inputs = [f"p = {fmt(p)}", f"q = {fmt(q)}"]
 
-    b = _as_float(beta)
+    b = as_float(beta)
     if b is None:
-        raise _fail(g, "beta must be a single number.", inputs + [f"got beta = {beta!r}"])
-    if not _close(b, want_beta, rel=1e-6):
+        raise failure(g, "beta must be a single number.", inputs + [f"got beta = {beta!r}"])
+    if not close(b, want_beta, rel=1e-6):
         hint = "beta = sum over tokens of min(p(x), q(x)): the chance that a draft x ~ q is accepted."
-        if _close(b, float((p - q).abs().sum()) / 2, rel=1e-6):
+        if close(b, float((p - q).abs().sum()) / 2, rel=1e-6):
             hint = "that is TV(p, q); beta = 1 - TV(p, q) = sum_x min(p(x), q(x))."
-        elif _close(b, float(torch.maximum(p, q).sum()), rel=1e-6):
+        elif close(b, float(torch.maximum(p, q).sum()), rel=1e-6):
             hint = "use min, not max: beta = sum_x min(p(x), q(x))."
-        raise _fail(
+        raise failure(
             g, "beta is wrong.", inputs + [f"expected beta = {want_beta:.4g}", f"got      beta = {b:.4g}"], hint
         )
 
-    r = _as_vector(residual)
+    r = as_vector(residual)
     if r is None or r.shape != (3,):
         shape = None if r is None else tuple(r.shape)
-        raise _fail(
+        raise failure(
             g, "the residual must be a vector of 3 probabilities.", inputs + [f"got {residual!r} (shape {shape})"]
         )
     if not torch.allclose(r, want_res, atol=1e-6, rtol=0):
         hint = _residual_hint(p, q, r)
-        raise _fail(
+        raise failure(
             g,
             "the residual is wrong.",
-            inputs + [f"expected residual = {_fmt(want_res)}", f"got      residual = {_fmt(r)}"],
+            inputs + [f"expected residual = {fmt(want_res)}", f"got      residual = {fmt(r)}"],
             hint,
         )
 
     cases = _pair_cases(np.random.default_rng(seed + 7), n_cases)
     for n, (label, pc, qc) in enumerate(cases, 1):
         where = f"emit_parts is wrong on case {n} of {len(cases)} ({label})."
-        case_inputs = [f"p = {_fmt(pc)}", f"q = {_fmt(qc)}"]
+        case_inputs = [f"p = {fmt(pc)}", f"q = {fmt(qc)}"]
         out = _call_on_copies(g, where, case_inputs, emit_parts, pc, qc, "emit_parts")
-        parts = [_as_vector(x) for x in out] if isinstance(out, (tuple, list)) and len(out) == 2 else None
+        parts = [as_vector(x) for x in out] if isinstance(out, (tuple, list)) and len(out) == 2 else None
         if parts is None or any(x is None or x.shape != pc.shape for x in parts):
-            raise _fail(g, where, case_inputs + [f"got {out!r}"],
+            raise failure(g, where, case_inputs + [f"got {out!r}"],
                         f"return a pair (accepted, replaced) of two vectors of shape {tuple(pc.shape)}.")
         accepted, replaced = parts
         want_acc = torch.minimum(pc, qc)
@@ -119,8 +130,8 @@ def check_worked_example(
                 hint = "q(x) is the chance x is drafted; multiply by the chance it is then kept, min(1, p(x)/q(x))."
             elif not torch.isfinite(accepted).all():
                 hint = "where q(x) = 0 the draft x never occurs: its accepted mass is 0, not p(x)/0."
-            raise _fail(g, where, case_inputs + [f"expected accepted = {_fmt(want_acc)}",
-                                                 f"got      accepted = {_fmt(accepted)}"], hint)
+            raise failure(g, where, case_inputs + [f"expected accepted = {fmt(want_acc)}",
+                                                 f"got      accepted = {fmt(accepted)}"], hint)
         if not torch.allclose(replaced, want_rep, atol=1e-9, rtol=0):
             hint = "replaced[x] = P(rejection) * residual(x) = (1 - beta) * residual(x)."
             res_c = _ref_residual(pc, qc)
@@ -131,12 +142,12 @@ def check_worked_example(
                 hint = "weight the residual by the probability of a rejection, 1 - beta: it is sampled only after one."
             elif torch.allclose(replaced, pc, atol=1e-9) or torch.allclose(replaced, (1 - beta_c) * pc, atol=1e-9):
                 hint = "after a rejection the replacement is drawn from the residual max(0, p - q) normalized, not from p."
-            raise _fail(g, where, case_inputs + [f"beta = {beta_c:.4g}", f"expected replaced = {_fmt(want_rep)}",
-                                                 f"got      replaced = {_fmt(replaced)}"], hint)
+            raise failure(g, where, case_inputs + [f"beta = {beta_c:.4g}", f"expected replaced = {fmt(want_rep)}",
+                                                 f"got      replaced = {fmt(replaced)}"], hint)
     kept = torch.minimum(p, q)
-    _passed(
+    passed(
         g,
-        f"beta = {want_beta:.2g}, residual = {_fmt(want_res)}, P(emit a) = {kept[0]:.1f} accepted + "
+        f"beta = {want_beta:.2g}, residual = {fmt(want_res)}, P(emit a) = {kept[0]:.1f} accepted + "
         f"{(1 - want_beta) * want_res[0]:.1f} replaced = {p[0]:.1f}; emit_parts right on {len(cases)} pairs",
     )
 
@@ -201,9 +212,9 @@ def _call_on_copies(
 ) -> object:
     """Call fn(p, q) on copies; a function that edits its inputs in place fails with a hint."""
     p_in, q_in = p.clone(), q.clone()
-    out = _call(g, where, inputs, fn, p_in, q_in)
+    out = call_learner(g, where, inputs, fn, p_in, q_in)
     if not (torch.equal(p_in, p) and torch.equal(q_in, q)):
-        raise _fail(g, where, inputs, f"{who} changed p or q in place; compute on new tensors instead.")
+        raise failure(g, where, inputs, f"{who} changed p or q in place; compute on new tensors instead.")
     return out
 
 
@@ -224,17 +235,17 @@ def check_residual(fn: Callable[[torch.Tensor, torch.Tensor], object], n_cases: 
     cases = _pair_cases(np.random.default_rng(seed), n_cases)
     for n, (label, p, q) in enumerate(cases, 1):
         where = f"wrong answer on case {n} of {len(cases)} ({label})."
-        inputs = [f"p = {_fmt(p)}", f"q = {_fmt(q)}"]
+        inputs = [f"p = {fmt(p)}", f"q = {fmt(q)}"]
         out = _call_on_copies(g, where, inputs, fn, p, q, "your function")
-        got = _as_vector(out)
+        got = as_vector(out)
         if got is None or got.shape != p.shape:
             shape = None if got is None else tuple(got.shape)
-            raise _fail(
+            raise failure(
                 g, where, inputs + [f"got {out!r} (shape {shape})"], f"return a tensor of shape {tuple(p.shape)}."
             )
         want = _ref_residual(p, q)
         if isinstance(out, torch.Tensor) and out.dtype != torch.float64:
-            raise _fail(
+            raise failure(
                 g,
                 where,
                 inputs + [f"got a {out.dtype} tensor"],
@@ -247,9 +258,9 @@ def check_residual(fn: Callable[[torch.Tensor, torch.Tensor], object], n_cases: 
             else torch.allclose(got, want, atol=TOL, rtol=0)
         )
         if not ok:
-            expect = "any valid distribution, e.g. p" if empty else _fmt(want)
-            raise _fail(g, where, inputs + [f"expected {expect}", f"got      {_fmt(got)}"], _residual_hint(p, q, got))
-    _passed(g, f"{len(cases)} cases, including p == q, one-hot and disjoint supports")
+            expect = "any valid distribution, e.g. p" if empty else fmt(want)
+            raise failure(g, where, inputs + [f"expected {expect}", f"got      {fmt(got)}"], _residual_hint(p, q, got))
+    passed(g, f"{len(cases)} cases, including p == q, one-hot and disjoint supports")
 
 
 # --------------------------------------------------------------------------------------
@@ -273,8 +284,8 @@ class _StepCase:
 
     def describe(self) -> list[str]:
         return [
-            f"q = {_fmt(self.q)}  (q[i] = q_{{i+1}}, the draft's distribution at position i+1)",
-            f"p = {_fmt(self.p)}  (p[i] = p_{{i+1}}, the target's; p[k] is used for the bonus)",
+            f"q = {fmt(self.q)}  (q[i] = q_{{i+1}}, the draft's distribution at position i+1)",
+            f"p = {fmt(self.p)}  (p[i] = p_{{i+1}}, the target's; p[k] is used for the bonus)",
         ]
 
 
@@ -361,27 +372,27 @@ def _step_distribution(
             raise _InPlace()
         return _as_tokens(out, case.V)
 
-    before = _global_rng_state()
+    before = global_rng_state()
     try:
         dist = exact_distribution(run)
     except NotImplementedError:
         raise
     except _InPlace:
-        raise _fail(
+        raise failure(
             grader, where, inputs, "your step changed draft_tokens, q or p in place; leave its inputs unchanged."
         ) from None
     except Exception as e:  # noqa: BLE001 - report any error of the learner's code with its input
         hint = None
         if "SymbolicUniform" in str(e):
             hint = _SYMBOLIC_HINT
-        if not _same_global_rng(before, _global_rng_state()):
+        if not same_global_rng(before, global_rng_state()):
             hint = (
                 "your step used the global random number generator (torch.rand, torch.multinomial, random, "
                 "np.random, ...): draw only through rng.uniform() and rng.categorical(probs)."
             )
-        raise _fail(grader, where, inputs + [f"running your step raised {type(e).__name__}: {e}"], hint) from e
-    if not _same_global_rng(before, _global_rng_state()):
-        raise _fail(
+        raise failure(grader, where, inputs + [f"running your step raised {type(e).__name__}: {e}"], hint) from e
+    if not same_global_rng(before, global_rng_state()):
+        raise failure(
             grader,
             where,
             inputs,
@@ -469,12 +480,12 @@ def _step_hint(case: _StepCase, draft: tuple[int, ...], got: dict, want: dict, n
         if j == k:
             if k == 0:
                 return (
-                    f"with k = 0 there is nothing to verify: sample the one token from p_1 = p[0] = {_fmt(p[0])}.",
+                    f"with k = 0 there is nothing to verify: sample the one token from p_1 = p[0] = {fmt(p[0])}.",
                     False,
                 )
             base = (
-                f"after accepting all k = {k} drafts the last token follows {_fmt(dist_g)}; "
-                f"the bonus is sampled from p_{k + 1} = p[{k}] = {_fmt(p[k])}."
+                f"after accepting all k = {k} drafts the last token follows {fmt(dist_g)}; "
+                f"the bonus is sampled from p_{k + 1} = p[{k}] = {fmt(p[k])}."
             )
             if matches(p[k - 1]) and not matches(p[k]):
                 return (
@@ -484,8 +495,8 @@ def _step_hint(case: _StepCase, draft: tuple[int, ...], got: dict, want: dict, n
             return base, False
         res = _ref_residual(p[j], q[j])
         base = (
-            f"after rejecting draft {draft[j]} at position {j + 1} the replacement follows {_fmt(dist_g)}; "
-            f"the rule samples the residual max(0, p_{j + 1} - q_{j + 1}) normalized = {_fmt(res)}."
+            f"after rejecting draft {draft[j]} at position {j + 1} the replacement follows {fmt(dist_g)}; "
+            f"the rule samples the residual max(0, p_{j + 1} - q_{j + 1}) normalized = {fmt(res)}."
         )
         if matches(p[j]):
             return base + f" You sampled p_{j + 1} itself: that counts the mass min(p, q) twice.", True
@@ -528,7 +539,7 @@ def _table(got: dict, want: dict, limit: int = 12) -> list[str]:
     lines = ["emitted tokens      expected   yours"]
     for s in show:
         mark = "  <-" if s in bad else ""
-        lines.append(f"{_fmt(list(s)):<18}  {want.get(s, 0.0):8.4f}  {got.get(s, 0.0):8.4f}{mark}")
+        lines.append(f"{fmt(list(s)):<18}  {want.get(s, 0.0):8.4f}  {got.get(s, 0.0):8.4f}{mark}")
     if len(rows) > limit:
         lines.append(f"... ({len(rows) - limit} more sequences)")
     return lines
@@ -576,7 +587,7 @@ def check_accept_reject_step(fn: Callable[..., object], n_cases: int = 60, seed:
             for seq in got:
                 err = _structure_error(seq, draft)
                 if err:
-                    raise _fail(g, where, [f"draft_tokens = {list(draft)}"] + case.describe(), err)
+                    raise failure(g, where, [f"draft_tokens = {list(draft)}"] + case.describe(), err)
             got_all[draft] = got
             want_all[draft] = _reference_step_distribution(draft, case.q, case.p)
 
@@ -602,18 +613,18 @@ def check_accept_reject_step(fn: Callable[..., object], n_cases: int = 60, seed:
                 if i == 0
                 else f"token {i + 1}, given that the step emitted {list(prefix)} and went on,"
             )
-            raise _fail(
+            raise failure(
                 g,
                 where + " Your step is not exact.",
                 case.describe()
                 + [
-                    f"with drafts sampled from q, {what} should follow p_{i + 1} = {_fmt(case.p[i])}",
-                    f"yours follows {_fmt(cond)}",
+                    f"with drafts sampled from q, {what} should follow p_{i + 1} = {fmt(case.p[i])}",
+                    f"yours follows {fmt(cond)}",
                 ],
                 hint,
             )
         if first_bad is not None:
-            raise _fail(
+            raise failure(
                 g,
                 where + " Your step's output follows p, but it does not apply the speculative rule.",
                 [f"draft_tokens = {list(first_bad)}"]
@@ -621,7 +632,7 @@ def check_accept_reject_step(fn: Callable[..., object], n_cases: int = 60, seed:
                 + _table(got_all[first_bad], want_all[first_bad]),
                 hint,
             )
-    _passed(g, f"{len(cases)} cases enumerated exactly, every draft sequence and every random path")
+    passed(g, f"{len(cases)} cases enumerated exactly, every draft sequence and every random path")
 
 
 def _differs(a: dict, b: dict) -> bool:

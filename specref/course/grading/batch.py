@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ...perf.costmodel import CostModel, PassModel
-from .report import _as_float, _call, _fail, _passed
+from .report import as_float, call_learner, failure, passed
 from .rules import graded
 
 PARAMS = ("overhead", "per_token", "kv")  # the coefficients, in this order
@@ -140,22 +140,22 @@ def _grade_fit(g: str, fn: Callable[[list], object], cases: list[tuple[np.ndarra
     for n, (theta, rows, sigma) in enumerate(cases, 1):
         where = f"table {n} of {len(cases)}."
         inputs = _show_rows(rows) + [f"noise: each time off by about {sigma:.0%} of itself"]
-        out = _call(g, where, inputs, fn, _as_rows(rows))
+        out = call_learner(g, where, inputs, fn, _as_rows(rows))
         got = _as_params(out)
         if got is None:
-            raise _fail(g, where, inputs + [f"got {out!r}"],
+            raise failure(g, where, inputs + [f"got {out!r}"],
                         "return the three coefficients [overhead, per_token, kv] in seconds (a list or an array).")
         tol = fit_tolerance(theta, rows, sigma)
         bad = [j for j in range(3) if not abs(got[j] - theta[j]) <= tol[j]]  # NaN fails too
         if bad:
             shown = ", ".join(f"{PARAMS[j]} = {got[j]:.4g} s" for j in range(3))
             names = " and ".join(PARAMS[j] for j in bad)
-            raise _fail(g, where, inputs + [f"your fit: {shown}"],
+            raise failure(g, where, inputs + [f"your fit: {shown}"],
                         f"{names} lies farther from the table's true cost than this table's noise explains "
                         f"({Z_FIT:g} standard errors of a fit in relative error). Check the design matrix "
                         "(which quantity each coefficient multiplies) and the weighting: the noise is a share of "
                         "each time, so a fit in seconds lets the slowest passes decide everything.")
-    _passed(g, f"{len(cases)} tables, each coefficient within {Z_FIT:g} standard errors of the true one")
+    passed(g, f"{len(cases)} tables, each coefficient within {Z_FIT:g} standard errors of the true one")
 
 
 @graded(1, "check_fit", FORBIDDEN, ALLOWED)
@@ -218,18 +218,18 @@ def _grade_speedup(g: str, fn: Callable, cases: list[tuple]) -> None:
     for n, (theta, alpha, c, S, k, B) in enumerate(cases, 1):
         where = f"case {n} of {len(cases)}."
         params, inputs = _case(theta, alpha, c, S, k, "batch_size", B)
-        out = _call(g, where, inputs, fn, params, alpha, c, S, k, B)
-        got = _as_float(out)
+        out = call_learner(g, where, inputs, fn, params, alpha, c, S, k, B)
+        got = as_float(out)
         if got is None:
-            raise _fail(g, where, inputs + [f"got {out!r}"], "return one number: the speedup over plain decoding.")
+            raise failure(g, where, inputs + [f"got {out!r}"], "return one number: the speedup over plain decoding.")
         want = reference_speedup(theta, alpha, c, S, k, B)
         if not math.isclose(got, want, rel_tol=REL):
             hint = ("k = 0 is plain decoding itself." if k == 0 else
                     "a speculative step is one pass over k + 1 tokens per row plus k draft steps, each c plain "
                     "passes; it yields the expected tokens per step of notebook 03, against one token per plain pass. "
                     "Use the pass-time model at this batch size and context.")
-            raise _fail(g, where, inputs + [f"your speedup: {got!r}"], hint)
-    _passed(g, f"{len(cases)} cases against specref's cost model")
+            raise failure(g, where, inputs + [f"your speedup: {got!r}"], hint)
+    passed(g, f"{len(cases)} cases against specref's cost model")
 
 
 @graded(2, "check_speedup", FORBIDDEN, ALLOWED)
@@ -269,9 +269,9 @@ def _grade_crossover(g: str, fn: Callable, cases: list[tuple]) -> None:
     for n, (theta, alpha, c, S, k, b_max) in enumerate(cases, 1):
         where = f"case {n} of {len(cases)}."
         params, inputs = _case(theta, alpha, c, S, k, "b_max", b_max)
-        out = _call(g, where, inputs, fn, params, alpha, c, S, k, b_max)
+        out = call_learner(g, where, inputs, fn, params, alpha, c, S, k, b_max)
         if isinstance(out, (bool, np.bool_)) or not isinstance(out, (int, np.integer)):
-            raise _fail(g, where, inputs + [f"got {out!r}"], "return one integer batch size (0 if k never pays).")
+            raise failure(g, where, inputs + [f"got {out!r}"], "return one integer batch size (0 if k never pays).")
         got = int(out)
         if not crossover_ok(theta, alpha, c, S, k, b_max, got):
             s = _speedups(theta, alpha, c, S, k, b_max)
@@ -281,10 +281,10 @@ def _grade_crossover(g: str, fn: Callable, cases: list[tuple]) -> None:
                 why = f"by this cost model k = {k} does not beat plain decoding at batch {got}."
             else:
                 why = f"by this cost model k = {k} still beats plain decoding at batch {got + 1}."
-            raise _fail(g, where, inputs + [f"your crossover: {got}: {why}"],
+            raise failure(g, where, inputs + [f"your crossover: {got}: {why}"],
                         "B*(k) is the largest batch size in 1..b_max at which k still beats plain decoding "
                         "(speedup > 1); 0 if it beats it nowhere, b_max if everywhere.")
-    _passed(g, f"{len(cases)} cases, B*(k) against specref's cost model at every batch size")
+    passed(g, f"{len(cases)} cases, B*(k) against specref's cost model at every batch size")
 
 
 @graded(2, "check_crossover", FORBIDDEN, ALLOWED)
@@ -348,7 +348,7 @@ def _grade_policy(g: str, fn: Callable, cases: list[tuple]) -> None:
         where = f"table {n} of {len(cases)}."
         inputs = _show_rows(rows) + [f"alpha = {alpha:.4g}, c = {c:.4g}, context = {S}, k_max = {k_max}, "
                                      f"batch_sizes = {list(batches)}"]
-        out = _call(g, where, inputs, fn, _as_rows(rows), alpha, c, S, list(batches), k_max)
+        out = call_learner(g, where, inputs, fn, _as_rows(rows), alpha, c, S, list(batches), k_max)
         try:
             ks = [int(k) for k in out] if not isinstance(out, (str, bytes)) else None
             if ks is not None and any(isinstance(k, (bool, np.bool_)) or int(k) != k for k in out):
@@ -356,23 +356,23 @@ def _grade_policy(g: str, fn: Callable, cases: list[tuple]) -> None:
         except (TypeError, ValueError):
             ks = None
         if ks is None or len(ks) != len(batches) or not all(0 <= k <= k_max for k in ks):
-            raise _fail(g, where, inputs + [f"got {out!r}"],
+            raise failure(g, where, inputs + [f"got {out!r}"],
                         f"return one integer k in 0..k_max for each batch size, in order ({len(batches)} of them).")
         sp, share = policy_outcome(theta, alpha, c, S, batches, k_max, ks)
         if not (sp >= SAFE).all():
             i = int(np.argmin(sp))
-            raise _fail(g, where, inputs + [f"your k per batch size: {ks}",
+            raise failure(g, where, inputs + [f"your k per batch size: {ks}",
                                             f"at batch {batches[i]} your k = {ks[i]} runs at {sp[i]:.3f}x plain "
                                             "on the server's true costs"],
                         f"a policy must never fall below {SAFE}x plain: where the fitted gain is within the "
                         "fit's own error of 1, do not trust it.")
         if not share.mean() >= EFFICIENT:
-            raise _fail(g, where, inputs + [f"your k per batch size: {ks}",
+            raise failure(g, where, inputs + [f"your k per batch size: {ks}",
                                             f"your throughput, as a share of the best k's at each batch size: "
                                             f"{', '.join(f'{x:.2f}' for x in share)} (mean {share.mean():.3f})"],
                         f"on average over the batch sizes the policy must reach {EFFICIENT} of the best k's "
                         "throughput: a margin wider than the fit's error gives away real gains.")
-    _passed(g, f"{len(cases)} tables judged on their true costs: never below {SAFE}x plain, "
+    passed(g, f"{len(cases)} tables judged on their true costs: never below {SAFE}x plain, "
                f"on average at least {EFFICIENT} of the best k")
 
 

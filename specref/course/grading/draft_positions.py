@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ...decoding.record import RecordedStep, acceptance_by_position
-from .report import _call, _fail, _passed
+from .report import call_learner, failure, passed
 from .rules import graded
 
 # Task 5 must not call the count it asks for, nor reach into the graders.
@@ -96,12 +96,13 @@ def check_acceptance_counts(fn: Counter, n_cases: int = 100, seed: int = 0) -> N
         inputs = [f"steps = {_show(steps)} ({len(steps)} steps)", f"k = {k}"]
         want = acceptance_by_position(steps, k)
         arg = copy.deepcopy(steps)
-        out = _call(g, where, inputs, fn, arg, k)
+        out = call_learner(g, where, inputs, fn, arg, k)
         if arg != steps:
-            raise _fail(g, where, inputs, "your function changed `steps`; read them, do not edit them.")
+            raise failure(g, where, inputs, "your function changed `steps`; read them, do not edit them.")
         got = _as_counts(out, k)
         if got is None:
-            raise _fail(g, where, inputs + [f"got {out!r}"], f"return a list of {k} (accepted, reached) pairs of ints.")
+            raise failure(g, where, inputs + [f"got {out!r}"],
+                          f"return a list of {k} (accepted, reached) pairs of ints.")
         if got != want:
-            raise _fail(g, where, inputs + [f"expected {want}", f"got      {got}"], _hint(steps, k, got))
-    _passed(g, f"{n_cases} step lists, counts equal the reference")
+            raise failure(g, where, inputs + [f"expected {want}", f"got      {got}"], _hint(steps, k, got))
+    passed(g, f"{n_cases} step lists, counts equal the reference")

@@ -44,7 +44,7 @@ from ...rejection import verify_chain
 from ...models import heldout_prompts, load_pair
 from ...models.kvcache import KVCache
 from ...sampling import process_logits
-from .report import _fail, _passed
+from .report import failure, passed
 from .rules import graded
 
 # The reference rule: the tasks write the speculative loop, so specref's own drafts and decoding loop are out
@@ -237,17 +237,17 @@ def check_propose(fn: Callable[..., object], cases=PROPOSE_CASES, seed: int = 0)
             except NotImplementedError:
                 raise
             except Exception as e:  # noqa: BLE001 - the learner's error, shown with its input
-                raise _fail(g, where, inputs + [f"your function raised {type(e).__name__}: {e}"]) from e
+                raise failure(g, where, inputs + [f"your function raised {type(e).__name__}: {e}"]) from e
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
-            raise _fail(g, where, inputs + [f"got {type(out).__name__}"], "return a pair (drafts, q).")
+            raise failure(g, where, inputs + [f"got {type(out).__name__}"], "return a pair (drafts, q).")
         drafts = _as_token_list(out[0])
         q = out[1]
         if drafts is None or len(drafts) != k:
-            raise _fail(g, where, inputs + [f"got drafts = {out[0]!r}"], f"drafts must be {k} int token ids.")
+            raise failure(g, where, inputs + [f"got drafts = {out[0]!r}"], f"drafts must be {k} int token ids.")
         V = draft.config.vocab_size
         if not isinstance(q, torch.Tensor) or tuple(q.shape) != (k, V):
             shape = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
-            raise _fail(g, where, inputs + [f"got q of shape {shape}"], f"q must be a [k, V] = [{k}, {V}] tensor.")
+            raise failure(g, where, inputs + [f"got q of shape {shape}"], f"q must be a [k, V] = [{k}, {V}] tensor.")
         with torch.no_grad():
             logits = draft_real(torch.tensor([seq + drafts]))[0, len(seq) - 1 : len(seq) - 1 + k]  # [k, V]
         want = process_logits(logits, temp, top_k)
@@ -259,20 +259,20 @@ def check_propose(fn: Callable[..., object], cases=PROPOSE_CASES, seed: int = 0)
             raw = torch.softmax(logits[i], -1)
             if torch.allclose(got[i], raw, atol=1e-9) and not torch.allclose(want[i], raw, atol=1e-9):
                 hint += " Yours looks unprocessed (a plain softmax): process q exactly as p will be."
-            raise _fail(g, where, inputs + [f"q[{i}] differs from the draft's processed distribution"], hint)
+            raise failure(g, where, inputs + [f"q[{i}] differs from the draft's processed distribution"], hint)
         for i, x in enumerate(drafts):
             if not 0 <= x < V or float(want[i, x]) <= 0:
-                raise _fail(g, where, inputs + [f"drafts = {drafts}"],
+                raise failure(g, where, inputs + [f"drafts = {drafts}"],
                             f"drafts[{i}] = {x} has probability 0 under q[{i}]: sample each draft from its q.")
         err = _cache_error(draft_real, cache, seq + drafts[:-1], "the draft cache")
         if err:
-            raise _fail(g, where, inputs + [err],
+            raise failure(g, where, inputs + [err],
                         "feed the draft the tokens its cache lacks, seq[m:], then each draft but the last (the "
                         "target scores the last one); never recompute the whole sequence.")
         if draft.calls > k:
-            raise _fail(g, where, inputs + [f"{draft.calls} draft calls for k = {k}"],
+            raise failure(g, where, inputs + [f"{draft.calls} draft calls for k = {k}"],
                         "one call for the tokens the cache lacks (all at once), then one per draft after the first.")
-    _passed(g, f"{len(cases)} cases: q, drafts, the draft cache and {sum(c[2] for c in cases)} draft calls")
+    passed(g, f"{len(cases)} cases: q, drafts, the draft cache and {sum(c[2] for c in cases)} draft calls")
 
 
 # --------------------------------------------------------------------------------------
@@ -348,15 +348,15 @@ def _run_step(fn, target, draft, seq, tc, dc, k, temp, top_k, gen, g, where, inp
     except NotImplementedError:
         raise
     except Exception as e:  # noqa: BLE001 - the learner's error, shown with its input
-        raise _fail(g, where, inputs + [f"your step raised {type(e).__name__}: {e}"]) from e
+        raise failure(g, where, inputs + [f"your step raised {type(e).__name__}: {e}"]) from e
     emitted = _as_token_list(out)
     if seq_in != list(seq):
-        raise _fail(g, where, inputs, "your step changed `seq`; return the emitted tokens and let the loop append them.")
+        raise failure(g, where, inputs, "your step changed `seq`; return the emitted tokens and let the loop append them.")
     if emitted is None or not 1 <= len(emitted) <= k + 1:
-        raise _fail(g, where, inputs + [f"got {out!r}"],
+        raise failure(g, where, inputs + [f"got {out!r}"],
                     f"return the emitted tokens as a list of 1 to k + 1 = {k + 1} ints.")
     if target.calls - before != 1:
-        raise _fail(g, where, inputs + [f"your step called the target {target.calls - before} times"],
+        raise failure(g, where, inputs + [f"your step called the target {target.calls - before} times"],
                     "score [seq[-1], x_1, ..., x_k] in ONE target call on the target cache: it gives p_1 .. p_{k+1}.")
     return emitted
 
@@ -367,17 +367,17 @@ def _check_caches(target_real, draft_real, seq, emitted, drafts_fed_all, tc, dc,
     if err:
         hint = ("after the step the target cache must hold every token but the last emitted one: truncate it to "
                 "len(seq) + n_accepted (the rejected drafts' entries go; the correction or bonus is fed next step).")
-        raise _fail(g, where, inputs + [f"emitted {emitted}", err], hint)
+        raise failure(g, where, inputs + [f"emitted {emitted}", err], hint)
     m = int(dc.lengths[0]) if isinstance(dc, KVCache) else -1
     ok_lengths = {len(new) - 1} | ({len(new) - 2} if drafts_fed_all else set())
     if m not in ok_lengths:
-        raise _fail(g, where, inputs + [f"emitted {emitted}", f"the draft cache holds {m} tokens; it should hold "
+        raise failure(g, where, inputs + [f"emitted {emitted}", f"the draft cache holds {m} tokens; it should hold "
                                         f"{' or '.join(str(x) for x in sorted(ok_lengths))}"],
                     "roll the draft cache back too: keep seq and the accepted drafts that were fed to it, drop the "
                     "rejected ones (truncate to min(its length, len(seq) + n_accepted)).")
     err = _cache_error(draft_real, dc, new[:m], "the draft cache")
     if err:
-        raise _fail(g, where, inputs + [f"emitted {emitted}", err], "the draft cache must hold a prefix of seq + emitted.")
+        raise failure(g, where, inputs + [f"emitted {emitted}", err], "the draft cache must hold a prefix of seq + emitted.")
 
 
 @graded(2, "check_speculative_step", FORBIDDEN, ALLOWED)
@@ -386,7 +386,7 @@ def check_speculative_step(fn: Callable[..., object], sampling: dict | None = No
     exact distribution of the first two sampled tokens (see SAMPLING for the power argument)."""
     n_cases = _step_caches(fn, seed)
     n = _first_two_tokens(fn, sampling, seed)
-    _passed("check_speculative_step", f"{n_cases} steps match a recompute of both caches, one target pass each; "
+    passed("check_speculative_step", f"{n_cases} steps match a recompute of both caches, one target pass each; "
                                       f"{n} sampled generations follow the target's exact distribution")
 
 
@@ -395,7 +395,7 @@ def check_step_caches(fn: Callable[..., object], seed: int = 0) -> None:
     """(b) one target pass per step and (d) both caches equal a recompute after the step; greedy steps emit
     what the greedy rule emits."""
     n = _step_caches(fn, seed)
-    _passed("check_step_caches", f"{n} steps match a recompute of both caches, one target pass each")
+    passed("check_step_caches", f"{n} steps match a recompute of both caches, one target pass each")
 
 
 def _step_caches(fn: Callable[..., object], seed: int) -> int:
@@ -416,11 +416,11 @@ def _step_caches(fn: Callable[..., object], seed: int) -> int:
             gen = torch.Generator().manual_seed(seed * 1000 + case_seed)
             emitted = _run_step(fn, target, draft, seq, tc, dc, k, temp, top_k, gen, g, where, inputs)
             if any(not 0 <= t < V for t in emitted):
-                raise _fail(g, where, inputs + [f"emitted {emitted}"], f"token ids lie in [0, {V}).")
+                raise failure(g, where, inputs + [f"emitted {emitted}"], f"token ids lie in [0, {V}).")
             if temp == 0:
                 want = _greedy_reference_step(seq, k)
                 if emitted != want:
-                    raise _fail(g, where, inputs + [f"expected {want}", f"got      {emitted}"],
+                    raise failure(g, where, inputs + [f"expected {want}", f"got      {emitted}"],
                                 "greedy (temperature 0): p and q are one-hot on the argmax; accept drafts while they "
                                 "equal the target's argmax, then emit the target's argmax.")
             _check_caches(target_real, draft_real, seq, emitted, len(emitted) == k + 1, tc, dc, g, where, inputs)
@@ -432,7 +432,7 @@ def check_first_two_tokens(fn: Callable[..., object], sampling: dict | None = No
     """(c) the first two tokens of N sampled generations, each started from the same prefilled caches,
     against their exact distribution (`distribution_test`, level 1e-3)."""
     n = _first_two_tokens(fn, sampling, seed)
-    _passed("check_first_two_tokens", f"{n} sampled generations follow the target's exact distribution")
+    passed("check_first_two_tokens", f"{n} sampled generations follow the target's exact distribution")
 
 
 def _first_two_tokens(fn: Callable[..., object], sampling: dict | None, seed: int) -> int:
@@ -466,7 +466,7 @@ def _first_two_tokens(fn: Callable[..., object], sampling: dict | None, seed: in
             rows = [f"  {c}: expected {exact[c]:.4f}, observed {int(counts[i]) / N:.4f}" for c, i in cells.items()]
             if counts[-1]:
                 rows.append(f"  outside the support: observed {int(counts[-1])} (expected 0)")
-            raise _fail(g, where, inputs + ["P(first two tokens):"] + rows + [str(test)],
+            raise failure(g, where, inputs + ["P(first two tokens):"] + rows + [str(test)],
                         "p and q must be processed the same way (temperature, then top-k) before the rule; q must be "
                         "the distribution each draft was sampled from; after a rejection sample the residual "
                         "max(0, p - q) normalized; if all k drafts pass, the bonus comes from p_{k+1}.")
@@ -570,21 +570,21 @@ def check_speculative_decode(
             except NotImplementedError:
                 raise
             except Exception as e:  # noqa: BLE001
-                raise _fail(g, where, inputs + [f"your decoder raised {type(e).__name__}: {e}"]) from e
+                raise failure(g, where, inputs + [f"your decoder raised {type(e).__name__}: {e}"]) from e
             got = _as_token_list(out)
             if got != expected:
                 first = None if got is None else next(
                     (i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
-                raise _fail(g, where, inputs + [f"expected {expected}", f"got      {out!r}",
+                raise failure(g, where, inputs + [f"expected {expected}", f"got      {out!r}",
                                                 f"first difference at new token {first}"],
                             "return exactly max_new_tokens new tokens (not the prompt); after each step append the "
                             "emitted tokens, never more than the budget.")
             steps = _greedy_steps(prompt, k, max_new_tokens, expected)
             if target.calls > steps + 1:
-                raise _fail(g, where, inputs + [f"your decoder called the target {target.calls} times"],
+                raise failure(g, where, inputs + [f"your decoder called the target {target.calls} times"],
                             f"speculative decoding needs {steps} passes here, one per step, plus one for the prompt.")
             if target.calls < steps:  # the output came from passes the wrapper did not see: another model's
-                raise _fail(g, where, inputs + [f"your decoder called the target {target.calls} times"],
+                raise failure(g, where, inputs + [f"your decoder called the target {target.calls} times"],
                             f"every step verifies its drafts in one pass of the `target` it is given: {steps} steps "
                             "here, so at least as many passes of that target (not of another model).")
     # A sampled run: the right number of valid tokens.
@@ -593,6 +593,6 @@ def check_speculative_decode(
         out = fn(target, draft, list(prompts[0]), 3, 10, 0.8, 5, torch.Generator().manual_seed(1))
     got = _as_token_list(out)
     if got is None or len(got) != 10 or any(not 0 <= t < target.config.vocab_size for t in got):
-        raise _fail(g, "sampled run (temperature 0.8, top_k 5, k = 3, 10 new tokens).", [f"got {out!r}"],
+        raise failure(g, "sampled run (temperature 0.8, top_k 5, k = 3, 10 new tokens).", [f"got {out!r}"],
                     "return exactly max_new_tokens token ids.")
-    _passed(g, f"{len(prompts)} prompts x k = {ks}: the target's greedy output, one target pass per step")
+    passed(g, f"{len(prompts)} prompts x k = {ks}: the target's greedy output, one target pass per step")

@@ -41,7 +41,7 @@ import torch
 
 from ...checks.rng import exact_distribution
 from ...checks.toy import MarkovChain, random_chain
-from .report import _as_float, _call, _fail, _passed
+from .report import as_float, call_learner, failure, passed
 from .rules import graded
 
 TEMPERATURE = 0.7
@@ -146,8 +146,8 @@ def _speculate(target: torch.Tensor, draft: torch.Tensor, start: int, n: int, rn
         ctxs = [last] + xs  # ctxs[i]: the context of position i
         emitted: list[int] = []
         if spec.verify == "count":  # every accept test drawn first, then counted, not stopped at the first failure
-            passed = [rng.uniform() < min(1.0, P[ctxs[i]][x] / reported[ctxs[i]][x]) for i, x in enumerate(xs)]
-            a = sum(passed)
+            kept = [rng.uniform() < min(1.0, P[ctxs[i]][x] / reported[ctxs[i]][x]) for i, x in enumerate(xs)]
+            a = sum(kept)
             emitted = xs[:a]
             last_dist = P[ctxs[k]] if a == k else _residual(P[ctxs[a]], reported[ctxs[a]])
             emitted.append(rng.categorical(last_dist))
@@ -374,41 +374,41 @@ def check_lossless_check(fn: Callable[[Sampler], object], hidden: bool = False, 
     wrong = 0
     for spec in specs:
         name, sampler = _opaque(spec, rnd)
-        got = _call(g, f"your check raised on {name}.", [f"sampler: {name}"], fn, sampler)
+        got = call_learner(g, f"your check raised on {name}.", [f"sampler: {name}"], fn, sampler)
         if not isinstance(got, bool):
-            raise _fail(g, f"your check returned {got!r} for {name}.", [], "return True (lossless) or False.")
+            raise failure(g, f"your check returned {got!r} for {name}.", [], "return True (lossless) or False.")
         wrong += got != _truth(spec)[0]
     if wrong:
-        raise _fail(g, f"your check's verdicts are not all right on these {len(specs)} samplers"
+        raise failure(g, f"your check's verdicts are not all right on these {len(specs)} samplers"
                     + (" (built from the hidden seed)" if hidden else "") + ".", [], _CHECK_HINT)
     n_lossless = sum(_truth(spec)[0] for spec in specs)
-    _passed(g, f"{len(specs)} samplers, {n_lossless} lossless" + (", unseen ones included" if hidden else ""))
+    passed(g, f"{len(specs)} samplers, {n_lossless} lossless" + (", unseen ones included" if hidden else ""))
 
 
 def _judge(g: str, verdict: object, found: object, shown: list[str]) -> None:
     """The properties of one (verdict, evidence) pair that need no answer key: types, and agreement with each other."""
     if not isinstance(verdict, bool):
-        raise _fail(g, "a verdict is not a bool.", shown, "True (lossless) or False.")
+        raise failure(g, "a verdict is not a bool.", shown, "True (lossless) or False.")
     if isinstance(found, str):
         if found not in ("target", "draft"):
-            raise _fail(g, "evidence that is a string must name an input.", shown, 'say "target" or "draft".')
+            raise failure(g, "evidence that is a string must name an input.", shown, 'say "target" or "draft".')
         if verdict:
-            raise _fail(g, "a verdict contradicts its own evidence.", shown,
+            raise failure(g, "a verdict contradicts its own evidence.", shown,
                         "a sampler that writes into its inputs is not lossless.")
         return
-    tv = _as_float(found)
+    tv = as_float(found)
     if tv is None or not math.isfinite(tv) or not -TOL <= tv <= 1 + TOL:
-        raise _fail(g, "evidence is neither an input's name nor a total variation in [0, 1].", shown,
+        raise failure(g, "evidence is neither an input's name nor a total variation in [0, 1].", shown,
                     'give "target", "draft" or the largest exact TV over reference_cases().')
     if verdict != (tv <= TOL):
-        raise _fail(g, "a verdict contradicts its own evidence.", shown,
+        raise failure(g, "a verdict contradicts its own evidence.", shown,
                     f"a sampler is lossless exactly when its TV from the target is 0 (to {TOL:g}).")
 
 
 def _matches(found: object, want: str | float) -> bool:
     if isinstance(want, str) or isinstance(found, str):
         return found == want
-    return abs(_as_float(found) - want) <= TOL
+    return abs(as_float(found) - want) <= TOL
 
 
 _EVIDENCE_HINT = ("for each sampler: the input it writes into, else the largest exact TV of its first N tokens from the "
@@ -430,24 +430,24 @@ def check_evidence(evidence: Callable[[Sampler], object], report: object, hidden
     g = "check_evidence"
     if not hidden:
         if type(report) is not dict:  # a plain dict: a subclass could answer differently each time it is read
-            raise _fail(g, "REPORT is not a dict.", [f"got {type(report).__name__}"],
+            raise failure(g, "REPORT is not a dict.", [f"got {type(report).__name__}"],
                         "give {name: (verdict, evidence)} for every sampler in SAMPLERS.")
         report = dict(report)
         if sorted(report) != sorted(_VISIBLE):
-            raise _fail(g, "REPORT does not have one entry per sampler.", [f"keys: {sorted(report)!r}"],
+            raise failure(g, "REPORT does not have one entry per sampler.", [f"keys: {sorted(report)!r}"],
                         f"give an entry for each of {sorted(_VISIBLE)}, and nothing else.")
         right = True
         for name in sorted(_VISIBLE):
             entry = report[name]
             if not (isinstance(entry, tuple) and len(entry) == 2):
-                raise _fail(g, f"REPORT[{name!r}] is not a pair.", [f"got {entry!r}"], "(verdict, evidence).")
+                raise failure(g, f"REPORT[{name!r}] is not a pair.", [f"got {entry!r}"], "(verdict, evidence).")
             _judge(g, entry[0], entry[1], [f"REPORT[{name!r}] = {entry!r}"])
             lossless, want = _truth(_VISIBLE[name])
             right &= entry[0] == lossless and _matches(entry[1], want)
         if not right:
-            raise _fail(g, "not every verdict and its evidence in REPORT match what the six samplers do.", [],
+            raise failure(g, "not every verdict and its evidence in REPORT match what the six samplers do.", [],
                         _EVIDENCE_HINT)
-        _passed(g, f"{len(_VISIBLE)} verdicts, each with its evidence")
+        passed(g, f"{len(_VISIBLE)} verdicts, each with its evidence")
         return
     rnd = random.Random(order_seed)
     specs = hidden_specs(0 if seed is None else seed)
@@ -456,12 +456,12 @@ def check_evidence(evidence: Callable[[Sampler], object], report: object, hidden
     right = True
     for spec in specs:
         name, sampler = _opaque(spec, rnd)
-        found = _call(g, f"your evidence raised on {name}.", [f"sampler: {name}"], evidence, sampler)
+        found = call_learner(g, f"your evidence raised on {name}.", [f"sampler: {name}"], evidence, sampler)
         lossless, want = _truth(spec)
-        _judge(g, not isinstance(found, str) and (_as_float(found) or 0.0) <= TOL, found,
+        _judge(g, not isinstance(found, str) and (as_float(found) or 0.0) <= TOL, found,
                [f"sampler: {name}", f"evidence: {found!r}"])
         right &= _matches(found, want)
     if not right:
-        raise _fail(g, f"not all the evidence matches what these {len(specs)} samplers (built from the hidden seed) do.",
+        raise failure(g, f"not all the evidence matches what these {len(specs)} samplers (built from the hidden seed) do.",
                     [], _EVIDENCE_HINT)
-    _passed(g, f"evidence on {len(specs)} samplers built from the hidden seed")
+    passed(g, f"evidence on {len(specs)} samplers built from the hidden seed")

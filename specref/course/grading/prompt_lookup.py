@@ -35,7 +35,7 @@ from ...drafts import Draft
 from ...drafts.prompt_lookup import lookup
 from ...models.gpt2 import GPT2, GPT2Config
 from ...sampling import SamplingParams
-from .report import _call, _fail, _passed
+from .report import call_learner, failure, passed
 from .rules import graded
 
 Proposal = Callable[[list[int], int, int, int], object]
@@ -120,17 +120,17 @@ def check_proposals(fn: Proposal, n_cases: int = 150, seed: int = 0) -> None:
         where = f"wrong answer on case {n} of {n_cases}."
         inputs = [f"context = {context}", f"k = {k}, max_ngram = {max_ngram}, min_ngram = {min_ngram}"]
         arg = list(context)
-        out = _call(g, where, inputs, fn, arg, k, max_ngram, min_ngram)
+        out = call_learner(g, where, inputs, fn, arg, k, max_ngram, min_ngram)
         if arg != context:
-            raise _fail(g, where, inputs, "your function changed `context` in place; build a new list instead.")
+            raise failure(g, where, inputs, "your function changed `context` in place; build a new list instead.")
         got = _as_proposal(out, k)
         if got is None:
-            raise _fail(g, where, inputs + [f"got {out!r}"], f"return a list of {k} token ids (ints).")
+            raise failure(g, where, inputs + [f"got {out!r}"], f"return a list of {k} token ids (ints).")
         want = lookup(context, k, max_ngram, min_ngram)
         if got != want:
-            raise _fail(g, where, inputs + [f"expected {want}", f"got      {got}"],
+            raise failure(g, where, inputs + [f"expected {want}", f"got      {got}"],
                         _proposal_hint(context, k, max_ngram, min_ngram, got))
-    _passed(g, f"{n_cases} token streams, proposals equal the reference")
+    passed(g, f"{n_cases} token streams, proposals equal the reference")
 
 
 # --------------------------------------------------------------------------------------
@@ -200,32 +200,32 @@ def _buffer(rows: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tens
 def _drive(g: str, draft_cls: object, seed: int, V: int = 16) -> None:
     """begin / propose / rollback / propose on buffers of the grader's: proposals follow the kept tokens only."""
     rnd = random.Random(seed)
-    draft = _call(g, "LookupDraft(vocab_size, max_ngram, min_ngram) failed.", [f"LookupDraft({V}, 3, 1)"],
+    draft = call_learner(g, "LookupDraft(vocab_size, max_ngram, min_ngram) failed.", [f"LookupDraft({V}, 3, 1)"],
                   draft_cls, V, 3, 1)
     for trial in range(3):
         B, k, width = rnd.randint(1, 3), rnd.randint(1, 5), 40
         rows = [[rnd.randrange(4) for _ in range(rnd.randint(2, 14))] for _ in range(B)]
-        _call(g, "begin(batch_size) failed.", [f"begin({B})"], draft.begin, B)
+        call_learner(g, "begin(batch_size) failed.", [f"begin({B})"], draft.begin, B)
         for step in range(3):
             tokens, lengths = _buffer(rows, width)
             t_in, l_in = tokens.clone(), lengths.clone()
             inputs = [f"rows (the valid tokens of the buffer): {rows}", f"k = {k}"]
             where = f"wrong proposal (generation {trial + 1}, step {step + 1})."
-            out = _call(g, where, inputs, draft.propose, t_in, l_in, k)
+            out = call_learner(g, where, inputs, draft.propose, t_in, l_in, k)
             if not (torch.equal(t_in, tokens) and torch.equal(l_in, lengths)):
-                raise _fail(g, where, inputs, "propose changed the buffer or the lengths in place; read them only.")
+                raise failure(g, where, inputs, "propose changed the buffer or the lengths in place; read them only.")
             try:
                 drafts, _ = _as_draft_output(out, B, k, V)
             except _BadDraft as e:
-                raise _fail(g, where, inputs, str(e)) from None
+                raise failure(g, where, inputs, str(e)) from None
             want = [lookup(r, k, 3, 1) for r in rows]
             if drafts.tolist() != want:
-                raise _fail(g, where, inputs + [f"expected {want}", f"got      {drafts.tolist()}"],
+                raise failure(g, where, inputs + [f"expected {want}", f"got      {drafts.tolist()}"],
                             "each row's drafts are lookup_proposal(that row's valid tokens, k, max_ngram, min_ngram); "
                             "after rollback(n_valid), only the first n_valid[b] tokens of row b are still valid.")
             # The verifier keeps a prefix of each row and adds its own tokens: roll back, then write new ones.
             n_valid = [rnd.randint(1, len(r)) for r in rows]
-            _call(g, "rollback(n_valid) failed.", inputs + [f"n_valid = {n_valid}"], draft.rollback,
+            call_learner(g, "rollback(n_valid) failed.", inputs + [f"n_valid = {n_valid}"], draft.rollback,
                   torch.tensor(n_valid))
             rows = [r[:n] + [rnd.randrange(4) for _ in range(rnd.randint(1, 6))] for r, n in zip(rows, n_valid)]
 
@@ -272,23 +272,23 @@ def check_draft(draft_cls: object, seed: int = 0, runs: int = 4000) -> None:
     target = tiny_target(1000 + seed)
     V = target.config.vocab_size
     prompt = _prompt(seed, V)
-    learner = _call(g, "LookupDraft(vocab_size, max_ngram, min_ngram) failed.", [f"LookupDraft({V}, 3, 1)"],
+    learner = call_learner(g, "LookupDraft(vocab_size, max_ngram, min_ngram) failed.", [f"LookupDraft({V}, 3, 1)"],
                     draft_cls, V, 3, 1)
     where = f"the first two tokens at temperature 1 are not the target's ({runs} generations of one prompt, k = 2)."
     try:
         test = first_two_test(_Adapter(learner, V), target, prompt, runs, seed)
     except _BadDraft as e:
-        raise _fail(g, where, [f"prompt = {prompt}", str(e)]) from None
+        raise failure(g, where, [f"prompt = {prompt}", str(e)]) from None
     except NotImplementedError:
         raise
     except Exception as e:  # noqa: BLE001 - the learner's draft ran inside the loop
-        raise _fail(g, where, [f"prompt = {prompt}", f"speculative decoding with your draft raised "
+        raise failure(g, where, [f"prompt = {prompt}", f"speculative decoding with your draft raised "
                                f"{type(e).__name__}: {e}"]) from e
     if not test.passed:
-        raise _fail(g, where, [f"prompt = {prompt}", f"distribution test: {test}"],
+        raise failure(g, where, [f"prompt = {prompt}", f"distribution test: {test}"],
                     "the rule accepts x with probability min(1, p(x)/q(x)): q must be the distribution your "
                     "proposal really came from. How likely is it that prompt lookup proposes x?")
-    _passed(g, f"proposals follow the rule after rollbacks; first two tokens at temperature 1 match p "
+    passed(g, f"proposals follow the rule after rollbacks; first two tokens at temperature 1 match p "
                f"(TV {test.tv:.3f} <= {test.tv_bound:.3f}, N = {runs})")
 
 
@@ -350,15 +350,15 @@ def check_tokens_per_pass(fn: Proposal, n_streams: int = 6, k: int = 8, seed: in
     try:
         got = stream_tokens_per_pass(fn, streams, k)
     except _BadProposal as e:
-        raise _fail(g, where, [str(e)], "return exactly k token ids.") from None
+        raise failure(g, where, [str(e)], "return exactly k token ids.") from None
     except NotImplementedError:
         raise
     except Exception as e:  # noqa: BLE001
-        raise _fail(g, where, [f"your function raised {type(e).__name__}: {e}"]) from e
+        raise failure(g, where, [f"your function raised {type(e).__name__}: {e}"]) from e
     want = stream_tokens_per_pass(lookup, streams, k)
     if not got >= margin * want:
-        raise _fail(g, where, [f"prompt of the first stream (last 24 tokens): {streams[0][0][-24:]}",
+        raise failure(g, where, [f"prompt of the first stream (last 24 tokens): {streams[0][0][-24:]}",
                                f"the reference rule: {want:.2f} tokens per pass", f"yours: {got:.2f}"],
                     "the comments quote pieces of the line followed by other tokens: which occurrence of a suffix "
                     "predicts what the target writes next, and how long a suffix tells them apart?")
-    _passed(g, f"{got:.2f} tokens per target pass on review streams, at least {margin} x the reference rule's")
+    passed(g, f"{got:.2f} tokens per target pass on review streams, at least {margin} x the reference rule's")

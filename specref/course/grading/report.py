@@ -2,6 +2,10 @@
 
 Every `check_*` function raises AssertionError with the input, the expected and
 the received answer and a hint, or returns None and prints one line on success.
+The helpers: `call_learner` runs the learner's function and turns an exception into a
+`failure` that shows the input; `passed` prints the success line; `as_float` and `as_vector`
+read an answer or return None; `close` compares floats; `global_rng_state` and
+`same_global_rng` catch a learner drawing from a global generator; `fmt` formats numbers.
 """
 
 from __future__ import annotations
@@ -13,22 +17,23 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from ..._validate import _fmt  # noqa: F401  (graders format numbers the same way)
+from ..._validate import _fmt
 
+fmt = _fmt  # graders format numbers as specref's own errors do
 TOL = 1e-9  # exact checks: probabilities computed two ways in float64 agree far better than this
 # --------------------------------------------------------------------------------------
 # Formatting and shared helpers
 # --------------------------------------------------------------------------------------
 
 
-def _fail(grader: str, where: str, lines: Sequence[str], hint: str | None = None) -> AssertionError:
+def failure(grader: str, where: str, lines: Sequence[str], hint: str | None = None) -> AssertionError:
     msg = [f"{grader}: {where}"] + [f"  {line}" for line in lines]
     if hint:
         msg.append(f"Hint: {hint}")
     return AssertionError("\n".join(msg))
 
 
-def _call(
+def call_learner(
     grader: str, where: str, inputs: Sequence[str], fn: Callable[..., object], *args: object, hint: str | None = None
 ) -> object:
     """Call the learner's function; an exception becomes a failure that shows the input."""
@@ -37,18 +42,18 @@ def _call(
     except NotImplementedError:
         raise
     except Exception as e:  # noqa: BLE001 - any error of the learner's code is reported with its input
-        raise _fail(grader, where, list(inputs) + [f"your function raised {type(e).__name__}: {e}"], hint) from e
+        raise failure(grader, where, list(inputs) + [f"your function raised {type(e).__name__}: {e}"], hint) from e
 
 
-def _global_rng_state() -> tuple[object, ...]:
+def global_rng_state() -> tuple[object, ...]:
     return (torch.random.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
 
 
-def _same_global_rng(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+def same_global_rng(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
     return torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
 
 
-def _as_float(x: object) -> float | None:
+def as_float(x: object) -> float | None:
     """A learner's scalar answer as a float, or None when it is not a single number."""
     if isinstance(x, torch.Tensor):
         return float(x.detach().reshape(())) if x.numel() == 1 else None
@@ -59,7 +64,7 @@ def _as_float(x: object) -> float | None:
     return None
 
 
-def _as_vector(x: object) -> torch.Tensor | None:
+def as_vector(x: object) -> torch.Tensor | None:
     """A learner's vector answer as a float64 tensor, or None when it cannot be read as one."""
     try:
         if isinstance(x, torch.Tensor):
@@ -69,11 +74,11 @@ def _as_vector(x: object) -> torch.Tensor | None:
         return None
 
 
-def _close(a: float, b: float, rel: float = 1e-9, abs_: float = 1e-12) -> bool:
+def close(a: float, b: float, rel: float = 1e-9, abs_: float = 1e-12) -> bool:
     return math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
 
 
-def _passed(grader: str, what: str) -> None:
+def passed(grader: str, what: str) -> None:
     print(f"{grader}: passed ({what}).")
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ...perf.costmodel import CostModel, PassModel
-from .report import _as_float, _call, _fail, _passed
+from .report import as_float, call_learner, failure, passed
 from .rules import graded
 
 REL = 1e-9  # closed forms in float64
@@ -103,11 +103,11 @@ def _inputs(mn: str, model: dict, hn: str, machine: dict, **sizes: int) -> list[
 
 
 def _compare(g: str, where: str, inputs: list[str], name: str, out: object, want: float, hint: str) -> None:
-    got = _as_float(out)
+    got = as_float(out)
     if got is None:
-        raise _fail(g, where, inputs + [f"{name} returned {out!r}"], f"{name} returns one number.")
+        raise failure(g, where, inputs + [f"{name} returned {out!r}"], f"{name} returns one number.")
     if not math.isclose(got, want, rel_tol=REL):
-        raise _fail(g, where, inputs + [f"your {name}: {got!r}"], f"{name} is wrong here: {hint}")
+        raise failure(g, where, inputs + [f"your {name}: {got!r}"], f"{name} is wrong here: {hint}")
 
 
 # -- Task 1: bytes and FLOPs ------------------------------------------------------------------------
@@ -121,11 +121,11 @@ def _grade_counts(g: str, pass_bytes: Callable, pass_flops: Callable, cases: lis
     for n, (mn, model, hn, machine, B, T, S, _k) in enumerate(cases, 1):
         where, inputs = f"case {n} of {len(cases)}.", [f"model ({mn}) = {model}", f"B = {B}, T = {T}, S = {S}"]
         want = reference(model, machine, B, T, S, 1)
-        _compare(g, where, inputs, "pass_bytes", _call(g, where, inputs, pass_bytes, dict(model), B, T, S),
+        _compare(g, where, inputs, "pass_bytes", call_learner(g, where, inputs, pass_bytes, dict(model), B, T, S),
                  want["bytes"], _BYTES)
-        _compare(g, where, inputs, "pass_flops", _call(g, where, inputs, pass_flops, dict(model), B, T, S),
+        _compare(g, where, inputs, "pass_flops", call_learner(g, where, inputs, pass_flops, dict(model), B, T, S),
                  want["flops"], _FLOPS)
-    _passed(g, f"{len(cases)} cases against specref.perf")
+    passed(g, f"{len(cases)} cases against specref.perf")
 
 
 @graded(1, "check_bytes_and_flops", FORBIDDEN, ALLOWED, learner_args=2)
@@ -147,14 +147,15 @@ def _grade_ridge(g: str, intensity: Callable, ridge_point: Callable, ridge_token
     for n, (mn, model, hn, machine, B, T, S, _k) in enumerate(cases, 1):
         where, inputs = f"case {n} of {len(cases)}.", _inputs(mn, model, hn, machine, B=B, T=T, S=S)
         want = reference(model, machine, B, T, S, 1)
-        _compare(g, where, inputs, "intensity", _call(g, where, inputs, intensity, dict(model), B, T, S),
+        _compare(g, where, inputs, "intensity", call_learner(g, where, inputs, intensity, dict(model), B, T, S),
                  want["flops"] / want["bytes"], "FLOPs of the pass per byte it reads, both from Task 1.")
-        _compare(g, where, inputs, "ridge_point", _call(g, where, inputs, ridge_point, dict(machine)),
+        _compare(g, where, inputs, "ridge_point", call_learner(g, where, inputs, ridge_point, dict(machine)),
                  want["ridge_point"], "the machine's FLOP/s as its matmuls reach them, per byte/s of bandwidth.")
-        _compare(g, where, inputs, "ridge_tokens", _call(g, where, inputs, ridge_tokens, dict(model), dict(machine), S),
+        _compare(g, where, inputs, "ridge_tokens",
+                 call_learner(g, where, inputs, ridge_tokens, dict(model), dict(machine), S),
                  want["ridge_tokens"], "the T at which one sequence's pass (B = 1, S cached tokens) spends as long "
                                        "on arithmetic as on reading memory.")
-    _passed(g, f"{len(cases)} cases against specref.perf")
+    passed(g, f"{len(cases)} cases against specref.perf")
 
 
 @graded(2, "check_intensity_and_ridge", FORBIDDEN, ALLOWED, learner_args=3)
@@ -178,12 +179,13 @@ def _grade_time(g: str, pass_time: Callable, v: Callable, cases: list) -> None:
         where, inputs = f"case {n} of {len(cases)}.", _inputs(mn, model, hn, machine, B=B, T=T, S=S, k=k)
         want = reference(model, machine, B, T, S, k)
         _compare(g, where, inputs, "pass_time",
-                 _call(g, where, inputs, pass_time, dict(model), dict(machine), B, T, S), want["pass_time"],
+                 call_learner(g, where, inputs, pass_time, dict(model), dict(machine), B, T, S), want["pass_time"],
                  "memory traffic and arithmetic overlap: the slower of the two sets the time, and the overhead "
                  "comes on top.")
-        _compare(g, where, inputs, "v", _call(g, where, inputs, v, dict(model), dict(machine), k, B, S), want["v"],
+        _compare(g, where, inputs, "v", call_learner(g, where, inputs, v, dict(model), dict(machine), k, B, S),
+                 want["v"],
                  "v(k) is a verification pass over k + 1 tokens per row against a plain step over 1, at batch B.")
-    _passed(g, f"{len(cases)} cases against specref.perf")
+    passed(g, f"{len(cases)} cases against specref.perf")
 
 
 @graded(3, "check_pass_time_and_v", FORBIDDEN, ALLOWED, learner_args=2)

@@ -18,7 +18,7 @@ from ...rejection import acceptance_probability
 from ...theory import expected_tokens_per_step as _ref_expected
 from ...theory import optimal_k as _ref_optimal_k
 from ...theory import speedup as _ref_speedup
-from .report import _as_float, _as_vector, _call, _close, _fail, _fmt, _passed
+from .report import as_float, as_vector, call_learner, close, failure, fmt, passed
 from .rules import graded
 
 # The reference rule: Tasks 1-5 write the formulas of specref.theory; Task 6 measures with the course's simulator
@@ -39,14 +39,14 @@ def check_expected_tokens_value(value: object, alpha: float = 0.6, k: int = 3) -
     """Grade a hand-computed E[tokens per step] for alpha = 0.6, k = 3 (to 2 decimals)."""
     g = "check_expected_tokens_value"
     want = float(_ref_expected(alpha, k))
-    v = _as_float(value)
+    v = as_float(value)
     inputs = [f"alpha = {alpha}, k = {k}"]
     if v is None:
-        raise _fail(g, "give a single number.", inputs + [f"got {value!r}"])
+        raise failure(g, "give a single number.", inputs + [f"got {value!r}"])
     if not abs(v - want) <= 0.005:  # NaN is no answer: written as `> 0.005`, NaN would pass
         hint = _expected_hint(alpha, k, v)
-        raise _fail(g, "wrong value.", inputs + [f"expected {want:.2f}", f"got      {v:.4g}"], hint)
-    _passed(g, f"E = {want:.2f} tokens per step")
+        raise failure(g, "wrong value.", inputs + [f"expected {want:.2f}", f"got      {v:.4g}"], hint)
+    passed(g, f"E = {want:.2f} tokens per step")
 
 
 def _expected_hint(alpha: float, k: int, got: float, tol: float = 0.005) -> str:
@@ -96,16 +96,16 @@ def check_expected_tokens(fn: Callable[[float, int], object], n_cases: int = 60,
     for n, (alpha, k) in enumerate(cases, 1):
         where = f"wrong answer on case {n} of {len(cases)}."
         inputs = [f"alpha = {alpha}, k = {k}"]
-        out = _call(g, where, inputs, fn, alpha, k, hint=_ALPHA_ONE_HINT if alpha == 1 else None)
-        v = _as_float(out)
+        out = call_learner(g, where, inputs, fn, alpha, k, hint=_ALPHA_ONE_HINT if alpha == 1 else None)
+        v = as_float(out)
         want = float(_ref_expected(alpha, k))
         if v is None:
-            raise _fail(g, where, inputs + [f"got {out!r}"], "return a single number.")
-        if not (math.isfinite(v) and _close(v, want, rel=1e-8)):
-            raise _fail(
+            raise failure(g, where, inputs + [f"got {out!r}"], "return a single number.")
+        if not (math.isfinite(v) and close(v, want, rel=1e-8)):
+            raise failure(
                 g, where, inputs + [f"expected {want:.6g}", f"got      {v:.6g}"], _expected_hint(alpha, k, v, tol=1e-8)
             )
-    _passed(g, f"{len(cases)} cases, alpha = 0 and alpha = 1 included")
+    passed(g, f"{len(cases)} cases, alpha = 0 and alpha = 1 included")
 
 
 @graded(1, "check_accepted_count_pmf", FORBIDDEN, ALLOWED)
@@ -120,11 +120,11 @@ def check_accepted_count_pmf(fn: Callable[[float, int], object], n_cases: int = 
     for n, (alpha, k) in enumerate(_theory_cases(n_cases, seed), 1):
         where = f"wrong answer on case {n} of {n_cases}."
         inputs = [f"alpha = {alpha}, k = {k}"]
-        out = _call(g, where, inputs, fn, alpha, k)
-        v = _as_vector(out)
+        out = call_learner(g, where, inputs, fn, alpha, k)
+        v = as_vector(out)
         if v is None or v.dim() != 1 or v.shape[0] != k + 1:
             shape = None if v is None else tuple(v.shape)
-            raise _fail(
+            raise failure(
                 g,
                 where,
                 inputs + [f"got {out!r} (shape {shape})"],
@@ -144,11 +144,11 @@ def check_accepted_count_pmf(fn: Callable[[float, int], object], n_cases: int = 
                     "to multiply by (1 - alpha)."
                 )
             lines = inputs + [
-                f"got pmf {_fmt(v)}",
-                f"P(A >= i), i = 0..k: expected {_fmt(want_tail)}, got {_fmt(tail)}",
+                f"got pmf {fmt(v)}",
+                f"P(A >= i), i = 0..k: expected {fmt(want_tail)}, got {fmt(tail)}",
             ]
-            raise _fail(g, where, lines, hint)
-    _passed(g, f"{n_cases} cases: sums to 1, P(A >= i) = alpha^i")
+            raise failure(g, where, lines, hint)
+    passed(g, f"{n_cases} cases: sums to 1, P(A >= i) = alpha^i")
 
 
 @graded(4, "check_speedup", FORBIDDEN, ALLOWED)
@@ -160,27 +160,27 @@ def check_speedup(fn: Callable[[float, int, float], object], n_cases: int = 60, 
     for n, ((alpha, k), c) in enumerate(zip(_theory_cases(n_cases, seed), cs[:n_cases], strict=True), 1):
         where = f"wrong answer on case {n} of {n_cases}."
         inputs = [f"alpha = {alpha}, k = {k}, c = {c}"]
-        out = _call(g, where, inputs, fn, alpha, k, c, hint=_ALPHA_ONE_HINT if alpha == 1 else None)
-        v = _as_float(out)
+        out = call_learner(g, where, inputs, fn, alpha, k, c, hint=_ALPHA_ONE_HINT if alpha == 1 else None)
+        v = as_float(out)
         want = float(_ref_speedup(alpha, k, c))
         if v is None:
-            raise _fail(g, where, inputs + [f"got {out!r}"], "return a single number.")
-        if not (math.isfinite(v) and _close(v, want, rel=1e-8)):
+            raise failure(g, where, inputs + [f"got {out!r}"], "return a single number.")
+        if not (math.isfinite(v) and close(v, want, rel=1e-8)):
             e = float(_ref_expected(alpha, k))
             hint = "S = E[tokens per step] / (1 + c k): one target pass (cost 1) plus k draft steps (cost c each)."
-            if math.isfinite(v) and _close(
+            if math.isfinite(v) and close(
                 v * (1 + c * k), float(_ref_expected(alpha, k - 1)) if k > 0 else -1, rel=1e-8
             ):
                 hint = (
                     "your numerator is (1 - alpha^k) / (1 - alpha); E[tokens per step] has k + 1 terms: "
                     "(1 - alpha^(k+1)) / (1 - alpha)."
                 )
-            elif math.isfinite(v) and k > 0 and c > 0 and _close(v, e / (c * k), rel=1e-8):
+            elif math.isfinite(v) and k > 0 and c > 0 and close(v, e / (c * k), rel=1e-8):
                 hint = "the cost of a step is 1 + c k: the target pass costs 1 on top of the k draft steps."
-            elif math.isfinite(v) and _close(v, e / (1 + c * (k + 1)), rel=1e-8):
+            elif math.isfinite(v) and close(v, e / (1 + c * (k + 1)), rel=1e-8):
                 hint = "the draft runs k steps per speculative step, not k + 1: the cost is 1 + c k."
-            raise _fail(g, where, inputs + [f"expected {want:.6g}", f"got      {v:.6g}"], hint)
-    _passed(g, f"{n_cases} cases")
+            raise failure(g, where, inputs + [f"expected {want:.6g}", f"got      {v:.6g}"], hint)
+    passed(g, f"{n_cases} cases")
 
 
 @graded(5, "check_optimal_k", FORBIDDEN, ALLOWED)
@@ -209,7 +209,7 @@ def check_optimal_k(fn: Callable[[float, float, int], object], n_cases: int = 60
     for n, (alpha, c, k_max) in enumerate(cases, 1):
         where = f"wrong answer on case {n} of {len(cases)}."
         inputs = [f"alpha = {alpha}, c = {c}, k_max = {k_max}"]
-        out = _call(g, where, inputs, fn, alpha, c, k_max)
+        out = call_learner(g, where, inputs, fn, alpha, c, k_max)
         if isinstance(out, torch.Tensor) and out.numel() == 1:
             out = out.item()
         if (
@@ -217,7 +217,7 @@ def check_optimal_k(fn: Callable[[float, float, int], object], n_cases: int = 60
             or not isinstance(out, (int, np.integer))
             and not (isinstance(out, (float, np.floating)) and float(out).is_integer())
         ):
-            raise _fail(g, where, inputs + [f"got {out!r}"], "return the best k as an int.")
+            raise failure(g, where, inputs + [f"got {out!r}"], "return the best k as an int.")
         kk = int(out)
         ks = np.arange(k_max + 1)
         s = np.asarray(_ref_speedup(alpha, ks, c))
@@ -235,14 +235,14 @@ def check_optimal_k(fn: Callable[[float, float, int], object], n_cases: int = 60
                 )
             elif abs(kk - best) == 1:
                 hint = "off by one: check the range 0..k_max and that index i of your list means k = i."
-            raise _fail(
+            raise failure(
                 g,
                 where,
                 inputs
                 + [f"expected k = {best} (speedup {s[best]:.4f})", f"got      k = {out!r}", f"speedups: {table}"],
                 hint,
             )
-    _passed(g, f"{len(cases)} cases, k = 0 allowed")
+    passed(g, f"{len(cases)} cases, k = 0 allowed")
 
 
 # --------------------------------------------------------------------------------------
@@ -341,16 +341,16 @@ def check_toy_measurement(fn: Callable[..., object], n_cases: int = 3, seed: int
         ref = toy_reference(target, draft, k, TOY_N, _REF_RUNS, _reference_generator(seed, n))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed + n)
-            out = _call(g, where, inputs, fn, target, draft, k, TOY_RUNS, TOY_N, torch.Generator().manual_seed(seed + n))
-        vals = [_as_float(x) for x in out] if isinstance(out, (tuple, list)) and len(out) == 3 else None
+            out = call_learner(g, where, inputs, fn, target, draft, k, TOY_RUNS, TOY_N, torch.Generator().manual_seed(seed + n))
+        vals = [as_float(x) for x in out] if isinstance(out, (tuple, list)) and len(out) == 3 else None
         if vals is None or any(v is None or not math.isfinite(v) for v in vals):
-            raise _fail(g, where, inputs + [f"got {out!r}"], "return three numbers: (tokens_per_step, alpha_states, alpha_steps).")
+            raise failure(g, where, inputs + [f"got {out!r}"], "return three numbers: (tokens_per_step, alpha_states, alpha_steps).")
         tps, a_states, a_steps = vals
-        if not _close(a_states, ref["alpha_states"], rel=1e-9):
+        if not close(a_states, ref["alpha_states"], rel=1e-9):
             hint = "alpha_states is the plain mean of beta(c) = sum_x min(p(x | c), q(x | c)) over the V states c."
             if abs(a_states - ref["alpha_steps"]) < abs(a_states - ref["alpha_states"]):
                 hint = "that looks weighted by the steps; alpha_states weighs every state equally: beta.mean()."
-            raise _fail(g, where, inputs + [f"expected alpha_states = {ref['alpha_states']:.6f}",
+            raise failure(g, where, inputs + [f"expected alpha_states = {ref['alpha_states']:.6f}",
                                             f"got      alpha_states = {a_states:.6f}"], hint)
         tol_t, tol_a = toy_tolerances(ref)
         if abs(tps - ref["tokens_per_step"]) > tol_t:
@@ -358,13 +358,13 @@ def check_toy_measurement(fn: Callable[..., object], n_cases: int = 3, seed: int
                     "n tokens (active steps only; the last one counted whole).")
             if abs(tps + 1 - ref["tokens_per_step"]) <= tol_t:
                 hint = "you counted accepted drafts only; every step also emits one more token (correction or bonus)."
-            raise _fail(g, where, inputs + [f"expected tokens per step {ref['tokens_per_step']:.4f} +- {tol_t:.4f}",
+            raise failure(g, where, inputs + [f"expected tokens per step {ref['tokens_per_step']:.4f} +- {tol_t:.4f}",
                                             f"got      {tps:.4f}"], hint)
         if abs(a_steps - ref["alpha_steps"]) > tol_a:
             hint = ("alpha_steps: beta(c) of each step's start context c (the run's last token before the step), "
                     "averaged over the active steps.")
-            if _close(a_steps, ref["alpha_states"], rel=1e-9):
+            if close(a_steps, ref["alpha_states"], rel=1e-9):
                 hint = "that is the unweighted mean over states; weight beta by how often steps start in each state."
-            raise _fail(g, where, inputs + [f"expected alpha_steps {ref['alpha_steps']:.5f} +- {tol_a:.5f}",
+            raise failure(g, where, inputs + [f"expected alpha_steps {ref['alpha_steps']:.5f} +- {tol_a:.5f}",
                                             f"got      {a_steps:.5f}"], hint)
-    _passed(g, f"{n_cases} toy pairs you had not seen, within 5 standard errors of a 10x larger simulation")
+    passed(g, f"{n_cases} toy pairs you had not seen, within 5 standard errors of a 10x larger simulation")

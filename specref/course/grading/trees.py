@@ -14,7 +14,7 @@ import torch
 from ...checks.exact_trees import random_parents
 from ...checks.rng import exact_distribution
 from ...trees import ROOT, Tree, tree_attention_mask, tree_position_ids, verify_tree
-from .report import _call, _fail, _fmt, _passed
+from .report import call_learner, failure, fmt, passed
 from .rules import graded
 
 # The reference rule: the tasks write what specref.trees does; specref.residual stays allowed (the setup imports it).
@@ -95,16 +95,16 @@ def check_tree_mask(fn: Callable[[list[int], int], object], n_cases: int = 40, s
         where = f"wrong answer on case {n} of {n_cases}."
         inputs = [f"parents = {parents}", f"start = {start}"]
         arg = list(parents)
-        out = _call(g, where, inputs, fn, arg, start)
+        out = call_learner(g, where, inputs, fn, arg, start)
         if arg != parents:
-            raise _fail(g, where, inputs, "your function changed `parents` in place; build new objects instead.")
+            raise failure(g, where, inputs, "your function changed `parents` in place; build new objects instead.")
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
-            raise _fail(g, where, inputs + [f"got {out!r}"], "return a pair (mask, positions).")
+            raise failure(g, where, inputs + [f"got {out!r}"], "return a pair (mask, positions).")
         mask = _as_bool_matrix(out[0], N)
         if mask is None:
-            raise _fail(g, where, inputs + [f"got mask {out[0]!r}"], f"the mask must be an [{N}, {N}] matrix of booleans.")
+            raise failure(g, where, inputs + [f"got mask {out[0]!r}"], f"the mask must be an [{N}, {N}] matrix of booleans.")
         if not torch.equal(mask, want_mask):
-            raise _fail(
+            raise failure(
                 g, where,
                 inputs + ["expected mask:", *[f"  {r}" for r in want_mask.int().tolist()],
                           "got mask:", *[f"  {r}" for r in mask.int().tolist()]],
@@ -112,15 +112,15 @@ def check_tree_mask(fn: Callable[[list[int], int], object], n_cases: int = 40, s
             )
         pos = _as_int_vector(out[1], N)
         if pos is None:
-            raise _fail(g, where, inputs + [f"got positions {out[1]!r}"], f"positions must be {N} integers.")
+            raise failure(g, where, inputs + [f"got positions {out[1]!r}"], f"positions must be {N} integers.")
         if not torch.equal(pos, want_pos):
             hint = "position = start + depth, depth 1 for a child of the root; siblings share a position."
             if torch.equal(pos, start + torch.arange(N)) or torch.equal(pos, start + 1 + torch.arange(N)):
                 hint = "those are chain positions (one per flattened index); " + hint
             elif torch.equal(pos, want_pos - 1):
                 hint = "off by one: the root sits at `start`, so a depth-1 node is at start + 1."
-            raise _fail(g, where, inputs + [f"expected positions {want_pos.tolist()}", f"got      positions {pos.tolist()}"], hint)
-    _passed(g, f"{n_cases} random trees, masks and positions")
+            raise failure(g, where, inputs + [f"expected positions {want_pos.tolist()}", f"got      positions {pos.tolist()}"], hint)
+    passed(g, f"{n_cases} random trees, masks and positions")
 
 
 # --------------------------------------------------------------------------------------
@@ -188,7 +188,7 @@ def check_multi_candidate(fn: Callable[..., object], n_cases: int = 40, seed: in
     g = "check_multi_candidate"
     for n, (label, p, q, m, det) in enumerate(_one_level_cases(n_cases, seed), 1):
         where = f"wrong answer on case {n} of {n_cases} ({label})."
-        inputs = [f"p = {_fmt(p)}", f"q = {_fmt(q)}", f"deterministic = {det}"]
+        inputs = [f"p = {fmt(p)}", f"q = {fmt(q)}", f"deterministic = {det}"]
         got_marginal = torch.zeros_like(p)
         for children, w in _children_draws(q, m, det):
             case_inputs = inputs + [f"children = {list(children)}"]
@@ -207,24 +207,25 @@ def check_multi_candidate(fn: Callable[..., object], n_cases: int = 40, seed: in
                 return (idx, int(tok))
 
             try:
-                got = _call(g, where, case_inputs, exact_distribution, run)
+                got = call_learner(g, where, case_inputs, exact_distribution, run)
             except AssertionError as e:
                 if isinstance(e.__cause__, _InPlace):
-                    raise _fail(g, where, case_inputs, "your function changed p or q in place; use new tensors.") from None
+                    raise failure(g, where, case_inputs, "your function changed p or q in place; use new tensors.") from None
                 raise
             for (idx, tok), prob in got.items():
                 if idx is not None and not (0 <= idx < m and children[idx] == tok):
-                    raise _fail(g, where, case_inputs + [f"returned child {idx} with token {tok}"],
+                    raise failure(g, where, case_inputs + [f"returned child {idx} with token {tok}"],
                                 "when a child is accepted, return its index in `children` and its token.")
                 got_marginal[tok] += w * prob
             keys = sorted(set(want) | set(got), key=lambda k: (k[0] is None, k[0] or 0, k[1]))
             bad = [k for k in keys if abs(want.get(k, 0.0) - got.get(k, 0.0)) > 1e-9]
             if bad:
                 rows = [f"  (child, token) = {k}: expected {want.get(k, 0.0):.4g}, got {got.get(k, 0.0):.4g}" for k in keys]
-                raise _fail(g, where, case_inputs + ["P(outcome):"] + rows, _multi_hint(p, q, children, det, got, want))
+                raise failure(g, where, case_inputs + ["P(outcome):"] + rows,
+                              _multi_hint(p, q, children, det, got, want))
         if not torch.allclose(got_marginal, p, atol=1e-9, rtol=0):  # pragma: no cover - implied by the check above
-            raise _fail(g, where, inputs + [f"P(token) = {_fmt(got_marginal)}"], "the emitted token must follow p.")
-    _passed(g, f"{n_cases} cases, sampled and top-k children, exact enumeration")
+            raise failure(g, where, inputs + [f"P(token) = {fmt(got_marginal)}"], "the emitted token must follow p.")
+    passed(g, f"{n_cases} cases, sampled and top-k children, exact enumeration")
 
 
 class _InPlace(Exception):
