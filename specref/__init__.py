@@ -17,7 +17,6 @@ rules
 models
     models.gpt2, models.kvcache, models.tokenizer, models.pretrained       (nb 01, 04)
     models.pair         load_pair, training_record, heldout_prompts            (nb 04)
-    models.domains      code / comment / docstring labels, acceptance along a text  (nb 08)
     models.workloads    edit_prompts, edit_cases: the copy-heavy "apply an edit" workload  (nb 05)
 drafts
     drafts.base         the Draft protocol                                     (nb 04, 05)
@@ -46,6 +45,7 @@ checks, perf
     perf.costs, perf.measure   timing and the roofline                         (nb 01, 04)
     perf.costmodel      PassModel, CostModel, choose_k, batch_steps, crossover, the H100 example  (nb 07)
     perf.draft_costs    a draft's parameters and KV cache; its step on a modelled GPU  (nb 05)
+    perf.domains        code / comment / docstring labels, acceptance along a text  (nb 08)
 course
     course.grading.*, course.plots, course.widgets, course.doctor  (the exercises and views)
 """

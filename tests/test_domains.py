@@ -1,11 +1,12 @@
-"""specref.models.domains: labelling Python source by kind, and teacher-forced acceptance along a text."""
+"""specref.perf.domains: labelling Python source by kind, and teacher-forced acceptance along a text."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specref.models.domains import acceptance_along, source_labels, token_labels
+from specref.perf import domains
+from specref.perf.domains import acceptance_along, source_labels, token_labels
 from specref.sampling import SamplingParams
 
 SNIPPET = 'def f(x):\n    """Twice x."""\n    y = "no doc"  # a comment\n    return 2 * x\n'
@@ -82,3 +83,14 @@ def test_domain_view_means_and_the_plot_draws_them():
     plt.close("all")
     with pytest.raises(ValueError, match="same kinds"):
         domain_view({"code": [0.5]}, {"code": []})
+
+
+def test_the_old_path_specref_models_domains_still_imports_the_same_functions_and_warns():
+    import importlib
+    import sys
+
+    sys.modules.pop("specref.models.domains", None)
+    with pytest.warns(DeprecationWarning, match="specref.perf.domains"):
+        old = importlib.import_module("specref.models.domains")
+    assert (old.acceptance_along, old.source_labels, old.token_labels, old.LABELS) == (
+        domains.acceptance_along, domains.source_labels, domains.token_labels, domains.LABELS)
