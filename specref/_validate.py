@@ -57,6 +57,27 @@ def check_tokens(name: str, x: object, vocab_size: int) -> torch.Tensor:
     return x
 
 
+def check_rows(name: str, x: object, batch_size: int, dims: str = "[B]") -> torch.Tensor:
+    """Raise unless `x` is an integer tensor of shape `dims` ("[B]" or "[B, W]") with B = batch_size (from begin)."""
+    x = check_tensor(name, x)
+    if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor of shape {dims}, got {x.dtype}")
+    if x.dim() != dims.count(",") + 1 or x.shape[0] != batch_size:
+        raise ValueError(f"{name} must be an integer tensor of shape {dims} with B = {batch_size} (from begin), "
+                         f"got {tuple(x.shape)}")
+    return x
+
+
+def check_context(tokens: object, lengths: object, batch_size: int) -> torch.Tensor:  # [B, L], [B] -> lengths [B]
+    """Raise unless tokens is an integer [B, L] buffer and lengths [B] in [1, L]; lengths as a long tensor."""
+    tokens = check_rows("tokens", tokens, batch_size, "[B, L]")
+    lengths = check_rows("lengths", lengths, batch_size).to(tokens.device, torch.long)
+    lo, hi = torch.stack(torch.aminmax(lengths)).tolist()  # one read back from the device
+    if lo < 1 or hi > tokens.shape[1]:
+        raise ValueError(f"lengths must be in [1, {tokens.shape[1]}] (the buffer's width), got {lengths.tolist()}")
+    return lengths
+
+
 def check_int(name: str, x: object, minimum: int, what: str) -> int:
     """x as an int >= minimum (`what` says what it counts); TypeError for a non-int or a bool, else ValueError."""
     if isinstance(x, bool) or not isinstance(x, int):

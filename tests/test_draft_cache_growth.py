@@ -16,8 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import specref.drafts.eagle as eagle_module
-import specref.drafts.model as draft_module
+import specref.drafts.cached as cached_module
 from specref.decoding.chain import generate, speculative_generate
 from specref.decoding.lookahead import lookahead_generate
 from specref.decoding.tree import tree_generate
@@ -84,7 +83,7 @@ def test_begin_allocates_only_the_first_size():
     model = small_gpt2(vocab=40, n_embd=16, n_layer=1, seed=1, n_positions=1024)
     draft = ModelDraft(model)
     draft.begin(4)
-    assert draft.cache.max_len == draft_module.FIRST_CACHE_LEN < model.config.n_positions
+    assert draft.cache.max_len == cached_module.FIRST_CACHE_LEN < model.config.n_positions
 
 
 @pytest.mark.parametrize("B", [1, 4])
@@ -92,9 +91,9 @@ def test_begin_allocates_only_the_first_size():
 def test_a_chain_draft_grown_from_3_slots_gives_the_same_tokens_as_a_full_cache(pair, monkeypatch, B, temperature):
     target, draft_model = pair
     ids = _prompts(B)
-    runs, full = {}, draft_module.FIRST_CACHE_LEN
+    runs, full = {}, cached_module.FIRST_CACHE_LEN
     for first in (full, 3):
-        monkeypatch.setattr(draft_module, "FIRST_CACHE_LEN", first)
+        monkeypatch.setattr(cached_module, "FIRST_CACHE_LEN", first)
         draft = ModelDraft(draft_model)
         runs[first], _ = speculative_generate(target, draft, ids, k=4, max_new_tokens=40, temperature=temperature,
                                               generator=torch.Generator().manual_seed(5))
@@ -108,9 +107,9 @@ def test_a_chain_draft_grown_from_3_slots_gives_the_same_tokens_as_a_full_cache(
 def test_a_tree_draft_grown_from_3_slots_gives_the_same_tokens_as_a_full_cache(pair, monkeypatch, temperature):
     target, draft_model = pair
     ids = _prompts(2)
-    runs, full = {}, draft_module.FIRST_CACHE_LEN
+    runs, full = {}, cached_module.FIRST_CACHE_LEN
     for first in (full, 3):
-        monkeypatch.setattr(draft_module, "FIRST_CACHE_LEN", first)
+        monkeypatch.setattr(cached_module, "FIRST_CACHE_LEN", first)
         runs[first], _ = tree_generate(target, TreeModelDraft(draft_model), ids, (3, 2, 2), max_new_tokens=30,
                                        temperature=temperature, generator=torch.Generator().manual_seed(6))
     assert torch.equal(runs[3], runs[full])
@@ -134,9 +133,9 @@ def _eagle_runs(pair, eagle_layer, monkeypatch, decode) -> dict[int, torch.Tenso
     would not notice a cache that lost its contents as it grew: its K/V entries are compared too.
     """
     target, _ = pair
-    runs, caches, full = {}, {}, eagle_module.FIRST_CACHE_LEN
+    runs, caches, full = {}, {}, cached_module.FIRST_CACHE_LEN
     for first in (full, 3):
-        monkeypatch.setattr(eagle_module, "FIRST_CACHE_LEN", first)
+        monkeypatch.setattr(cached_module, "FIRST_CACHE_LEN", first)
         draft = EagleDraft(target, eagle_layer)
         runs[first] = decode(draft)
         caches[first] = draft.cache
@@ -158,7 +157,7 @@ def test_an_eagle_chain_grown_from_3_slots_gives_the_same_tokens_as_a_full_cache
     runs = _eagle_runs(pair, eagle_layer, monkeypatch, lambda d: speculative_generate(
         target, d, ids, k=4, max_new_tokens=40, temperature=temperature,
         generator=torch.Generator().manual_seed(7))[0])
-    assert torch.equal(runs[3], runs[eagle_module.FIRST_CACHE_LEN])
+    assert torch.equal(runs[3], runs[cached_module.FIRST_CACHE_LEN])
     if temperature == 0:
         assert torch.equal(runs[3], generate(target, ids, 40, temperature=0))
 
@@ -172,7 +171,7 @@ def test_an_eagle_tree_grown_from_3_slots_gives_the_same_tokens_as_a_full_cache(
     runs = _eagle_runs(pair, eagle_layer, monkeypatch, lambda d: tree_generate(
         target, d, ids, spec, max_new_tokens=30, temperature=temperature,
         generator=torch.Generator().manual_seed(8))[0])
-    assert torch.equal(runs[3], runs[eagle_module.FIRST_CACHE_LEN])
+    assert torch.equal(runs[3], runs[cached_module.FIRST_CACHE_LEN])
     if temperature == 0:
         assert torch.equal(runs[3], generate(target, ids, 30, temperature=0))
 

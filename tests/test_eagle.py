@@ -6,6 +6,8 @@ bundled pair when they exist.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import dataclasses
 
 import numpy as np
@@ -17,8 +19,12 @@ from specref.checks.montecarlo import distribution_test
 from specref.decoding.chain import generate, speculative_generate, speculative_step
 from specref.decoding.loop import Sequences, SpecStats, prefill
 from specref.decoding.tree import TreeSpecStats, tree_generate, tree_step
+from specref.drafts.base import draw
 from specref.drafts.eagle import EagleDraft
-from specref.drafts.heads import EagleLayer, HeadsConfig, eagle_inputs, eagle_unroll
+from specref.drafts.heads import EagleLayer, HeadsConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "training"))  # heads_alignment
+from heads_alignment import eagle_inputs, eagle_unroll  # noqa: E402
 from specref.drafts.shapes import DynamicTree, TreeShape
 from specref.sampling import SamplingParams
 
@@ -114,7 +120,7 @@ def test_chain_and_tree_q_equal_the_training_unroll(target, layers, name):
     x, q = draft.propose(ids, torch.tensor([n]), 4, SamplingParams(1.0), torch.Generator().manual_seed(0))
     for j in range(4):
         torch.testing.assert_close(q[0, j], _trained_q(target, layer, context, x[0, :j].tolist()), atol=1e-10, rtol=0)
-    (tree,) = draft.propose(ids, torch.tensor([n]), TreeShape((2, 2, 1)), SamplingParams(1.0))
+    (tree,) = draft.propose_tree(ids, torch.tensor([n]), TreeShape((2, 2, 1)), SamplingParams(1.0))
     for v in range(tree.n_nodes):
         want = _trained_q(target, layer, context, tree.path_tokens(v)[:-1])  # q of node v: after its ancestors
         torch.testing.assert_close(tree.q[v], want, atol=1e-10, rtol=0, msg=f"node {v}")
@@ -135,8 +141,12 @@ def tiny():
 class _UnprocessedQEagle(EagleDraft):
     """Negative control: draws its drafts from the processed q but reports softmax(logits), unprocessed."""
 
-    def _draw(self, logits, params, generator):
-        x, _ = super()._draw(logits, params, generator)
+    def __init__(self, target, layer):
+        super().__init__(target, layer, sampler=self.unprocessed)
+
+    @staticmethod
+    def unprocessed(logits, params, generator):
+        x, _ = draw(logits, params, generator)
         return x, torch.softmax(logits, -1)
 
 
@@ -238,7 +248,7 @@ def test_after_each_rollback_the_state_equals_a_recompute(target, layers, spec, 
             speculative_step(target, draft, seqs, cache, spec, params, g, stats=stats)
         _assert_state_is_a_recompute(target, draft, seqs, caught_up=False)
         recomputed += sum(n - 1 - f for n, f, d in zip(seqs.lengths_h, draft.fed.tolist(), seqs.done_h) if not d)
-        draft._catch_up(seqs.tokens, seqs.lengths)  # what the next propose does first
+        draft.context_feature(seqs.tokens, seqs.lengths)  # what the next propose does first
         _assert_state_is_a_recompute(target, draft, seqs, caught_up=True)
     assert stats.accepted > 0 and recomputed > 0, "no accepted draft's row was recomputed from true features"
 
@@ -294,7 +304,7 @@ def test_greedy_chain_and_tree_equal_greedy_target_on_cuda(target, layers):
 
 
 def test_a_layer_built_for_another_target_is_refused(target, layers):
-    with pytest.raises(ValueError, match="n_embd is 32: it was built for another target"):
+    with pytest.raises(ValueError, match="n_embd is 32, but the EAGLE layer read features of width 16"):
         EagleDraft(target, _layer(16, (2,), seed=0))
     with pytest.raises(ValueError, match=r"hidden states \[5\], but the target has 3"):
         EagleDraft(target, _layer(32, (5,), seed=0))
@@ -302,7 +312,7 @@ def test_a_layer_built_for_another_target_is_refused(target, layers):
                       target_n_layer=2)
     with pytest.raises(ValueError, match="trained on a target with"):
         EagleDraft(target, layers["eagle1"], cfg)
-    with pytest.raises(ValueError, match="layer.to"):
+    with pytest.raises(ValueError, match="float64.*float32.*one device and dtype"):
         EagleDraft(target, layers["eagle1"].float())
     layers["eagle1"].double()
     other = small_gpt2(vocab=V + 1, n_embd=32, n_layer=2, seed=0)  # same width, another vocabulary
@@ -332,7 +342,7 @@ def test_bad_use_gets_clear_errors(target, layers):
         draft.propose(tokens, lengths, 255, SamplingParams(0.0))
     with pytest.raises(ValueError, match=r"lengths must be in \[1, 3\]"):
         draft.propose(tokens, torch.tensor([4]), 2, SamplingParams(0.0))
-    with pytest.raises(ValueError, match=r"tokens must be an integer \[B, L\]"):
+    with pytest.raises(TypeError, match=r"tokens must be an integer tensor of shape \[B, L\]"):
         draft.propose(tokens.float(), lengths, 2, SamplingParams(0.0))
     x, q = draft.propose(tokens, lengths, 2, SamplingParams(0.0))
     assert x.shape == (1, 2) and torch.equal(q, torch.nn.functional.one_hot(x, V).double())

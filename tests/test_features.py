@@ -14,14 +14,14 @@ from model_factory import noisy_copy, small_gpt2
 from specref.decoding.chain import speculative_generate, speculative_step
 from specref.decoding.loop import Sequences, SpecStats, prefill
 from specref.decoding.tree import TreeSpecStats, tree_generate, tree_step
-from specref.drafts import FeatureDraft, ModelDraft, PromptLookupDraft, TreeDraft, TreeModelDraft
+from specref.drafts import Draft, FeatureDraft, ModelDraft, PromptLookupDraft, TreeDraft, TreeModelDraft
 from specref.drafts.shapes import DynamicTree, TreeShape
 from specref.sampling import SamplingParams
 
 LAYERS = (0, 1, 2)  # the embeddings, the input of block 1, the final state after ln_f (2-layer target)
 
 
-class Recorder(FeatureDraft, TreeDraft):
+class Recorder(FeatureDraft, Draft, TreeDraft):
     """Proposes as a model draft (chains or trees) and keeps the target's features through the hook."""
 
     def __init__(self, model: torch.nn.Module, layers: tuple[int, ...] = LAYERS) -> None:
@@ -44,10 +44,11 @@ class Recorder(FeatureDraft, TreeDraft):
         self.observed.append((starts.tolist(), features[0].shape[1]))
         super().observe(features, starts)
 
-    def propose(self, tokens, lengths, k, params, generator=None, max_depth=None, max_nodes=None):
-        if isinstance(k, (TreeShape, DynamicTree)):
-            return self.tree.propose(tokens, lengths, k, params, generator, max_depth, max_nodes)
+    def propose(self, tokens, lengths, k, params, generator=None):
         return self.chain.propose(tokens, lengths, k, params, generator)
+
+    def propose_tree(self, tokens, lengths, spec, params, generator=None, max_depth=None, max_nodes=None):
+        return self.tree.propose_tree(tokens, lengths, spec, params, generator, max_depth, max_nodes)
 
     def rollback(self, n_valid: torch.Tensor) -> None:
         super().rollback(n_valid)
@@ -207,7 +208,7 @@ def test_misuse_of_the_feature_buffer_gets_clear_errors():
         d.observe((f[:1], f[:1]), torch.tensor([0, 0]))
     with pytest.raises(ValueError, match="must match features"):
         d.observe((f, f[..., :2]), torch.tensor([0, 0]))
-    with pytest.raises(ValueError, match=r"starts must be an integer tensor of shape \[B\]"):
+    with pytest.raises(TypeError, match=r"starts must be an integer tensor of shape \[B\]"):
         d.observe((f, f), torch.tensor([0.0, 0.0]))
     with pytest.raises(ValueError, match="never leave a gap"):
         d.observe((f, f), torch.tensor([0, 1]))
@@ -216,7 +217,7 @@ def test_misuse_of_the_feature_buffer_gets_clear_errors():
         d.observe((f[..., :2], f[..., :2]), torch.tensor([3, 3]))
     with pytest.raises(ValueError, match=r"positions must lie in \[0, held\)"):
         d.gather(torch.tensor([[3], [0]]))
-    with pytest.raises(ValueError, match=r"n_valid must be an integer tensor of shape \[B\] = \[2\]"):
+    with pytest.raises(ValueError, match=r"n_valid must be an integer tensor of shape \[B\] with B = 2"):
         d.rollback(torch.tensor([1]))
     with pytest.raises(ValueError, match=">= 0"):
         d.rollback(torch.tensor([-1, 0]))

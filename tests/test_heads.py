@@ -9,17 +9,24 @@ leaky mask as the negative control that the same comparison must catch).
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from specref.drafts.heads import (
-    EagleLayer, HeadsConfig, MedusaHeads, MTPModule, MTPStack, build_heads, eagle_inputs, eagle_unroll,
-    load_bundled_heads, load_heads, medusa_inputs, mtp_inputs, mtp_unroll, save_heads, target_fingerprint,
-    ttt_attention_mask, ttt_shift,
+    EagleLayer, HeadsConfig, MedusaHeads, MTPModule, MTPStack, build_heads, load_bundled_heads, load_heads,
+    save_heads, target_fingerprint,
 )
 from specref.models.pair import assets_dir
 from model_factory import small_gpt2
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "training"))  # heads_alignment
+import heads_alignment  # noqa: E402
+from heads_alignment import (  # noqa: E402
+    eagle_inputs, eagle_unroll, medusa_inputs, mtp_inputs, mtp_unroll, ttt_attention_mask, ttt_shift,
+)
 
 C, H, V, NL = 16, 2, 11, 3
 
@@ -185,8 +192,6 @@ def test_training_time_test_equals_drafting_with_a_cache(target, monkeypatch):
             torch.testing.assert_close(tf[j - 1][:, t + j - 1], y[:, 0], rtol=0, atol=1e-10)
 
     # Negative control: a leaky mask (later steps also see the target's row at their own position).
-    import specref.drafts.heads as heads_mod
-
     def leaky(L, n, device=None):
         m = ttt_attention_mask(L, n, device)
         s = torch.arange(L)
@@ -194,8 +199,8 @@ def test_training_time_test_equals_drafting_with_a_cache(target, monkeypatch):
             m[j * L:(j + 1) * L, :L] = s[None, :] <= s[:, None]
         return m
 
-    monkeypatch.setattr(heads_mod, "ttt_attention_mask", leaky)
-    bad = heads_mod.eagle_unroll(layer, eb, steps)
+    monkeypatch.setattr(heads_alignment, "ttt_attention_mask", leaky)
+    bad = heads_alignment.eagle_unroll(layer, eb, steps)
     y = _drafted(layer, eb, 4, steps)
     assert (bad[1][:, 5] - y[1][:, 0]).abs().max() > 1e-6
 
@@ -281,7 +286,7 @@ def test_bad_arguments(target):
         layer.fuse([x])
     with pytest.raises(TypeError, match="bool"):
         layer(x, x, x, attention_mask=torch.ones(1, 4, 4))
-    with pytest.raises(ValueError, match="1-layer"):
+    with pytest.raises(ValueError, match="different model shape"):
         layer(x, x, x, cache=target.new_cache(1, 8))
     with pytest.raises(ValueError, match="max_len"):
         layer(x, x, x, cache=layer.new_cache(1, 3))

@@ -6,6 +6,8 @@ checked on the bundled target in tests/test_load_draft.py.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import functools
 
 import numpy as np
@@ -20,10 +22,13 @@ from specref.decoding.chain import generate, speculative_generate, speculative_s
 from specref.decoding.loop import Sequences, SpecStats, prefill
 from specref.decoding.tree import tree_generate, tree_step
 from specref.drafts import MedusaDraft
-from specref.drafts.heads import MedusaHeads, medusa_inputs
+from specref.drafts.heads import MedusaHeads
 from specref.drafts.shapes import DynamicTree, TreeShape
 from specref.sampling import SamplingParams
 from specref.trees import verify_tree
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "training"))  # heads_alignment
+from heads_alignment import medusa_inputs  # noqa: E402
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor, atol: float) -> None:
@@ -111,7 +116,7 @@ def test_a_medusa_tree_has_each_heads_top_tokens_at_its_depth(target, draft):
     ids = torch.tensor([[4, 4, 2, 9, 1]])
     draft.begin(1)
     prefill(target, ids, target.new_cache(1), SpecStats(k=1), draft)
-    (tree,) = draft.propose(ids, torch.tensor([5]), TreeShape((3, 2)), SamplingParams(0.0))
+    (tree,) = draft.propose_tree(ids, torch.tensor([5]), TreeShape((3, 2)), SamplingParams(0.0))
     logits = draft.head_logits(ids, torch.tensor([5]), 2)[0]  # [2, V]
     top = [logits[d].topk(3 if d == 0 else 2).indices.tolist() for d in range(2)]
     assert list(tree.tokens[:3]) == top[0]
@@ -138,7 +143,7 @@ def _first_two(target, draft, k, params, seed) -> np.ndarray:  # [V, V] counts
 class _MisreportedMedusa(MedusaDraft):
     """Negative control: draws its drafts at temperature T / 2 but reports q at temperature T."""
 
-    propose_chain = drawn_colder(MedusaDraft.propose_chain)
+    propose = drawn_colder(MedusaDraft.propose)
 
 
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=4)], ids=str)
@@ -168,7 +173,7 @@ def _tree_step_error(target, heads, spec, params, rule) -> float:
     ids = torch.tensor([prompt])
     draft.begin(1)
     prefill(target, ids, target.new_cache(1), SpecStats(k=1), draft)
-    (tree,) = draft.propose(ids, torch.tensor([2]), spec, params)
+    (tree,) = draft.propose_tree(ids, torch.tensor([2]), spec, params)
 
     @functools.lru_cache(maxsize=None)
     @torch.no_grad()

@@ -7,6 +7,8 @@ scheme: what the draft computes equals the teacher-forced computation training r
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import numpy as np
 import pytest
 import torch
@@ -16,7 +18,10 @@ from specref.checks.montecarlo import distribution_test
 from specref.decoding.chain import generate, speculative_generate, speculative_step
 from specref.decoding.loop import Sequences, SpecStats, prefill
 from specref.drafts import MTPDraft
-from specref.drafts.heads import MTPModule, MTPStack, mtp_unroll
+from specref.drafts.heads import MTPModule, MTPStack
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "training"))  # heads_alignment
+from heads_alignment import mtp_unroll  # noqa: E402
 from specref.sampling import SamplingParams
 
 

@@ -271,7 +271,7 @@ def test_tree_drafting_needs_a_model_draft(pair):
 def test_tree_draft_refuses_use_before_begin(pair):
     d = TreeModelDraft(pair[1])
     with pytest.raises(RuntimeError, match="begin"):
-        d.propose(torch.tensor([[1]]), torch.tensor([1]), TreeShape((2,)), SamplingParams())
+        d.propose_tree(torch.tensor([[1]]), torch.tensor([1]), TreeShape((2,)), SamplingParams())
 
 
 # -- the bundled pair ----------------------------------------------------------------------
@@ -314,7 +314,7 @@ def test_bundled_target_scores_every_tree_node_like_its_chain(bundled):
     ids = torch.tensor([prompts[0]])
     drafter = TreeModelDraft(draft)
     drafter.begin(1)
-    tree = drafter.propose(ids, torch.tensor([ids.shape[1]]), TreeShape((3, 2, 1)), SamplingParams(0.0))[0]
+    tree = drafter.propose_tree(ids, torch.tensor([ids.shape[1]]), TreeShape((3, 2, 1)), SamplingParams(0.0))[0]
     cache = target.new_cache(1)
     target(ids[:, :-1], cache=cache)
     logits = score_tree(target, cache, ids[:, -1], [tree])[0]

@@ -8,7 +8,7 @@ One process trains all five head sets: each step draws ``--batch-size`` windows 
 ``--ctx`` tokens from the pair's training stream (the same corpus and held-out split as
 ``tools/train_pair.py``, whose functions this reuses), runs the frozen target once with
 ``return_hidden=True``, and every head set learns from that one pass.  The inputs and
-labels of every set are built by the teacher-forced helpers of ``specref.drafts.heads``,
+labels of every set are built by the teacher-forced helpers of ``heads_alignment`` (tools/training),
 which the drafts' inference mirrors.  Labels are the frozen target's own next-token
 distributions (cross-entropy against them: self-distillation), on a random subset of
 ``--ce-rows`` rows per loss term, because the 4096 x 128 LM head dominates a step.
@@ -38,10 +38,11 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "training"))
 
+from heads_alignment import eagle_inputs, eagle_unroll, medusa_inputs, mtp_unroll  # noqa: E402
 from specref.drafts.heads import (  # noqa: E402
-    EagleLayer, HeadsConfig, MedusaHeads, MTPStack, eagle_inputs, eagle_unroll, medusa_inputs, mtp_unroll,
-    save_heads, target_fingerprint,
+    EagleLayer, HeadsConfig, MedusaHeads, MTPStack, save_heads, target_fingerprint,
 )
 from specref.models.gpt2 import GPT2  # noqa: E402
 from specref.models.pair import bundled_tokenizer, load_pair, training_record  # noqa: E402

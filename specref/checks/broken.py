@@ -20,13 +20,18 @@ from collections.abc import Callable
 import torch
 
 from ..drafts import ModelDraft
+from ..drafts.base import draw
 from ..rejection import ChainRule, check_chain, residual, verify_chain
 from ..sampling import SamplingParams, as_rng, sample
 from ..trees import ROOT, Tree, TreeResult, verify_tree
 
 
 class _SampledDraft(ModelDraft):
-    """A broken ModelDraft whose bug is on the sampling path: it refuses greedy decoding, which never reads q."""
+    """A ModelDraft drawing with a broken `sampler` (its bug is on the sampling path): it refuses greedy decoding,
+    which never reads q."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__(model, sampler=self.broken_draw)  # each subclass's bug
 
     def propose(
         self,
@@ -47,11 +52,10 @@ class MisreportedModelDraft(_SampledDraft):
     softmax(l / (T/2)) ** (1/2), renormalised, is softmax(l / T): the q a correct draft would report.
     """
 
-    def _draw(
-        self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V] -> x [B], q [B, V]
-        colder = SamplingParams(params.temperature / 2, params.top_k, params.top_p)
-        x, q_sampled = super()._draw(logits, colder, generator)
+    @staticmethod
+    def broken_draw(logits: torch.Tensor, params: SamplingParams,
+                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V] -> x [B], q [B, V]
+        x, q_sampled = draw(logits, SamplingParams(params.temperature / 2, params.top_k, params.top_p), generator)
         q = q_sampled.sqrt()
         return x, q / q.sum(-1, keepdim=True)  # the bug: x was drawn from q_sampled
 
@@ -64,9 +68,9 @@ class ArgmaxSoftmaxDraft(_SampledDraft):
     happened. (At temperature 0 the loop verifies greedily and never reads q: no bug there.)
     """
 
-    def _draw(
-        self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V] -> x [B], q [B, V]
+    @staticmethod
+    def broken_draw(logits: torch.Tensor, params: SamplingParams,
+                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V] -> x [B], q [B, V]
         q = params.probs_unchecked(logits)
         return q.argmax(-1), q  # the bug: a sample of onehot(argmax), reported as a sample of q
 
@@ -242,9 +246,9 @@ class UnprocessedQModelDraft(_SampledDraft):
     q = softmax(logits) while the drafts came from process_logits(logits): q not processed like p.
     """
 
-    def _draw(
-        self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V] -> x [B], q [B, V]
+    @staticmethod
+    def broken_draw(logits: torch.Tensor, params: SamplingParams,
+                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V] -> x [B], q [B, V]
         x = sample(params.probs_unchecked(logits), generator)
         return x, torch.softmax(logits, -1)  # the bug: not the distribution x was drawn from
 

@@ -192,7 +192,7 @@ def tree_step(
     # 1. Draft: one tree per row.
     passes = draft.passes
     with timed(stats, "time_draft", dev):
-        trees = draft.propose(seqs.tokens, seqs.lengths, spec, params, generator, max_depth, max_nodes)
+        trees = draft.propose_tree(seqs.tokens, seqs.lengths, spec, params, generator, max_depth, max_nodes)
     stats.draft_passes += draft.passes - passes
     # 2. One target pass over [root, flattened tree] per row (and its features, for a draft that reads them).
     with timed(stats, "time_target", dev):

@@ -1,8 +1,9 @@
 """Drafts: anything that proposes tokens with the q it drew them from (chapters 4-6).
 
-`base.Draft` is the one protocol the decoding loop talks to; `model.ModelDraft` is a
-smaller language model with its own KV cache, `model.TreeModelDraft` the same model
-growing a tree; `prompt_lookup.PromptLookupDraft` copies what followed the context's
+`base.Draft` (a chain: `propose(k)`) and `base.TreeDraft` (a tree: `propose_tree(spec)`) are the two
+protocols the decoding loops talk to, over one base (`base.DraftBase`); `cached.CachedDraft` is a draft
+with its own KV cache. `model.ModelDraft` is a smaller language model as a chain draft,
+`model.TreeModelDraft` the same model growing a tree; `prompt_lookup.PromptLookupDraft` copies what followed the context's
 last few tokens earlier in the buffer; `shapes` holds the tree shapes (`TreeShape`, `DynamicTree`) and
 `grow_trees`. `features.FeatureDraft` keeps the target's hidden states that the loop hands to a
 draft reading them (`Draft.feature_layers`, `observe`); `eagle.EagleDraft` drafts the next feature
@@ -10,7 +11,7 @@ with one layer on them (EAGLE-1/2/3). `base.NoDraft` proposes nothing (plain ste
 loop). New drafts go here.
 """
 
-from .base import ChainOrTreeDraft, Draft, NoDraft, TreeDraft
+from .base import Draft, DraftBase, NoDraft, TreeDraft
 from .eagle import EagleDraft
 from .features import FeatureDraft
 from .load import load_draft
@@ -21,8 +22,8 @@ from .prompt_lookup import PromptLookupDraft
 from .shapes import DynamicTree, TreeShape, as_tree_spec, build_tree, grow_trees
 
 __all__ = [
-    "ChainOrTreeDraft",
     "Draft",
+    "DraftBase",
     "DynamicTree",
     "EagleDraft",
     "FeatureDraft",

@@ -1,37 +1,37 @@
-"""Drafts: anything that proposes k tokens with the distribution q it drew them from.
+"""Drafts: anything that proposes tokens with the distribution q it drew them from.
 
-One verifier (`specref.decoding.chain.speculative_generate`) serves every draft through
-this interface. A draft sees the shared token buffer and keeps whatever state
-it likes (a KV cache, an n-gram index); after each verification it is told how
-many leading tokens of each sequence are still the ones it saw, and forgets the rest.
+Two protocols over one base. A chain draft (`Draft`, for `speculative_generate`) answers
+`propose(tokens, lengths, k, params, generator)` with drafts [B, k'] and q [B, k', V]; a
+tree draft (`TreeDraft`, for `tree_generate`) answers `propose_tree(tokens, lengths, spec,
+params, generator, max_depth, max_nodes)` with one `Tree` per row. A draft that does both
+(Medusa, EAGLE) inherits both. Either sees the shared token buffer (row b holds lengths[b]
+valid tokens) and keeps what state it likes; after each verification `rollback(n_valid)`
+says how many leading tokens of each row are still the ones it saw, and it forgets the rest.
 
-The feature hook (Medusa, EAGLE, MTP read the target's hidden states): a draft that
-sets `feature_layers` (indices into `GPT2Output.hidden_states` of
-`specref.models.gpt2`: 0 = the embeddings, i = the input of block i, n_layer = the
-final hidden state after ln_f) is handed those hidden states by the loop through
-`observe(features, starts)`: features[j] is [B, T, C] for feature_layers[j], for the T
-tokens the target just processed, which are positions starts[b] .. starts[b]+T-1 of
-row b of the token buffer. The loop calls it after every target pass (prefill
-included) and before `rollback(n_valid)`, which then drops what a row did not keep;
-in a tree step it hands over the root and the accepted path only, gathered so the
-positions are contiguous. The features come from the verification pass itself: the
-target makes no extra pass, and a draft without `feature_layers` (the default, ())
-is served exactly as before, its target passes not asked for hidden states.
-`specref.drafts.features.FeatureDraft` keeps such features aligned to the buffer.
-
-`TreeDraft` is a draft that grows one tree per row for `specref.decoding.tree.tree_generate`.
+The feature hook (Medusa, EAGLE, MTP read the target's hidden states): a draft that sets
+`feature_layers` (indices into `GPT2Output.hidden_states`: 0 = the embeddings, i = the
+input of block i, n_layer = the final hidden state after ln_f) is handed them by the loop
+through `observe(features, starts)` after every target pass (prefill included) and before
+`rollback`: features[j] is [B, T, C] for positions starts[b] .. starts[b]+T-1 of row b (in a
+tree step, the root and the accepted path, gathered contiguous). They come from the
+verification pass itself; a draft without `feature_layers` is not asked for them
+(`specref.drafts.features.FeatureDraft` keeps them aligned to the buffer).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 
-from .._validate import check_int
+from .._validate import check_context, check_int, check_rows
 from ..sampling import SamplingParams, _sample
 from ..trees import Tree
-from .shapes import DynamicTree, TreeShape
+from .shapes import TreeSpec
+
+# sampler(logits [B, V], params, generator) -> (x [B], q [B, V]): how a draft draws one token when sampling.
+Sampler = Callable[[torch.Tensor, SamplingParams, "torch.Generator | None"], tuple[torch.Tensor, torch.Tensor]]
 
 
 def draw(
@@ -48,7 +48,7 @@ def draw(
     return _sample(q, generator), q
 
 
-def check_k(k: object, max_k: int | None, why: str) -> int:
+def check_k(k: object, max_k: int | None, why: str = "") -> int:
     """k as an int in 0..max_k (None: no upper limit); `why` says what sets the limit, for the error."""
     k = check_int("k", k, 0, "tokens to propose")
     if max_k is not None and k > max_k:
@@ -56,16 +56,50 @@ def check_k(k: object, max_k: int | None, why: str) -> int:
     return k
 
 
-class Draft(ABC):
-    """The draft interface: `begin`, then alternately `propose` and `rollback`."""
+class DraftBase(ABC):
+    """What every draft shares: `begin`, `rollback`, `observe`, and the checks and empty proposal of its `propose`.
+
+    `begin(batch_size)` starts a generation (a subclass extends it to forget its state);
+    `rollback(n_valid)` checks n_valid [B] (a subclass extends it to drop what a row did not keep).
+    """
 
     vocab_size: int
-    # The most tokens one chain proposal may hold (Medusa: its heads, MTP: its modules); None: no limit.
-    max_k: int | None = None
+    max_k: int | None = None  # the most tokens one chain proposal may hold; None: no limit
+    feature_layers: tuple[int, ...] = ()  # the target's hidden states this draft reads; () reads none
+    batch_size: int | None = None
+    passes: int = 0  # the draft's forward passes so far (the tree step reports how many a tree took)
 
-    @abstractmethod
     def begin(self, batch_size: int) -> None:
         """Start a new generation of `batch_size` sequences (forget all state)."""
+        self.batch_size = check_int("batch_size", batch_size, 1, "sequences in the batch")
+
+    def begun(self, what: str = "propose") -> int:
+        """The batch size; RuntimeError if `begin` has not been called before `what`."""
+        if self.batch_size is None:
+            raise RuntimeError(f"call begin(batch_size) before {what}")
+        return self.batch_size
+
+    def check_context(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:  # -> lengths [B] long
+        """Raise unless begun, tokens an integer [B, L] buffer and lengths [B] in [1, L]."""
+        return check_context(tokens, lengths, self.begun())
+
+    def empty(self, tokens: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # [B, 0], [B, 0, V]
+        """The proposal of no tokens (k = 0): the step verifies none and is a plain decoding step."""
+        B = tokens.shape[0]
+        return tokens.new_zeros((B, 0)), torch.zeros((B, 0, self.vocab_size), dtype=dtype, device=tokens.device)
+
+    def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
+        """Only the first n_valid[b] tokens of row b are still what the draft last saw."""
+        check_rows("n_valid", n_valid, self.begun("rollback"))
+
+    def observe(self, features: tuple[torch.Tensor, ...], starts: torch.Tensor) -> None:  # ([B, T, C], ...), [B]
+        """The target's hidden states feature_layers[j] -> features[j] for buffer positions starts[b] .. + T - 1."""
+        raise NotImplementedError(f"{type(self).__name__} sets feature_layers={self.feature_layers!r} "
+                                  f"but does not implement observe(features, starts)")
+
+
+class Draft(DraftBase):
+    """A chain draft: `begin`, then alternately `propose` and `rollback`."""
 
     @abstractmethod
     def propose(
@@ -82,86 +116,16 @@ class Draft(ABC):
         included (the step then verifies only those, and with none it is a plain decoding step).
         """
 
-    @abstractmethod
-    def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
-        """Only the first n_valid[b] tokens of row b are still what the draft last saw."""
 
-    # The target's hidden states this draft reads, as indices into GPT2Output.hidden_states; () reads none.
-    feature_layers: tuple[int, ...] = ()
-
-    def observe(self, features: tuple[torch.Tensor, ...], starts: torch.Tensor) -> None:  # ([B, T, C], ...), [B]
-        """The target's hidden states feature_layers[j] -> features[j] for buffer positions starts[b] .. + T - 1.
-
-        Called only for drafts with `feature_layers`, after each target pass and before `rollback`.
-        """
-        raise NotImplementedError(f"{type(self).__name__} sets feature_layers={self.feature_layers!r} "
-                                  f"but does not implement observe(features, starts)")
-
-
-class TreeDraft(Draft):
-    """A draft that grows one tree per row (`tree_generate`): `begin`, then alternately `propose` and `rollback`.
-
-    Given a tree shape (a `TreeShape` or `DynamicTree`) instead of k, `propose` returns the
-    trees; a draft that also drafts chains (`MedusaDraft`, `EagleDraft`) tells the two
-    calls apart by that argument's type. `passes` counts the draft's forward passes so
-    far (the tree step reports how many a tree took).
-    """
-
-    passes: int = 0
-
-    @abstractmethod
-    def propose(  # type: ignore[override]  # a tree spec instead of k, trees instead of (drafts, q)
-        self,
-        tokens: torch.Tensor,  # [B, L] buffer; row b holds lengths[b] valid tokens
-        lengths: torch.Tensor,  # [B]
-        spec: object,  # a TreeShape or DynamicTree (specref.drafts.shapes)
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-        max_depth: int | None = None,
-        max_nodes: int | None = None,
-    ) -> list[Tree]:
-        """One tree per row after its context, at most max_depth deep and max_nodes large."""
-
-
-class ChainOrTreeDraft(TreeDraft):
-    """A draft that serves both loops: `propose` with k drafts a chain, with a tree shape grows a tree per row.
-
-    `speculative_generate` passes an int k, `tree_generate` a `TreeShape` or `DynamicTree`;
-    the subclass writes `propose_chain` and `propose_tree` (Medusa and EAGLE do).
-    """
-
-    @torch.no_grad()
-    def propose(  # type: ignore[override]
-        self,
-        tokens: torch.Tensor,  # [B, L] buffer; row b holds lengths[b] valid tokens
-        lengths: torch.Tensor,  # [B]
-        k: int | TreeShape | DynamicTree,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-        max_depth: int | None = None,
-        max_nodes: int | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor] | list[Tree]:  # chain: drafts [B, k], q [B, k, V]; tree: [B] trees
-        if isinstance(k, (TreeShape, DynamicTree)):
-            return self.propose_tree(tokens, lengths, k, params, generator, max_depth, max_nodes)
-        return self.propose_chain(tokens, lengths, k, params, generator)
-
-    @abstractmethod
-    def propose_chain(
-        self,
-        tokens: torch.Tensor,  # [B, L]
-        lengths: torch.Tensor,  # [B]
-        k: int,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # drafts [B, k], q [B, k, V]
-        """k drafts per row with the q each was drawn from."""
+class TreeDraft(DraftBase):
+    """A tree draft: `begin`, then alternately `propose_tree` and `rollback`."""
 
     @abstractmethod
     def propose_tree(
         self,
-        tokens: torch.Tensor,  # [B, L]
+        tokens: torch.Tensor,  # [B, L] buffer; row b holds lengths[b] valid tokens
         lengths: torch.Tensor,  # [B]
-        spec: TreeShape | DynamicTree,
+        spec: TreeSpec,  # a TreeShape or DynamicTree (specref.drafts.shapes)
         params: SamplingParams,
         generator: torch.Generator | None = None,
         max_depth: int | None = None,
@@ -178,18 +142,11 @@ class NoDraft(Draft):
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype must be a floating-point torch.dtype for q, got {dtype!r}")
         self.dtype = dtype
-        self.batch_size: int | None = None
-
-    def begin(self, batch_size: int) -> None:
-        self.batch_size = check_int("batch_size", batch_size, 1, "sequences in the batch")
 
     def propose(self, tokens: torch.Tensor, lengths: torch.Tensor, k: int, params: SamplingParams,
                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # [B, 0], [B, 0, V]
-        if self.batch_size is None:
-            raise RuntimeError("call begin(batch_size) before propose")
-        B = self.batch_size
-        return (torch.zeros((B, 0), dtype=torch.long, device=tokens.device),
-                torch.zeros((B, 0, self.vocab_size), dtype=self.dtype, device=tokens.device))
+        self.begun()
+        return self.empty(tokens, self.dtype)
 
     def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
-        pass  # no state
+        pass  # no state, and no check: the loop's own cost is what this draft measures

@@ -20,21 +20,23 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import as_int_tuple, check_tensor
+from .._validate import as_int_tuple, check_rows, check_tensor
 from ..trees import ROOT, Tree
-from .base import Draft
+from .base import DraftBase
 
 
-class FeatureDraft(Draft):
+class FeatureDraft(DraftBase):
     """A draft that reads the target's hidden states: a feature buffer per requested layer, aligned to the tokens.
 
-    Subclasses implement `propose` and extend `begin`/`rollback` (calling these) for
-    their own state. `features[j]` is [B, capacity, C]; row b's first
+    Subclasses implement `propose` (and/or `propose_tree`) and extend `begin`/`rollback`
+    (calling these) for their own state; `reader`, the module that reads the features, is
+    checked against each pass's features (width, device, dtype). `features[j]` is [B, capacity, C]; row b's first
     `feature_lengths[b]` positions are the target's hidden states feature_layers[j]
     of tokens 0 .. feature_lengths[b]-1 of the buffer.
     """
 
-    def __init__(self, feature_layers: tuple[int, ...]) -> None:
+    def __init__(self, feature_layers: tuple[int, ...], reader: torch.nn.Module | None = None,
+                 what: str = "the draft") -> None:
         layers = as_int_tuple("feature_layers", feature_layers)
         if not layers or any(i < 0 for i in layers):
             raise ValueError(f"feature_layers must name at least one hidden state, as indices >= 0 into "
@@ -44,24 +46,19 @@ class FeatureDraft(Draft):
         self.feature_layers = layers
         self.features: list[torch.Tensor] | None = None  # per layer [B, capacity, C]
         self.feature_lengths: torch.Tensor | None = None  # [B]
-        self.batch_size: int | None = None
+        self.reader, self.what = reader, what  # the module that reads the features (its width, device, dtype)
 
     def begin(self, batch_size: int) -> None:
         """Forget every feature; the buffers are allocated at the first `observe` (its C, dtype and device)."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        self.batch_size = batch_size
+        super().begin(batch_size)
         self.features = None
         self.feature_lengths = None
 
-    def _check_begun(self, what: str) -> int:
-        if self.batch_size is None:
-            raise RuntimeError(f"call begin(batch_size) before {what}")
-        return self.batch_size
-
     def observe(self, features: tuple[torch.Tensor, ...], starts: torch.Tensor) -> None:  # ([B, T, C], ...), [B]
         """Hold features[j][b, t] as layer feature_layers[j]'s hidden state at position starts[b] + t of row b."""
-        B = self._check_begun("observe")
+        B = self.begun("observe")
+        if self.reader is not None:
+            check_features_fit(features, self.reader, self.what)
         if not isinstance(features, (tuple, list)) or len(features) != len(self.feature_layers):
             raise ValueError(f"features must be a tuple of {len(self.feature_layers)} tensors, one per feature layer "
                              f"{list(self.feature_layers)}, got {type(features).__name__} of "
@@ -75,13 +72,9 @@ class FeatureDraft(Draft):
             if f.shape != first.shape or f.dtype != first.dtype or f.device != first.device:
                 raise ValueError(f"features[{j}] must match features[0] ({first.dtype} {tuple(first.shape)} on "
                                  f"{first.device}), got {f.dtype} {tuple(f.shape)} on {f.device}")
-        starts = check_tensor("starts", starts)
-        if starts.is_floating_point() or starts.dtype == torch.bool or tuple(starts.shape) != (B,):
-            raise ValueError(f"starts must be an integer tensor of shape [B] = [{B}], got {starts.dtype} "
-                             f"{tuple(starts.shape)}")
         _, T, C = first.shape
         dev = first.device
-        starts = starts.to(dev, torch.long)
+        starts = check_rows("starts", starts, B).to(dev, torch.long)
         held = torch.zeros(B, dtype=torch.long, device=dev) if self.feature_lengths is None else self.feature_lengths
         if self.features is not None and (self.features[0].shape[2] != C or self.features[0].dtype != first.dtype):
             raise ValueError(f"features changed from {self.features[0].dtype} C={self.features[0].shape[2]} "
@@ -111,11 +104,7 @@ class FeatureDraft(Draft):
 
     def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
         """Keep only the first n_valid[b] features of row b (they belong to the tokens the row kept)."""
-        B = self._check_begun("rollback")
-        n_valid = check_tensor("n_valid", n_valid)
-        if n_valid.is_floating_point() or n_valid.dtype == torch.bool or tuple(n_valid.shape) != (B,):
-            raise ValueError(f"n_valid must be an integer tensor of shape [B] = [{B}], got {n_valid.dtype} "
-                             f"{tuple(n_valid.shape)}")
+        super().rollback(n_valid)
         if bool((n_valid < 0).any()):
             raise ValueError(f"n_valid must be >= 0, got {n_valid.tolist()}")
         if self.feature_lengths is not None:
@@ -123,7 +112,7 @@ class FeatureDraft(Draft):
 
     def held(self) -> torch.Tensor:  # [B]
         """How many leading positions of each row have features (0 before the first observe)."""
-        B = self._check_begun("held")
+        B = self.begun("held")
         if self.feature_lengths is None:
             return torch.zeros(B, dtype=torch.long)
         return self.feature_lengths.clone()
@@ -139,14 +128,24 @@ class FeatureDraft(Draft):
         room = min(depth if max_depth is None else max_depth, 1 if max_nodes is None else max_nodes)
         return [Tree((ROOT,), (int(tokens[b, 0]),)) if room > 0 else Tree((), ()) for b in range(tokens.shape[0])]
 
+    def scored(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor | None:  # [B, L], [B] -> t [B]
+        """t = lengths - 2, the newest position the target has scored, whose features must be held.
+
+        None before any feature exists: a one-token prompt, which every row shares.
+        """
+        t = self.check_context(tokens, lengths) - 2
+        if bool((t < 0).all()):
+            return None
+        held = self.held().to(t.device)
+        if bool(((t < 0) | (held <= t)).any()):
+            raise RuntimeError(f"the draft holds the target's features of {held.tolist()} positions but needs "
+                               f"those of {(t + 1).tolist()}: the loop must call observe(features, starts) after "
+                               f"every target pass")
+        return t
+
     def gather(self, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:  # [B, W] -> ([B, W, C], ...)
         """The features at positions[b, w] of row b, per feature layer; every position must be held."""
-        B = self._check_begun("gather")
-        positions = check_tensor("positions", positions)
-        if positions.is_floating_point() or positions.dtype == torch.bool or positions.dim() != 2 \
-                or positions.shape[0] != B:
-            raise ValueError(f"positions must be an integer [B, W] tensor with B = {B}, got {positions.dtype} "
-                             f"{tuple(positions.shape)}")
+        positions = check_rows("positions", positions, self.begun("gather"), "[B, W]")
         if self.features is None or self.feature_lengths is None:
             raise RuntimeError("no features held yet: observe the target's pass first")
         positions = positions.to(self.feature_lengths.device, torch.long)
@@ -158,44 +157,35 @@ class FeatureDraft(Draft):
         return tuple(f.gather(1, idx) for f in self.features)
 
 
-def check_target(target: object, n_embd: int, what: str) -> None:
-    """Raise unless `target` is a GPT-2 model (it lends its embeddings and LM head) of width n_embd."""
-    config = getattr(target, "config", None)
-    if not isinstance(target, torch.nn.Module) or config is None or not hasattr(target, "lm_head") \
+def check_target(target: object, module: torch.nn.Module, what: str, config: object | None = None) -> None:
+    """Raise unless `target` is a GPT-2 model (it lends its embeddings and LM head) that `module` fits.
+
+    `module` (with `n_embd`) must read the target's width and share its device and dtype;
+    `config` (a `HeadsConfig`), when given, must name this target as the one it was trained on.
+    """
+    tc = getattr(target, "config", None)
+    if not isinstance(target, torch.nn.Module) or tc is None or not hasattr(target, "lm_head") \
             or not hasattr(target, "transformer"):
         raise TypeError(f"target must be a GPT-2 model (specref.models.gpt2.GPT2), got {type(target).__name__}")
-    if config.n_embd != n_embd:
-        raise ValueError(f"the target's n_embd is {config.n_embd}, but {what} read features of width {n_embd}: "
+    if config is not None:
+        config.check_target(target)  # before the width: it names the target the module was trained on
+    if tc.n_embd != module.n_embd:
+        raise ValueError(f"the target's n_embd is {tc.n_embd}, but {what} read features of width {module.n_embd}: "
                          "the draft was built for another target")
+    p = next(module.parameters())
+    if p.device != target.device or p.dtype != target.dtype:
+        raise ValueError(f"the target computes in {target.dtype} on {target.device} but {what} are {p.dtype} on "
+                         f"{p.device}: put both on one device and dtype (module.to(target.device, target.dtype))")
 
 
-def check_features_fit(features: object, n_embd: int, module: torch.nn.Module, what: str) -> None:
-    """Raise unless the target's features have the width `module` reads and live on its device."""
+def check_features_fit(features: object, module: torch.nn.Module, what: str) -> None:
+    """Raise unless the target's features have the width `module` reads and live on its device, in its dtype."""
     if not (isinstance(features, (tuple, list)) and features and isinstance(features[0], torch.Tensor)):
         return  # FeatureDraft.observe names what is wrong with the structure
     f, p = features[0], next(module.parameters())
-    if f.dim() == 3 and f.shape[-1] != n_embd:
-        raise ValueError(f"{what} read features of width {n_embd}, the target's pass gave width "
+    if f.dim() == 3 and f.shape[-1] != module.n_embd:
+        raise ValueError(f"{what} read features of width {module.n_embd}, the target's pass gave width "
                          f"{f.shape[-1]}: the draft was built for another target")
     if f.device != p.device or f.dtype != p.dtype:
         raise ValueError(f"the target computes in {f.dtype} on {f.device} but {what} are {p.dtype} on {p.device}: "
                          "put both on one device and dtype (load_draft does)")
-
-
-def check_lengths(draft: FeatureDraft, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:  # -> t [B]
-    """t = lengths - 2 per row, the newest position the target has scored; its features must be held (or t = -1)."""
-    B = draft._check_begun("propose")
-    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[0] != B \
-            or tokens.is_floating_point():
-        raise ValueError(f"tokens must be an integer [B, L] tensor with B = {B} (from begin), "
-                         f"got {getattr(tokens, 'dtype', type(tokens).__name__)} {tuple(getattr(tokens, 'shape', ()))}")
-    if not isinstance(lengths, torch.Tensor) or tuple(lengths.shape) != (B,) or lengths.is_floating_point():
-        raise ValueError(f"lengths must be an integer tensor of shape [B] = [{B}]")
-    t = lengths.to(torch.long) - 2
-    if bool((t < -1).any()) or bool((lengths > tokens.shape[1]).any()):
-        raise ValueError(f"lengths must be in [1, {tokens.shape[1]}] (the buffer's width), got {lengths.tolist()}")
-    held = draft.held().to(t.device)
-    if bool(((t >= 0) & (held <= t)).any()):
-        raise RuntimeError(f"the draft holds the target's features of {held.tolist()} positions but needs those of "
-                           f"{(t + 1).tolist()}: the loop must call observe(features, starts) after every target pass")
-    return t

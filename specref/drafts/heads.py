@@ -1,20 +1,14 @@
-"""The trainable parts of the feature drafts (Medusa, EAGLE, MTP), and how their training inputs line up.
+"""The trainable parts of the feature drafts (Medusa, EAGLE, MTP), and their save/load.
 
-Decoding logic lives in the drafts that use these modules; this file holds the modules,
-their save/load, and the *teacher-forced* alignment: which target position, feature and
-token every module reads, and which token it predicts.  Training (``tools/train_heads.py``)
-and the drafts' inference build their inputs with the same functions below.
+Decoding logic lives in the drafts that use these modules; their training-time alignment
+(teacher-forced inputs and labels) lives next to its only user, in tools/training/heads_alignment.py.
 
-Notation, used in every docstring here.  ``input_ids`` is ``[B, T]``, token ``x_u`` at position
-``u``.  ``hidden_states = target(input_ids, return_hidden=True).hidden_states`` (HF's
-convention: ``hidden_states[0]`` is the embedding output, ``hidden_states[l]`` the output of
-block ``l - 1``, ``hidden_states[n_layer]`` = ``ln_f`` of the last block's output).  The
-target's *feature* at position ``t`` is ``f_t = hidden_states[-1][:, t]``; the target's own
-head ``target.lm_head(f_t)`` predicts ``x_{t+1}``.  In decoding, ``t`` is the last position
-the target has scored, ``x_{t+1}`` the token it just produced, and a draft's position
-``j = 1, 2, ...`` is the token ``x_{t+1+j}``.  The label of an output that predicts
-``x_u`` is the target's next-token distribution at ``u - 1``, ``target.lm_head(f_{u-1})``
-(what a lossless verifier accepts against).
+Notation, used in every docstring here. Token ``x_u`` sits at position ``u``; the target's
+*feature* at ``t`` is ``f_t = hidden_states[-1][:, t]`` (``GPT2Output.hidden_states``: ``[0]`` the
+embedding output, ``[l]`` the output of block ``l - 1``, ``[n_layer]`` = ``ln_f`` of the last block's
+output), and ``target.lm_head(f_t)`` predicts ``x_{t+1}``. In decoding, ``t`` is the last position the
+target has scored, ``x_{t+1}`` the token it just produced, and a draft's position ``j = 1, 2, ...`` is
+the token ``x_{t+1+j}``.
 
 * ``MedusaHeads`` (Medusa-1): head ``i`` (0-based) reads ``f_t`` only and predicts
   ``x_{t+2+i}`` = draft position ``i + 1``, without seeing ``x_{t+1} .. x_{t+1+i}``.
@@ -40,14 +34,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .._validate import check_int, check_tensor, check_tokens
-from ..models.gpt2 import GPT2, Block, GPT2Config, attention_mask_over_slots, check_attention_mask
+from .._validate import check_int, check_tensor
+from ..models.gpt2 import GPT2, Block, GPT2Config, attention_mask_over_slots, check_attention_mask, check_cache
 from ..models.kvcache import KVCache
 
 KINDS = ("medusa", "eagle", "mtp")
@@ -68,7 +62,7 @@ def _init_block(block: Block, std: float = 0.02) -> None:
             nn.init.zeros_(p)
 
 
-def _check_features(name: str, x: object, C: int, B: int | None = None, T: int | None = None) -> torch.Tensor:
+def check_features(name: str, x: object, C: int, B: int | None = None, T: int | None = None) -> torch.Tensor:
     x = check_tensor(name, x)
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
@@ -79,8 +73,8 @@ def _check_features(name: str, x: object, C: int, B: int | None = None, T: int |
     return x
 
 
-def _one_block_forward(block: Block, n_head: int, x: torch.Tensor, cache: KVCache | None,
-                       attention_mask: torch.Tensor | None) -> torch.Tensor:  # [B, T, C] -> [B, T, C]
+def one_block_forward(block: Block, n_head: int, x: torch.Tensor, cache: KVCache | None,
+                      attention_mask: torch.Tensor | None) -> torch.Tensor:  # [B, T, C] -> [B, T, C]
     """One GPT-2 block over new rows ``x``, attending as ``GPT2.forward`` does (cache + mask among new rows)."""
     B, T, C = x.shape
     new_mask = check_attention_mask(attention_mask, B, T, x.device)
@@ -88,18 +82,8 @@ def _one_block_forward(block: Block, n_head: int, x: torch.Tensor, cache: KVCach
         past, slots, n_slots = None, None, T
         mask = attention_mask_over_slots(None, torch.arange(T, device=x.device)[None].expand(B, T), T, new_mask)
     else:
-        if not isinstance(cache, KVCache):
-            raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
-        if cache.n_layer != 1 or cache.k.shape[2] != n_head or cache.k.shape[4] != C // n_head:
-            raise ValueError("cache must be a 1-layer KVCache of this module's shape (use module.new_cache)")
-        if cache.batch_size != B:
-            raise ValueError(f"cache holds {cache.batch_size} sequences but the input has B={B}")
-        if cache.device != x.device:
-            raise ValueError(f"cache is on {cache.device} but the input is on {x.device}")
+        n_slots = check_cache(cache, 1, n_head, C // n_head, B, x.device, T)
         past = cache.lengths
-        n_slots = int(past.max()) + T
-        if n_slots > cache.max_len:
-            raise ValueError(f"total length {n_slots} exceeds the cache's max_len={cache.max_len}")
         slots = past[:, None] + torch.arange(T, device=x.device)  # [B, T]
         mask = attention_mask_over_slots(past, slots, n_slots, new_mask)
     y = block(x, mask, cache, 0, slots, n_slots)
@@ -151,7 +135,7 @@ class MedusaHeads(nn.Module):
 
     def forward(self, h: torch.Tensor, n: int | None = None) -> torch.Tensor:  # [B, T, C] -> [B, T, n, C]
         """Heads 0 .. n-1 (all when n is None) on every row of h; a head never reads another's output."""
-        h = _check_features("h", h, self.n_embd)
+        h = check_features("h", h, self.n_embd)
         n = self.n_heads if n is None else check_int("n", n, 1, f"heads to run (at most {self.n_heads})")
         if n > self.n_heads:
             raise ValueError(f"n must be at most n_heads = {self.n_heads}, got {n}")
@@ -179,7 +163,7 @@ class EagleLayer(_OneBlockCache, nn.Module):
       ``g_s`` only (``tok_emb`` may be None and is ignored).
     * EAGLE-3: ``feature_layers=(2, 6, 12)`` (low, mid, top): ``fuse`` maps them through
       ``Linear(3C -> C)``; trained on token CE only, with training-time test (see
-      ``eagle_unroll``), so its output is a feature of its own, not the target's.
+      ``eagle_unroll``, tools/training/heads_alignment.py), so its output is a feature of its own, not the target's.
 
     While drafting, step 1 reads ``g = fuse(target features)``, later steps read the
     layer's own previous output as ``g``.  Attention runs over a 1-layer ``KVCache``
@@ -220,9 +204,9 @@ class EagleLayer(_OneBlockCache, nn.Module):
                 or len(feats) != len(self.feature_layers):
             raise ValueError(f"feats must be a sequence of {len(self.feature_layers)} tensors "
                              f"(hidden_states{list(self.feature_layers)})")
-        first = _check_features("feats[0]", feats[0], self.n_embd)
+        first = check_features("feats[0]", feats[0], self.n_embd)
         for f in feats[1:]:
-            _check_features("feats[i]", f, self.n_embd)
+            check_features("feats[i]", f, self.n_embd)
             if f.shape != first.shape:
                 raise ValueError(f"feats must share one shape, got {[tuple(x.shape) for x in feats]}")
         if self.fuse_fc is None:
@@ -237,15 +221,15 @@ class EagleLayer(_OneBlockCache, nn.Module):
         cache: KVCache | None = None,
         attention_mask: torch.Tensor | None = None,  # [B or 1, T, T] bool among the new rows
     ) -> torch.Tensor:  # f_hat [B, T, C]
-        g = _check_features("g", g, self.n_embd)
+        g = check_features("g", g, self.n_embd)
         B, T, _ = g.shape
-        pos_emb = _check_features("pos_emb", pos_emb, self.n_embd, B, T)
+        pos_emb = check_features("pos_emb", pos_emb, self.n_embd, B, T)
         if self.use_token:
-            tok_emb = _check_features("tok_emb", tok_emb, self.n_embd, B, T)
+            tok_emb = check_features("tok_emb", tok_emb, self.n_embd, B, T)
             x = self.fc(torch.cat([g, tok_emb.expand(B, T, -1)], -1))
         else:
             x = self.fc(g)
-        return self.norm_out(_one_block_forward(self.block, self.n_head, x + pos_emb, cache, attention_mask))
+        return self.norm_out(one_block_forward(self.block, self.n_head, x + pos_emb, cache, attention_mask))
 
 
 # -- MTP -------------------------------------------------------------------------------------
@@ -289,12 +273,12 @@ class MTPModule(_OneBlockCache, nn.Module):
         cache: KVCache | None = None,
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:  # h^d [B, T, C]
-        h_prev = _check_features("h_prev", h_prev, self.n_embd)
+        h_prev = check_features("h_prev", h_prev, self.n_embd)
         B, T, _ = h_prev.shape
-        tok_emb = _check_features("tok_emb", tok_emb, self.n_embd, B, T)
-        pos_emb = _check_features("pos_emb", pos_emb, self.n_embd, B, T)
+        tok_emb = check_features("tok_emb", tok_emb, self.n_embd, B, T)
+        pos_emb = check_features("pos_emb", pos_emb, self.n_embd, B, T)
         x = self.proj(torch.cat([self.norm_h(h_prev), self.norm_e(tok_emb.expand(B, T, -1))], -1)) + pos_emb
-        return _one_block_forward(self.block, self.n_head, x, cache, attention_mask)
+        return one_block_forward(self.block, self.n_head, x, cache, attention_mask)
 
     def logits(self, h: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:  # [B, T, C] -> [B, T, V]
         return lm_head(self.norm_out(h))
@@ -316,159 +300,13 @@ class MTPStack(nn.Module):
         return self.depth
 
 
-# -- teacher-forced alignment ----------------------------------------------------------------
-def _check_pair(hidden_states: object, input_ids: object, target: GPT2) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    if not isinstance(target, GPT2):
-        raise TypeError(f"target must be a GPT2, got {type(target).__name__}")
-    if isinstance(hidden_states, torch.Tensor) or not isinstance(hidden_states, Sequence) \
-            or len(hidden_states) != target.config.n_layer + 1:
-        raise ValueError(f"hidden_states must be GPT2Output.hidden_states ({target.config.n_layer + 1} tensors)")
-    ids = check_tokens("input_ids", input_ids, target.config.vocab_size)
-    if ids.ndim != 2 or ids.shape[1] < 2:
-        raise ValueError(f"input_ids must have shape [B, T] with T >= 2, got {tuple(ids.shape)}")
-    for h in hidden_states:
-        _check_features("hidden_states[l]", h, target.config.n_embd, ids.shape[0], ids.shape[1])
-    return tuple(hidden_states), ids
-
-
+# -- the target's frozen embeddings --------------------------------------------------------
 def embed(target: GPT2, token_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's frozen ``wte(token_ids)`` ``[B, T, C]`` and ``wpe(positions)`` ``[B or 1, T, C]``."""
     tr = target.transformer
     pos = positions if positions.ndim == 2 else positions[None]
     return tr.wte(token_ids), tr.wpe(pos)
 
-
-class MedusaBatch(NamedTuple):
-    h: torch.Tensor  # [B, T, C] the target's feature f_t at every row t
-    labels: list[torch.Tensor]  # labels[i]: [B, T - 1 - i, C] f_{t+1+i}, rows t = 0 .. T-2-i
-
-
-def medusa_inputs(hidden_states: Sequence[torch.Tensor], n_heads: int) -> MedusaBatch:
-    """Head ``i``'s rows and label features: row ``t`` reads ``f_t``; its label is ``lm_head(f_{t+1+i})``.
-
-    Rows ``t > T - 2 - i`` have no label (``f_{t+1+i}`` lies past the text) and are dropped.
-    """
-    check_int("n_heads", n_heads, 1, "Medusa heads")
-    f = hidden_states[-1]
-    T = f.shape[1]
-    if n_heads > T - 1:
-        raise ValueError(f"n_heads={n_heads} needs T >= {n_heads + 1} tokens, got T={T}")
-    return MedusaBatch(f, [f[:, 1 + i:] for i in range(n_heads)])
-
-
-class EagleBatch(NamedTuple):
-    g: torch.Tensor  # [B, L, C] fused target feature g_s, s = 0 .. L-1 (L = T - 1)
-    tok_emb: torch.Tensor  # [B, L, C] wte(x_{s+1})
-    pos_emb: torch.Tensor  # [1, L, C] wpe(s + 1)
-    next_feature: torch.Tensor  # [B, L, C] f_{s+1}: regression target; lm_head(next_feature) = labels for x_{s+2}
-
-
-def eagle_inputs(layer: EagleLayer, hidden_states: Sequence[torch.Tensor], input_ids: torch.Tensor,
-                 target: GPT2) -> EagleBatch:
-    """The EAGLE layer's teacher-forced inputs: row ``s`` reads ``(g_s, x_{s+1}, s + 1)`` and predicts ``f_{s+1}``.
-
-    Every row has a label: ``target.lm_head(f_{s+1})`` exists even at the last row ``s = T - 2``.
-    """
-    hs, ids = _check_pair(hidden_states, input_ids, target)
-    for l in layer.feature_layers:
-        if l >= len(hs):
-            raise ValueError(f"feature layer {l} is not in hidden_states (0 .. {len(hs) - 1})")
-    T = ids.shape[1]
-    g = layer.fuse([hs[l] for l in layer.feature_layers])[:, :T - 1]
-    tok, pos = embed(target, ids[:, 1:], torch.arange(1, T, device=ids.device))
-    return EagleBatch(g, tok, pos, hs[-1][:, 1:])
-
-
-def ttt_attention_mask(L: int, steps: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """``[steps * L, steps * L]`` bool: the attention that drafting ``steps`` tokens from every row at once sees.
-
-    Row blocks are steps: entry ``(j, s)`` (step ``j`` = 1.., row ``s``) is step ``j`` of a
-    draft that started at ``t = s - j + 1``.  It may attend to step 1's rows ``r <= t``
-    (the cache of target features), and to step ``i``'s row ``s - (j - i)`` for
-    ``1 < i <= j`` (the draft's own earlier steps of the same draft, itself included).
-    This is what a chain draft with a ``KVCache`` sees at inference.
-    """
-    check_int("L", L, 1, "rows")
-    check_int("steps", steps, 1, "drafting steps")
-    s = torch.arange(L, device=device)
-    blocks = []
-    for j in range(1, steps + 1):
-        row = []
-        for i in range(1, steps + 1):
-            if i > j:
-                m = torch.zeros(L, L, dtype=torch.bool, device=device)
-            elif i == 1:
-                m = s[None, :] <= (s[:, None] - (j - 1))
-            else:
-                m = s[None, :] == (s[:, None] - (j - i))
-            if i == j:
-                m = m | torch.eye(L, dtype=torch.bool, device=device)  # rows before any draft start still see themselves
-            row.append(m)
-        blocks.append(torch.cat(row, 1))
-    return torch.cat(blocks, 0)
-
-
-def ttt_shift(prev_out: torch.Tensor) -> torch.Tensor:  # [B, L, C] -> [B, L, C]
-    """Step ``j + 1``'s ``g`` from step ``j``'s output: row ``s`` reads step ``j``'s row ``s - 1`` (row 0: zeros)."""
-    return F.pad(prev_out[:, :-1], (0, 0, 1, 0))
-
-
-def eagle_unroll(layer: EagleLayer, batch: EagleBatch, steps: int) -> list[torch.Tensor]:
-    """Teacher-forced drafting of ``steps`` tokens from every row: outputs ``[B, L, C]`` per step.
-
-    Step ``j``'s row ``s`` is draft position ``j`` from ``t = s - j + 1``: it predicts ``x_{s+2}``
-    (label ``lm_head(batch.next_feature[:, s])``, the same as step 1's row ``s``) and is valid for
-    ``s >= j - 1``.  Step 1 reads the target features; step ``j > 1`` reads step ``j - 1``'s
-    outputs shifted by one row (``ttt_shift``) with the true next tokens, and attends as
-    ``ttt_attention_mask``.  The fed-back outputs are computed without gradient (detached:
-    a simplification of EAGLE-3's training-time test); the final pass over all steps carries
-    the gradient of every step.  ``steps = 1`` is plain teacher forcing (EAGLE-1 training).
-    """
-    check_int("steps", steps, 1, "drafting steps")
-    B, L, C = batch.g.shape
-    if steps == 1:
-        return [layer(batch.g, batch.tok_emb, batch.pos_emb)]
-    gs = [batch.g]
-    mask = ttt_attention_mask(L, steps, batch.g.device)[None]
-    with torch.no_grad():
-        for j in range(1, steps):
-            n = j * L
-            out = layer(torch.cat(gs, 1), batch.tok_emb.repeat(1, j, 1), batch.pos_emb.repeat(1, j, 1),
-                        attention_mask=mask[:, :n, :n])
-            gs.append(ttt_shift(out[:, -L:]).detach())
-    out = layer(torch.cat(gs, 1), batch.tok_emb.repeat(1, steps, 1), batch.pos_emb.repeat(1, steps, 1),
-                attention_mask=mask)
-    return list(out.split(L, 1))
-
-
-def mtp_inputs(depth: int, h_prev: torch.Tensor, input_ids: torch.Tensor, target: GPT2
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Depth ``d``'s teacher-forced inputs over rows ``i = 0 .. T-1-d``: ``(h^{d-1}_i, wte(x_{i+d}), wpe(i+d))``.
-
-    ``h_prev`` is ``[B, >= T - d, C]`` (``f`` for ``d = 1``, depth ``d - 1``'s output for
-    ``d > 1``).  Row ``i``'s output predicts ``x_{i+d+1}``; its label is ``lm_head(f_{i+d})``,
-    i.e. ``hidden_states[-1][:, d:]``.
-    """
-    check_int("depth", depth, 1, "MTP depth")
-    T = input_ids.shape[1]
-    if depth > T - 1:
-        raise ValueError(f"depth {depth} needs T >= {depth + 1} tokens, got T={T}")
-    L = T - depth
-    tok, pos = embed(target, input_ids[:, depth:], torch.arange(depth, T, device=input_ids.device))
-    return h_prev[:, :L], tok, pos
-
-
-def mtp_unroll(stack: MTPStack, hidden_states: Sequence[torch.Tensor], input_ids: torch.Tensor,
-               target: GPT2) -> list[torch.Tensor]:
-    """Depth d's outputs ``h^d`` ``[B, T - d, C]`` for d = 1 .. depth; labels ``lm_head(hidden_states[-1][:, d:])``."""
-    hs, ids = _check_pair(hidden_states, input_ids, target)
-    if stack.depth > ids.shape[1] - 1:
-        raise ValueError(f"an MTP stack of depth {stack.depth} needs T >= {stack.depth + 1} tokens")
-    outs, h = [], hs[-1]
-    for d in range(1, stack.depth + 1):
-        h = stack[d - 1](*mtp_inputs(d, h, ids, target))
-        outs.append(h)
-    return outs
 
 
 # -- configs, saving and loading -------------------------------------------------------------

@@ -26,13 +26,13 @@ import torch
 
 from ..sampling import SamplingParams
 from ..trees import ROOT, Tree
-from .base import ChainOrTreeDraft, check_k, draw
-from .features import FeatureDraft, check_features_fit, check_lengths, check_target
+from .base import Draft, TreeDraft, check_k, draw
+from .features import FeatureDraft, check_target
 from .heads import MedusaHeads
-from .shapes import DynamicTree, TreeShape, as_tree_spec, grow_trees
+from .shapes import TreeSpec, as_tree_spec, grow_trees
 
 
-class MedusaDraft(FeatureDraft, ChainOrTreeDraft):
+class MedusaDraft(FeatureDraft, Draft, TreeDraft):
     """Medusa heads as a chain or tree draft: head i's logits on the target's newest feature give draft position i + 1.
 
     `target` lends its frozen LM head (the heads share it) and its width;
@@ -44,30 +44,24 @@ class MedusaDraft(FeatureDraft, ChainOrTreeDraft):
     def __init__(self, target: torch.nn.Module, heads: MedusaHeads) -> None:
         if not isinstance(heads, MedusaHeads):
             raise TypeError(f"heads must be a specref.drafts.heads.MedusaHeads, got {type(heads).__name__}")
-        check_target(target, heads.n_embd, "the Medusa heads")
-        super().__init__((target.config.n_layer,))
+        check_target(target, heads, "the Medusa heads")
+        super().__init__((target.config.n_layer,), heads, "the Medusa heads")
         self.target, self.heads = target, heads
         self.vocab_size = int(target.config.vocab_size)
-        self.n_heads = heads.n_heads
-        self.max_k = self.n_heads  # head i drafts position i + 1
-        self.passes = 0
-
-    def observe(self, features: tuple[torch.Tensor, ...], starts: torch.Tensor) -> None:  # ([B, T, C],), [B]
-        check_features_fit(features, self.heads.n_embd, self.heads, "the Medusa heads")
-        super().observe(features, starts)
+        self.n_heads = self.max_k = heads.n_heads  # head i drafts position i + 1
 
     @torch.no_grad()
     def head_logits(self, tokens: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor | None:  # [B, n, V]
         """Heads 0 .. n-1 on each row's newest feature f_t (t = lengths - 2); None before any feature exists."""
-        t = check_lengths(self, tokens, lengths)
-        if bool((t < 0).any()):
-            return None  # a one-token prompt: nothing scored yet (all rows share the prompt length)
-        (f_t,) = self.gather(t[:, None].to(self.feature_lengths.device))  # [B, 1, C]
+        t = self.scored(tokens, lengths)
+        if t is None:
+            return None  # a one-token prompt: nothing scored yet
+        (f_t,) = self.gather(t[:, None])  # [B, 1, C]
         self.passes += 1
         return self.heads.logits(f_t, self.target.lm_head, n)[:, 0]  # [B, n, V]: head i -> x_{t+2+i}; only n run
 
     @torch.no_grad()
-    def propose_chain(
+    def propose(
         self,
         tokens: torch.Tensor,  # [B, L]
         lengths: torch.Tensor,  # [B]
@@ -77,11 +71,10 @@ class MedusaDraft(FeatureDraft, ChainOrTreeDraft):
     ) -> tuple[torch.Tensor, torch.Tensor]:  # drafts [B, k], q [B, k, V]
         """Draft position i + 1 from head i, all on f_t: argmax (q one-hot) or a draw from q = params.probs(logits)."""
         k = check_k(k, self.max_k, f"this Medusa draft has {self.n_heads} heads: head i drafts position i + 1")
-        B, V = tokens.shape[0], self.vocab_size
         dtype = self.target.lm_head.weight.dtype
         if k == 0:
-            check_lengths(self, tokens, lengths)
-            return tokens.new_zeros((B, 0)), torch.zeros((B, 0, V), dtype=dtype, device=tokens.device)
+            self.scored(tokens, lengths)
+            return self.empty(tokens, dtype)
         logits = self.head_logits(tokens, lengths, k)  # [B, k, V]
         if logits is None:
             return self.prompt_again(tokens, k, dtype)
@@ -92,7 +85,7 @@ class MedusaDraft(FeatureDraft, ChainOrTreeDraft):
         self,
         tokens: torch.Tensor,  # [B, L]
         lengths: torch.Tensor,  # [B]
-        spec: TreeShape | DynamicTree | tuple[int, ...] | int,
+        spec: TreeSpec | tuple[int, ...] | int,
         params: SamplingParams,
         generator: torch.Generator | None = None,
         max_depth: int | None = None,

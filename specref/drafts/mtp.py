@@ -22,7 +22,7 @@ over the rows up to t: first those that became true since the last step (kept), 
 rows t+2-d .. t, which read drafts x_{t+2} .. x_{t+d} in place of the unknown tokens and
 module d-1's outputs at the same rows (computed on the fly, then dropped: the cache is
 truncated back to its true rows). q_d comes from row t. So when the earlier drafts are
-right, the draft computes exactly what training computed (`heads.mtp_unroll`); a wrong
+right, the draft computes exactly what training computed (`mtp_unroll`, tools/training/heads_alignment.py); a wrong
 draft only changes the drafts after it, which the verifier rejects anyway.
 `rollback(n_valid)` keeps the rows i with i + d < n_valid (x_{i+d} still in the buffer).
 
@@ -40,8 +40,8 @@ import torch
 
 from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
-from .base import check_k, draw
-from .features import FeatureDraft, check_features_fit, check_lengths, check_target
+from .base import Draft, check_k, draw
+from .features import FeatureDraft, check_target
 from .heads import MTPModule, MTPStack
 
 
@@ -51,7 +51,7 @@ def _rows(buf: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:  # [B, S, C], 
     return buf.gather(1, idx[..., None].expand(*idx.shape, buf.shape[2]))
 
 
-class MTPDraft(FeatureDraft):
+class MTPDraft(FeatureDraft, Draft):
     """DeepSeek-V3-style MTP modules as a chain draft: module d at the newest scored row proposes draft position d.
 
     `target` lends its frozen embeddings (wte, wpe), its output head and its width;
@@ -70,24 +70,18 @@ class MTPDraft(FeatureDraft):
         widths = {m.n_embd for m in mods}
         if len(widths) != 1:
             raise ValueError(f"the MTP modules must share one width, got {sorted(widths)}")
-        check_target(target, mods[0].n_embd, "the MTP modules")
-        super().__init__((target.config.n_layer,))
+        check_target(target, mods[0], "the MTP modules")
+        super().__init__((target.config.n_layer,), mods[0], "the MTP modules")
         self.target, self.modules = target, list(mods)
-        self.depth = len(mods)
-        self.max_k = self.depth  # module d drafts position d
+        self.depth = self.max_k = len(mods)  # module d drafts position d
         self.n_embd = mods[0].n_embd
         self.vocab_size = int(target.config.vocab_size)
         self.caches: list[KVCache] | None = None  # per depth: the block's K/V over the true rows
         self.outputs: list[torch.Tensor] | None = None  # per depth [B, S, C]: h^d of the true rows
-        self.passes = 0
 
     def begin(self, batch_size: int) -> None:
         super().begin(batch_size)
         self.caches, self.outputs = None, None
-
-    def observe(self, features: tuple[torch.Tensor, ...], starts: torch.Tensor) -> None:  # ([B, T, C],), [B]
-        check_features_fit(features, self.n_embd, self.modules[0], "the MTP modules")
-        super().observe(features, starts)
 
     def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
         super().rollback(n_valid)
@@ -98,9 +92,9 @@ class MTPDraft(FeatureDraft):
 
     def true_rows(self, d: int) -> torch.Tensor:  # [B]
         """How many leading rows of depth d (1-based) the draft holds, computed from true inputs only."""
-        self._check_begun("true_rows")
+        B = self.begun("true_rows")
         if self.caches is None:
-            return torch.zeros(self.batch_size, dtype=torch.long)
+            return torch.zeros(B, dtype=torch.long)
         return self.caches[d - 1].lengths.clone()
 
     def _allocate(self, B: int) -> None:
@@ -127,16 +121,15 @@ class MTPDraft(FeatureDraft):
         generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # drafts [B, k], q [B, k, V]
         k = check_k(k, self.max_k, f"this MTP draft has {self.depth} modules: module d drafts position d")
-        t = check_lengths(self, tokens, lengths)  # [B] the newest scored position
-        B, V, dev = tokens.shape[0], self.vocab_size, tokens.device
-        dtype = self.target.lm_head.weight.dtype
+        t = self.scored(tokens, lengths)  # [B] the newest scored position
+        B, dtype = tokens.shape[0], self.target.lm_head.weight.dtype
         if k == 0:
-            return tokens.new_zeros((B, 0)), torch.zeros((B, 0, V), dtype=dtype, device=dev)
-        if bool((t < 0).any()):  # a one-token prompt: nothing scored yet (all rows share the prompt length)
+            return self.empty(tokens, dtype)
+        if t is None:  # a one-token prompt: nothing scored yet
             return self.prompt_again(tokens, k, dtype)
         if self.caches is None:
             self._allocate(B)
-        lengths = lengths.to(dev, torch.long)
+        lengths = t + 2
         # The buffer followed by the drafts so far: x_u for u < length is true, x_{length + j} is draft j + 1.
         ext = torch.cat([tokens, tokens.new_zeros((B, k))], 1)  # [B, L + k]
         drafts: list[torch.Tensor] = []  # [B] each

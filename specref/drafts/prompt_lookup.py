@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .._validate import check_int, check_tensor
+from .._validate import check_int
 from ..sampling import SamplingParams
 from .base import Draft
 
@@ -77,7 +77,6 @@ class PromptLookupDraft(Draft):
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype must be a floating-point torch.dtype for q, got {dtype!r}")
         self.dtype = dtype
-        self.batch_size: int | None = None
 
     @classmethod
     def for_target(cls, target: torch.nn.Module, max_ngram: int = 3, min_ngram: int = 1,
@@ -86,9 +85,6 @@ class PromptLookupDraft(Draft):
         if getattr(target, "config", None) is None or not hasattr(target, "dtype"):
             raise TypeError(f"target must be a GPT-2 model (specref.models.gpt2.GPT2), got {type(target).__name__}")
         return cls(int(target.config.vocab_size), max_ngram, min_ngram, target.dtype, on_miss)
-
-    def begin(self, batch_size: int) -> None:
-        self.batch_size = check_int("batch_size", batch_size, 1, "sequences in the batch")
 
     @torch.no_grad()
     def propose(
@@ -99,17 +95,15 @@ class PromptLookupDraft(Draft):
         params: SamplingParams,  # unused: the proposal is deterministic and q one-hot, whatever the sampling
         generator: torch.Generator | None = None,  # unused, for the same reason
     ) -> tuple[torch.Tensor, torch.Tensor]:  # drafts [B, k], q [B, k, V]
-        B = self._check_batch(tokens, lengths)
+        lengths = self.check_context(tokens, lengths)
         k = check_int("k", k, 0, "tokens to propose")
         V, dev = self.vocab_size, tokens.device
         if k == 0:
-            return tokens.new_zeros((B, 0)), torch.zeros((B, 0, V), dtype=self.dtype, device=dev)
+            return self.empty(tokens, self.dtype)
         # One copy to the host: each row's length, then its buffer.
         rows = torch.cat([lengths[:, None].to(tokens.dtype), tokens], 1).tolist()
         contexts, starts = [], []
         for n, *row in rows:
-            if not 1 <= n <= len(row):
-                raise ValueError(f"lengths must be in [1, {len(row)}] (the buffer's width), got {n}")
             contexts.append(row[:n])
             starts.append(match(row[:n], self.max_ngram, self.min_ngram))
         if self.on_miss == "skip" and all(s is None for s in starts):
@@ -117,27 +111,5 @@ class PromptLookupDraft(Draft):
         drafts = [_copy(c, len(c) - 1 if s is None else s, k) for c, s in zip(contexts, starts)]
         if not all(0 <= x < V for d in drafts for x in d):
             raise ValueError(f"the buffer holds token ids outside the vocabulary [0, {V}), so would the drafts")
-        x = torch.tensor(drafts, dtype=torch.long, device=dev).reshape(B, k)  # [B, k]
+        x = torch.tensor(drafts, dtype=torch.long, device=dev).reshape(len(drafts), k)  # [B, k]
         return x, torch.nn.functional.one_hot(x, V).to(self.dtype)
-
-    def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
-        # Nothing to forget: the next proposal reads the (rolled back) buffer afresh.
-        if self.batch_size is None:
-            raise RuntimeError("call begin(batch_size) before rollback")
-        n_valid = check_tensor("n_valid", n_valid)
-        if tuple(n_valid.shape) != (self.batch_size,) or n_valid.is_floating_point():
-            raise ValueError(f"n_valid must be an integer tensor of shape [B] = [{self.batch_size}], "
-                             f"got {n_valid.dtype} {tuple(n_valid.shape)}")
-
-    def _check_batch(self, tokens: object, lengths: object) -> int:
-        """Raise unless tokens is an integer [B, L] buffer and lengths an integer [B], B as in `begin`."""
-        if self.batch_size is None:
-            raise RuntimeError("call begin(batch_size) before propose")
-        tokens, lengths = check_tensor("tokens", tokens), check_tensor("lengths", lengths)
-        for name, x, dims in (("tokens", tokens, "[B, L]"), ("lengths", lengths, "[B]")):
-            if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
-                raise TypeError(f"{name} must be an integer tensor, got {x.dtype}")
-            if x.dim() != len(dims.split(",")) or x.shape[0] != self.batch_size:
-                raise ValueError(f"{name} must have shape {dims} with B = {self.batch_size} (from begin), "
-                                 f"got {tuple(x.shape)}")
-        return self.batch_size

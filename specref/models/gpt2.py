@@ -120,6 +120,26 @@ def check_attention_mask(
     return new_mask
 
 
+def check_cache(cache: object, n_layer: int, n_head: int, head_dim: int, batch_size: int,
+                device: torch.device, n_new: int) -> int:
+    """Raise unless `cache` is a KVCache of this shape, batch and device with room for n_new more tokens per row.
+
+    Returns S, the slots the new tokens attend over (the longest cached row + n_new).
+    """
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+    if cache.n_layer != n_layer or cache.k.shape[2] != n_head or cache.k.shape[4] != head_dim:
+        raise ValueError("cache was built for a different model shape")
+    if cache.batch_size != batch_size:
+        raise ValueError(f"cache holds {cache.batch_size} sequences but the input has B={batch_size}")
+    if cache.device != device:
+        raise ValueError(f"cache is on {cache.device} but the model is on {device}")
+    n_slots = int(cache.lengths.max()) + n_new
+    if n_slots > cache.max_len:
+        raise ValueError(f"total length {n_slots} exceeds the cache's max_len={cache.max_len}")
+    return n_slots
+
+
 def attention_mask_over_slots(
     past: torch.Tensor | None,  # [B] cached lengths, or None without a cache
     slots: torch.Tensor,  # [B, T] cache slot of each new token (past[:, None] + arange(T))
@@ -351,18 +371,8 @@ class GPT2(nn.Module):
             input_ids = input_ids.to(device=dev, dtype=torch.long)
 
         if cache is not None:
-            if not isinstance(cache, KVCache):
-                raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
-            if cache.n_layer != c.n_layer or cache.k.shape[2] != c.n_head or cache.k.shape[4] != c.head_dim:
-                raise ValueError("cache was built for a different model shape")
-            if cache.batch_size != B:
-                raise ValueError(f"cache holds {cache.batch_size} sequences but input_ids has B={B}")
-            if cache.device != dev:
-                raise ValueError(f"cache is on {cache.device} but the model is on {dev}")
+            n_slots = check_cache(cache, c.n_layer, c.n_head, c.head_dim, B, dev, T)
             past = cache.lengths  # [B]
-            n_slots = int(past.max()) + T
-            if n_slots > cache.max_len:
-                raise ValueError(f"total length {n_slots} exceeds the cache's max_len={cache.max_len}")
         else:
             past = torch.zeros(B, dtype=torch.long, device=dev)
             n_slots = T
