@@ -18,29 +18,20 @@ which is the chapter's E / (v + c k), and its E / (1 + c k) once v is 1. While t
 pass is memory-bound v stays near 1; past the ridge (B x (k + 1) tokens of compute
 costing more than the memory traffic) v grows like k + 1 and speculation loses.
 
-Which form fits (`PassModel.fit(rows, form="auto")` keeps the one with the smaller
-RMS relative error and records the other's): on a GPU the roofline is the textbook
-shape (a flat memory floor, then a compute line). On this course's 2-core CPU the
-bundled target's weights (12 MB) sit in the L3 cache, so there is no weight floor:
-time grows from the first token, and the memory term is the KV cache (12 KB per row
-and cached token: at B = 128 a pass over 64 cached tokens reads 100 MB). Passes at
-B = 128, one thread: 51 ms at S = 64, 71 ms at S = 192, 122 ms with T = 5 instead of
-1, so both a B x S and a B x T term are needed. On grids of B in 1, 8, 64, T in 1..9,
-S in 64, 192 (shared machine, CPU clock) the sum fitted better than the roofline both
-times: RMS relative error 13 % vs 16 %, and 12 % vs 14 %, with overhead about 5 ms,
-about 120 us per token and 2-3 ns per row and cached token (4-6 GB/s of KV reads), and
-no attention term. The sum is the CPU's form: the matmuls and the cache reads take
-turns on one core. benchmarks/bench_batch.py prints both forms' errors on the full
-grid and stores them in its results file (full grid, 162 rows: sum median 10 %, max
-39 %; roofline median 14 %, max 50 %).
+Which form: `PassModel.fit(rows, form="auto")` fits both and keeps the one with the
+smaller RMS relative error, recording the other's. The roofline is the shape of a pass
+whose weights stream from memory (a flat memory floor, then a compute line, as on a
+GPU); the sum is the shape of a pass whose weights sit in cache, where the matmuls and
+the cache reads take turns on one core and time grows from the first token (as on a
+small CPU). A B x S term (KV reads) and a B x T term (matmuls) are both kept because
+either can dominate.
 
-A grid timed apart from decoding does not predict decoding on a shared CPU: in the
-stored run its fitted model predicts plain decoding's times at 0.77-1.34x, and a speculative
-step also holds a per-step draft cost (`draft_fixed`), the rule (`loop`) and a batch
-that waits for its slowest, lowest-alpha row (`alpha_sd`). The benchmark therefore fits
-every term to the speculative runs' measured parts at half the batch sizes and reports
-the error on the other half (held out): in-loop target pass median 3.4 %, max 9.9 %;
-predicted / measured speedup 0.88-1.23 on held-out batch sizes.
+A grid of passes timed apart from decoding leaves out what a speculative step adds: a
+per-step draft cost (`draft_fixed`), the acceptance rule and bookkeeping (`loop`), and
+a batch that waits for its slowest, lowest-alpha row (`alpha_sd`). `CostModel` holds
+those terms too; benchmarks/bench_batch.py fits them to measured speculative runs at
+half the batch sizes and reports the error on the other half; the fits it measured are
+in benchmarks/.
 """
 
 from __future__ import annotations
