@@ -22,7 +22,7 @@ def sync(device: torch.device | str) -> None:
 
 @contextmanager
 def timed(counters: object, name: str, device: torch.device) -> Iterator[None]:
-    """Add the block's wall time to `counters.<name>` (a float attribute), waiting for the device before and after it."""
+    """Add the block's wall time to the float `counters.<name>`, waiting for the device before and after it."""
     sync(device)
     t0 = time.perf_counter()
     yield
