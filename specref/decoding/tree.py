@@ -218,10 +218,10 @@ def commit_tree(
     cache: KVCache,  # the target's, after a pass over [root, nodes] per row
     trees: list[Tree],  # [B] what each row verified
     results: list[TreeResult],  # [B] each row's accepted path and emitted tokens
-    contexts: torch.Tensor,  # [B] the cache's lengths before the pass: the root sits at this slot
+    contexts: torch.Tensor,  # [B] tokens before each row's tree, its root included (see `keep_path`)
     eos_token_id: int | None,
     stats: SpecStats,
-    offsets: list[int] | None = None,  # [B] where each row's tree starts in its pass, after the root (default 0)
+    offsets: list[int] | None = None,  # [B] pass entries between the root and each row's tree (default 0)
     release_done: bool = False,  # let finished rows hold no cache (room for the others)
 ) -> tuple[list[int], torch.Tensor]:  # kept [B], n_valid [B] (see `Sequences.commit`)
     """Step 4 of any tree-shaped step: append each row's emitted tokens, keep context + root + accepted path.
