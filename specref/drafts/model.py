@@ -27,15 +27,17 @@ class ModelDraft(CachedDraft, Draft):
     """
 
     def __init__(self, model: torch.nn.Module, sampler: Sampler = draw) -> None:
-        if not hasattr(model, "new_cache") or getattr(getattr(model, "config", None), "vocab_size", None) is None:
-            raise TypeError(f"the draft must be a GPT2-like model (with config.vocab_size and new_cache()), "
-                            f"got {type(model).__name__}")
+        if getattr(getattr(model, "config", None), "vocab_size", None) is None:
+            raise TypeError(f"the draft must be a GPT2-like model (with config.vocab_size), got {type(model).__name__}")
         if not callable(sampler):
             raise TypeError(f"sampler must be a function (logits, params, generator) -> (x, q), got {sampler!r}")
         self.model = self.cache_module = model
-        self.window = model.config.n_positions
         self.vocab_size = int(model.config.vocab_size)
         self.sampler = sampler
+
+    @property
+    def window(self) -> int:  # the draft model's context window
+        return self.model.config.n_positions
 
     def context_logits(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:  # [B, L], [B] -> [B, V]
         """Feed each row's tokens the cache has not seen, in one pass: the logits after the whole context."""
