@@ -3,28 +3,13 @@
 Decoding logic lives in the drafts that use these modules; their training-time alignment
 (teacher-forced inputs and labels) lives next to its only user, in tools/training/heads_alignment.py.
 
-Notation, used in every docstring here. Token ``x_u`` sits at position ``u``; the target's
-*feature* at ``t`` is ``f_t = hidden_states[-1][:, t]`` (``GPT2Output.hidden_states``: ``[0]`` the
-embedding output, ``[l]`` the output of block ``l - 1``, ``[n_layer]`` = ``ln_f`` of the last block's
-output), and ``target.lm_head(f_t)`` predicts ``x_{t+1}``. In decoding, ``t`` is the last position the
-target has scored, ``x_{t+1}`` the token it just produced, and a draft's position ``j = 1, 2, ...`` is
-the token ``x_{t+1+j}``.
-
-* ``MedusaHeads`` (Medusa-1): head ``i`` (0-based) reads ``f_t`` only and predicts
-  ``x_{t+2+i}`` = draft position ``i + 1``, without seeing ``x_{t+1} .. x_{t+1+i}``.
-* ``EagleLayer`` (EAGLE-1/3): at row ``s`` it reads ``g_s`` (the fused target feature at
-  ``s``, or while drafting its own previous output), the embedding of ``x_{s+1}`` and the
-  position embedding of ``s + 1``; its output ``f_hat_s`` estimates ``f_{s+1}`` and
-  ``target.lm_head(f_hat_s)`` predicts ``x_{s+2}``.  Drafting step ``j`` from ``t`` runs
-  at row ``s = t + j - 1``.
-* ``MTPModule`` (DeepSeek-V3 MTP), depth ``d``: at row ``i`` it reads ``h^{d-1}_i``
-  (``h^0 = f``, the target's feature; else depth ``d - 1``'s output at the same row), the
-  embedding of ``x_{i+d}`` and the position embedding of ``i + d``; its logits predict
-  ``x_{i+d+1}`` = draft position ``d`` from ``t = i``.
-
-Token and position embeddings and the LM head are the target's own, frozen and shared,
-never stored with the heads (so every head set is small and is tied to its target: see
-``target_fingerprint``).
+Notation. Token ``x_u`` sits at position ``u``; the target's *feature* at ``t`` is
+``f_t = hidden_states[-1][:, t]`` (``GPT2Output.hidden_states``: ``[0]`` the embedding output, ``[l]``
+the output of block ``l - 1``, ``[n_layer]`` = ``ln_f`` of the last block's output), and
+``target.lm_head(f_t)`` predicts ``x_{t+1}``. In decoding, ``t`` is the last position the target has
+scored and a draft's position ``j = 1, 2, ...`` is the token ``x_{t+1+j}``. Token and position
+embeddings and the LM head are the target's own, frozen and shared, never stored with the heads
+(so a head set is small and tied to its target: ``target_fingerprint``).
 """
 
 from __future__ import annotations
@@ -40,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .._validate import check_int, check_tensor
+from .._validate import as_int_tuple, check_int, check_tensor
 from ..models.gpt2 import GPT2, Block, GPT2Config, attention_mask_over_slots, check_attention_mask, check_cache
 from ..models.kvcache import KVCache
 
@@ -48,21 +33,8 @@ KINDS = ("medusa", "eagle", "mtp")
 
 
 # -- shared pieces -----------------------------------------------------------------------------
-def _block_config(n_embd: int, n_head: int) -> GPT2Config:
-    # vocab_size and n_positions are unused by a lone Block; GPT2Config checks n_embd % n_head.
-    return GPT2Config(vocab_size=1, n_positions=1, n_embd=n_embd, n_layer=1, n_head=n_head)
-
-
-def _init_block(block: Block, std: float = 0.02) -> None:
-    """GPT-2's initialisation for one block (its residual projections scaled by 1/sqrt(2 * 1 layer))."""
-    for name, p in block.named_parameters():
-        if name.endswith("weight") and p.ndim == 2:
-            nn.init.normal_(p, 0.0, std / (2 ** 0.5) if "c_proj" in name else std)
-        elif name.endswith("bias") and "ln_" not in name:
-            nn.init.zeros_(p)
-
-
 def check_features(name: str, x: object, C: int, B: int | None = None, T: int | None = None) -> torch.Tensor:
+    """Raise unless `x` is a float [B (or 1), T, C] tensor (B and T checked when given)."""
     x = check_tensor(name, x)
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
@@ -73,56 +45,62 @@ def check_features(name: str, x: object, C: int, B: int | None = None, T: int | 
     return x
 
 
-def one_block_forward(block: Block, n_head: int, x: torch.Tensor, cache: KVCache | None,
-                      attention_mask: torch.Tensor | None) -> torch.Tensor:  # [B, T, C] -> [B, T, C]
-    """One GPT-2 block over new rows ``x``, attending as ``GPT2.forward`` does (cache + mask among new rows)."""
-    B, T, C = x.shape
-    new_mask = check_attention_mask(attention_mask, B, T, x.device)
-    if cache is None:
-        past, slots, n_slots = None, None, T
-        mask = attention_mask_over_slots(None, torch.arange(T, device=x.device)[None].expand(B, T), T, new_mask)
-    else:
-        n_slots = check_cache(cache, 1, n_head, C // n_head, B, x.device, T)
-        past = cache.lengths
-        slots = past[:, None] + torch.arange(T, device=x.device)  # [B, T]
-        mask = attention_mask_over_slots(past, slots, n_slots, new_mask)
-    y = block(x, mask, cache, 0, slots, n_slots)
-    if cache is not None:
-        cache.lengths = past + T  # a new tensor, as GPT2.forward does
-    return y
+class OneBlock(nn.Module):
+    """A module around one GPT-2 block (`EagleLayer`, `MTPModule`): the block, its 1-layer cache, its attention."""
 
+    def __init__(self, n_embd: int, n_head: int) -> None:
+        super().__init__()
+        check_int("n_embd", n_embd, 1, "the target's width")
+        check_int("n_head", n_head, 1, "attention heads")
+        if n_embd % n_head:
+            raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+        self.n_embd, self.n_head = n_embd, n_head
 
-class _OneBlockCache:
-    """Mixin: ``new_cache`` for modules with one GPT-2 block (``self.n_embd``, ``self.n_head``)."""
-
-    n_embd: int
-    n_head: int
+    def new_block(self, std: float = 0.02) -> Block:
+        """A block with GPT-2's initialisation (its residual projections scaled by 1/sqrt(2 * 1 layer))."""
+        # vocab_size and n_positions are unused by a lone Block.
+        block = Block(GPT2Config(vocab_size=1, n_positions=1, n_embd=self.n_embd, n_layer=1, n_head=self.n_head))
+        for name, p in block.named_parameters():
+            if name.endswith("weight") and p.ndim == 2:
+                nn.init.normal_(p, 0.0, std / (2 ** 0.5) if "c_proj" in name else std)
+            elif name.endswith("bias") and "ln_" not in name:
+                nn.init.zeros_(p)
+        return block
 
     def new_cache(self, batch_size: int, max_len: int, device: torch.device | str | None = None,
                   dtype: torch.dtype | None = None) -> KVCache:
-        """An empty 1-layer cache for this module's block: ``batch_size`` rows of up to ``max_len`` entries."""
-        p = next(self.parameters())  # type: ignore[attr-defined]
+        """An empty 1-layer cache for the block: ``batch_size`` rows of up to ``max_len`` entries."""
+        p = next(self.parameters())
         return KVCache(1, batch_size, self.n_head, self.n_embd // self.n_head, max_len,
                        device=p.device if device is None else device, dtype=p.dtype if dtype is None else dtype)
 
-
-def _check_dims(n_embd: object, n_head: object) -> None:
-    check_int("n_embd", n_embd, 1, "the target's width")
-    check_int("n_head", n_head, 1, "attention heads")
-    if n_embd % n_head:  # type: ignore[operator]
-        raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+    def attend(self, x: torch.Tensor, cache: KVCache | None,
+               attention_mask: torch.Tensor | None) -> torch.Tensor:  # [B, T, C] -> [B, T, C]
+        """The block over new rows ``x``, attending as ``GPT2.forward`` does (cache + mask among new rows)."""
+        B, T, C = x.shape
+        new_mask = check_attention_mask(attention_mask, B, T, x.device)
+        if cache is None:
+            past, slots, n_slots = None, None, T
+            mask = attention_mask_over_slots(None, torch.arange(T, device=x.device)[None].expand(B, T), T, new_mask)
+        else:
+            n_slots = check_cache(cache, 1, self.n_head, C // self.n_head, B, x.device, T)
+            past = cache.lengths
+            slots = past[:, None] + torch.arange(T, device=x.device)  # [B, T]
+            mask = attention_mask_over_slots(past, slots, n_slots, new_mask)
+        y = self.block(x, mask, cache, 0, slots, n_slots)
+        if cache is not None:
+            cache.lengths = past + T  # a new tensor, as GPT2.forward does
+        return y
 
 
 # -- Medusa ----------------------------------------------------------------------------------
 class MedusaHeads(nn.Module):
     """Medusa-1 heads: head ``i`` maps the target's feature ``f_t`` to ``f_t + SiLU(W_i f_t + b_i)``.
 
-    ``target.lm_head`` of head ``i``'s output predicts ``x_{t+2+i}`` (draft position ``i + 1``);
-    the target's own head predicts ``x_{t+1}``.  Head ``i`` never sees ``x_{t+1} .. x_{t+1+i}``,
-    which is why its acceptance falls with ``i``.  The paper gives every head its own LM
-    head initialised from the target's; here all heads share the target's frozen
-    ``lm_head`` (not stored), which keeps a head at ``C * C + C`` parameters.  ``W_i`` starts
-    at zero (as in Medusa), so every head starts as the target's own next-token head.
+    ``target.lm_head`` of head ``i``'s output predicts ``x_{t+2+i}`` (draft position ``i + 1``),
+    without seeing ``x_{t+1} .. x_{t+1+i}``. All heads share the target's frozen ``lm_head``
+    (the paper gives each its own), so a head holds ``C * C + C`` parameters; ``W_i`` starts at
+    zero (as in Medusa), so every head starts as the target's own next-token head.
     """
 
     def __init__(self, n_embd: int, n_heads: int) -> None:
@@ -148,54 +126,34 @@ class MedusaHeads(nn.Module):
 
 
 # -- EAGLE -----------------------------------------------------------------------------------
-class EagleLayer(_OneBlockCache, nn.Module):
+class EagleLayer(OneBlock):
     """The EAGLE draft layer: one GPT-2 block on (feature at ``s``, embedding of ``x_{s+1}``) -> feature at ``s + 1``.
 
-    ``x = fc([g_s ; tok_emb_s]) + pos_emb_s`` then ``f_hat = LayerNorm(Block(x))``, with ``tok_emb_s =
-    target.transformer.wte(x_{s+1})`` and ``pos_emb_s = target.transformer.wpe(s + 1)`` (the
-    position of the token read and of the feature predicted; GPT-2 has no rotary
-    positions inside the block, so the target's frozen absolute ones are added).
-    ``target.lm_head(f_hat_s)`` is q for ``x_{s+2}``.
-
-    * EAGLE-1: ``feature_layers=(n_layer,)`` (the top feature ``f``), ``use_token=True``;
-      trained to regress ``f_{s+1}`` plus token CE.
-    * ``use_token=False``: the ablation without the token one step ahead; ``fc`` sees
-      ``g_s`` only (``tok_emb`` may be None and is ignored).
-    * EAGLE-3: ``feature_layers=(2, 6, 12)`` (low, mid, top): ``fuse`` maps them through
-      ``Linear(3C -> C)``; trained on token CE only, with training-time test (see
-      ``eagle_unroll``, tools/training/heads_alignment.py), so its output is a feature of its own, not the target's.
-
-    While drafting, step 1 reads ``g = fuse(target features)``, later steps read the
-    layer's own previous output as ``g``.  Attention runs over a 1-layer ``KVCache``
-    (``new_cache``) with ``GPT2.forward``'s rule: a new row sees the cached rows and
-    the new rows allowed by ``attention_mask`` (default causal).
-
-    Cache rows, as in training (``eagle_unroll`` is checked against exactly this): with
-    ``n`` tokens known and target features for positions ``0 .. n - 2``, the cache holds
-    rows ``s = 0 .. n - 2`` (row ``s`` needs token ``x_{s+1}``); drafting step 1 is the
-    output of row ``n - 2`` (q for ``x_n``), step ``j`` writes row ``n - 3 + j`` from step
-    ``j - 1``'s output and draft ``j - 1``.  Rows written while drafting hold the layer's
-    own features: after verification, ``cache.truncate`` back to the rows fed with target
-    features and feed the target's new features (and the accepted tokens) from there.
+    ``f_hat_s = LayerNorm(Block(fc([g_s ; wte(x_{s+1})]) + wpe(s + 1)))`` with the target's frozen
+    embeddings (GPT-2 has no rotary positions inside the block, so its absolute ones are added);
+    ``target.lm_head(f_hat_s)`` is q for ``x_{s+2}``. ``g_s = fuse(hidden_states[feature_layers])``
+    at ``s``, or while drafting the layer's own previous output. EAGLE-1: ``feature_layers =
+    (n_layer,)``; EAGLE-3: (low, mid, top) fused by ``Linear(3C -> C)``, trained with training-time
+    test; ``use_token=False``: the ablation without the token one step ahead (``tok_emb`` ignored).
+    Attention runs over a 1-layer ``KVCache`` with ``GPT2.forward``'s rule. With target features
+    for ``0 .. n - 2`` the cache holds rows ``s = 0 .. n - 2``; drafting step ``j`` writes row
+    ``n - 3 + j``, rows the verifier then drops (``EagleDraft`` keeps only rows of true features).
     """
 
     def __init__(self, n_embd: int, n_head: int, feature_layers: tuple[int, ...], use_token: bool = True) -> None:
-        super().__init__()
-        _check_dims(n_embd, n_head)
-        if isinstance(feature_layers, (str, bytes)) or not isinstance(feature_layers, Sequence) \
-                or not feature_layers:
+        super().__init__(n_embd, n_head)
+        layers = as_int_tuple("feature_layers", feature_layers)
+        if not layers:
             raise TypeError(f"feature_layers must be a non-empty tuple of ints, got {feature_layers!r}")
-        for v in feature_layers:
+        for v in layers:
             check_int("feature_layers[i]", v, 0, "an index into GPT2Output.hidden_states")
         if not isinstance(use_token, bool):
             raise TypeError(f"use_token must be a bool, got {use_token!r}")
-        self.n_embd, self.n_head = n_embd, n_head
-        self.feature_layers, self.use_token = tuple(feature_layers), use_token
-        C, k = n_embd, len(self.feature_layers)
+        self.feature_layers, self.use_token = layers, use_token
+        C, k = n_embd, len(layers)
         self.fuse_fc = nn.Linear(k * C, C) if k > 1 else None
         self.fc = nn.Linear(2 * C if use_token else C, C)
-        self.block = Block(_block_config(n_embd, n_head))
-        _init_block(self.block)
+        self.block = self.new_block()
         self.norm_out = nn.LayerNorm(n_embd, eps=1e-5)  # the output lives where the target's ln_f output does
 
     def fuse(self, feats: Sequence[torch.Tensor]) -> torch.Tensor:  # k x [B, T, C] -> [B, T, C]
@@ -229,40 +187,28 @@ class EagleLayer(_OneBlockCache, nn.Module):
             x = self.fc(torch.cat([g, tok_emb.expand(B, T, -1)], -1))
         else:
             x = self.fc(g)
-        return self.norm_out(one_block_forward(self.block, self.n_head, x + pos_emb, cache, attention_mask))
+        return self.norm_out(self.attend(x + pos_emb, cache, attention_mask))
 
 
 # -- MTP -------------------------------------------------------------------------------------
-class MTPModule(_OneBlockCache, nn.Module):
+class MTPModule(OneBlock):
     """One DeepSeek-V3 MTP module (depth d): ``h^d = Block(M [RMSNorm(h^{d-1}) ; RMSNorm(Emb(x_{i+d}))] + wpe(i+d))``.
 
     At row ``i``, ``h_prev`` is depth ``d - 1``'s output at the same row (``h^0`` = the target's
-    feature ``f_i``), ``tok_emb = target.transformer.wte(x_{i+d})``, ``pos_emb =
-    target.transformer.wpe(i + d)`` (GPT-2's absolute positions stand in for DeepSeek's
-    rotary ones).  ``logits(h, target.lm_head)`` = ``lm_head(LayerNorm(h))`` predicts
-    ``x_{i+d+1}``: the module's own final norm (a LayerNorm, the kind the target's head
-    was trained behind), the shared frozen output head.  Modules chain by depth
-    (``MTPStack``); each attends causally over its own depth's rows (a 1-layer cache).
-
-    Cache rows, as in training (``mtp_unroll``): row ``i`` of depth ``d`` needs token
-    ``x_{i+d}`` and depth ``d - 1``'s row ``i``, so with ``n`` tokens known and target
-    features for ``0 .. n - 2``, depth ``d`` can hold rows ``0 .. n - 1 - d`` from real
-    tokens.  Drafting from ``t = n - 2``: depth 1 writes row ``t`` (token ``x_{t+1}``) and
-    predicts ``x_{t+2}``; depth ``d`` writes its rows ``t + 2 - d .. t`` (those rows' tokens
-    ``x_{i+d}`` include the drafts ``x_{t+2} .. x_{t+d}``) and its row ``t`` predicts
-    ``x_{t+d+1}``.  Rows that read drafted tokens must be rolled back after verification
-    (``cache.truncate``) and rewritten from the accepted tokens.
+    feature ``f_i``), ``tok_emb = wte(x_{i+d})``, ``pos_emb = wpe(i + d)`` (GPT-2's absolute
+    positions stand in for DeepSeek's rotary ones). ``logits(h, target.lm_head)`` =
+    ``lm_head(LayerNorm(h))`` predicts ``x_{i+d+1}``. Modules chain by depth (``MTPStack``); each
+    attends causally over its own depth's rows (a 1-layer cache). Row ``i`` of depth ``d`` needs
+    ``x_{i+d}``: with ``n`` tokens known, rows ``0 .. n - 1 - d`` read true tokens only; rows that
+    read drafts are rolled back after verification (``MTPDraft``).
     """
 
     def __init__(self, n_embd: int, n_head: int) -> None:
-        super().__init__()
-        _check_dims(n_embd, n_head)
-        self.n_embd, self.n_head = n_embd, n_head
+        super().__init__(n_embd, n_head)
         self.norm_h = nn.RMSNorm(n_embd, eps=1e-6)
         self.norm_e = nn.RMSNorm(n_embd, eps=1e-6)
         self.proj = nn.Linear(2 * n_embd, n_embd, bias=False)  # DeepSeek's M_k
-        self.block = Block(_block_config(n_embd, n_head))
-        _init_block(self.block)
+        self.block = self.new_block()
         self.norm_out = nn.LayerNorm(n_embd, eps=1e-5)
 
     def forward(
@@ -278,7 +224,7 @@ class MTPModule(_OneBlockCache, nn.Module):
         tok_emb = check_features("tok_emb", tok_emb, self.n_embd, B, T)
         pos_emb = check_features("pos_emb", pos_emb, self.n_embd, B, T)
         x = self.proj(torch.cat([self.norm_h(h_prev), self.norm_e(tok_emb.expand(B, T, -1))], -1)) + pos_emb
-        return one_block_forward(self.block, self.n_head, x, cache, attention_mask)
+        return self.attend(x, cache, attention_mask)
 
     def logits(self, h: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:  # [B, T, C] -> [B, T, V]
         return lm_head(self.norm_out(h))
