@@ -13,15 +13,16 @@ rules
     rejection           acceptance_probability, residual, verify_chain*        (nb 02)
     theory              tokens per step, speedup, optimal k, alpha estimate    (nb 03)
     trees               Tree, tree_attention_mask, tree_position_ids, verify_tree*  (nb 06)
+    tree_shapes         TreeShape, DynamicTree, grow_trees, build_tree (also drafts.shapes)  (nb 06)
     typical             TypicalAcceptance, verify_chain_typical: Medusa's rule, LOSSY  (nb 05, 08)
 models
     models.gpt2, models.kvcache, models.tokenizer, models.pretrained       (nb 01, 04)
     models.pair         load_pair, training_record, heldout_prompts            (nb 04)
     models.workloads    edit_prompts, edit_cases: the copy-heavy "apply an edit" workload  (nb 05)
 drafts
-    drafts.base         the Draft protocol                                     (nb 04, 05)
+    drafts.base         the Draft (chain) and TreeDraft protocols, their base  (nb 04, 05)
+    drafts.cached       CachedDraft: a draft's own KV cache, catch-up and tree passes
     drafts.model        ModelDraft, TreeModelDraft                             (nb 04, 06)
-    drafts.shapes       TreeShape, DynamicTree, grow_trees, build_tree         (nb 06)
     drafts.prompt_lookup  PromptLookupDraft: copy what followed the last n-gram
     drafts.features     FeatureDraft: the target's hidden states via the loop's observe hook
     drafts.eagle        EagleDraft: one layer drafting the next feature (EAGLE-1/2/3)

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "specref"
 # names from every floor but the course; `python -m specref` (__main__) belongs to the course.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("rules", ("specref._validate", "specref.sampling", "specref.rejection", "specref.trees", "specref.theory",
-               "specref.typical", "specref.timing")),
+               "specref.typical", "specref.timing", "specref.tree_shapes")),
     ("models", ("specref.models",)),
     ("drafts", ("specref.drafts",)),
     ("decoding", ("specref.decoding",)),

@@ -28,7 +28,7 @@ import torch
 from .._validate import check_context, check_int, check_rows
 from ..sampling import SamplingParams, _sample
 from ..trees import Tree
-from .shapes import TreeSpec
+from ..tree_shapes import TreeSpec
 
 # sampler(logits [B, V], params, generator) -> (x [B], q [B, V]): how a draft draws one token when sampling.
 Sampler = Callable[[torch.Tensor, SamplingParams, "torch.Generator | None"], tuple[torch.Tensor, torch.Tensor]]

@@ -20,7 +20,7 @@ from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
 from ..trees import ROOT, Tree, stack_tree_masks
 from .base import DraftBase
-from .shapes import TreeSpec, grow_trees
+from ..tree_shapes import TreeSpec, grow_trees
 
 FIRST_CACHE_LEN = 32  # the cache's first size in rows; it doubles as rows grow
 

@@ -1,33 +1,19 @@
 """EAGLE: one decoder layer that drafts the target's next feature from (its feature, the next token) (chapter 5).
 
-Rule (EAGLE-1, Li et al. 2024), with the alignment of `specref.drafts.heads.EagleLayer`:
-layer row s reads g_s (the target's feature at position s, fused over `feature_layers`),
-the embedding of token x_{s+1} and the position embedding of s + 1; its output f_hat_s
-estimates the target's feature f_{s+1}, and the target's frozen LM head turns it into
-q for x_{s+2}. After a verification a row of length n holds the target's features of
-positions 0 .. n-2 (the loop's `observe` hook, `specref.drafts.features`): every row
-s <= n-2 reads a TRUE feature, and row n-2 (x_{n-1} = the target's own token) gives q for
-the first draft x_n. Draft j + 1 runs at row n-2+j and reads the layer's own previous
-output as g with the embedding of draft j: one layer pass per draft, over the layer's
-1-layer KV cache.
+Rule (EAGLE-1, Li et al. 2024; `specref.drafts.heads.EagleLayer`): layer row s reads g_s (the
+target's feature at s, fused over `feature_layers`) and token x_{s+1}; its output f_hat_s
+estimates f_{s+1}, and the target's LM head turns it into q for x_{s+2}. A row of length n
+holds the target's features of positions 0 .. n-2 (`observe`), so row n-2 gives q for the
+first draft x_n; draft j + 1 runs at row n-2+j on the layer's own previous output and draft j.
+The cache keeps only rows computed from true features: rows from predicted features are
+dropped after drafting, and the accepted drafts' rows are computed again from the features
+the verification pass produced (`fed` counts the true rows).
 
-The cache keeps only rows computed from the target's true features: after drafting,
-the rows built from predicted features are dropped, and after the target has verified
-the drafts the rows of the accepted ones are computed again, from the true features the
-verification pass produced (`fed` counts the true rows; `rollback` cuts it to what the
-row kept). A row that re-feeds fewer rows than the batch's widest catch-up re-feeds its
-last true rows, which rewrites identical entries.
-
-Trees (EAGLE-2): `DynamicTree` (or a static `TreeShape`) grown by `grow_trees`, one layer
-pass per depth over the ancestors of the nodes being expanded, with the tree attention
-mask after the true rows; node v at depth d is row n-2+d, reads its parent's output (the
-root's: f_hat_{n-2}) and its own token, at position n-1+d. As for a model draft, the
-children are the draft's top tokens (one-hot q, "deterministic") or i.i.d. draws.
-
-EAGLE-3's options are other `EagleLayer` configs of the same class: `feature_layers`
-fused (low, mid, top) and training-time test; `use_token=False` is the ablation without
-the token one step ahead. A one-token prompt has no feature yet: the first step proposes
-that token again with one-hot q (exact, rarely accepted).
+Trees (EAGLE-2): one layer pass per depth over the ancestors of the nodes being expanded,
+tree-masked after the true rows (`CachedDraft.grow_tree`); children are the top tokens
+(one-hot q) or i.i.d. draws. EAGLE-3 and the ablation without the token are other
+`EagleLayer` configs. A one-token prompt has no feature yet: the first step proposes that
+token again with one-hot q (exact, rarely accepted).
 """
 
 from __future__ import annotations
@@ -40,7 +26,7 @@ from .base import Draft, Sampler, TreeDraft, check_k, draw
 from .cached import CachedDraft, pick
 from .features import FeatureDraft, check_target
 from .heads import EagleLayer, HeadsConfig, embed, load_bundled_heads
-from .shapes import TreeSpec, as_tree_spec
+from ..tree_shapes import TreeSpec, as_tree_spec
 
 
 class EagleDraft(FeatureDraft, CachedDraft, Draft, TreeDraft):

@@ -1,19 +1,11 @@
 """The target's hidden states, kept aligned to the token buffer, for drafts that read them (chapter 5).
 
-The hook (see `specref.drafts.base`): a draft sets `feature_layers`, indices into
-`GPT2Output.hidden_states` (0 = the embeddings, i = the input of block i, n_layer = the
-final hidden state after ln_f). After every target pass (prefill included) the loop
-calls `observe(features, starts)`: features[j] is [B, T, C] for feature_layers[j], the
-hidden states of the T tokens the target just processed, which are positions
-starts[b] .. starts[b]+T-1 of row b of the token buffer. Then `rollback(n_valid)`
-keeps only the first n_valid[b] positions: what the row kept. So after each step
-row b holds the target's features of exactly its context minus the last token (the
-target's own token, which gets its features when it is fed at the next pass).
-
-`FeatureDraft` is that bookkeeping: one buffer [B, capacity, C] per requested layer and
-one valid length per row. `observe` writes positions starts[b].. and sets the row's
-length to starts[b] + T (a write may re-cover positions already held, never leave a
-gap); `rollback` truncates; `gather(positions)` reads any valid ones.
+The hook (`specref.drafts.base`): the loop calls `observe(features, starts)` after every target
+pass with the hidden states of positions starts[b] .. starts[b]+T-1 of row b, then
+`rollback(n_valid)` keeps the first n_valid[b]. So after each step row b holds the target's
+features of its context minus the last token (the target's own, fed at the next pass).
+`FeatureDraft` is that bookkeeping: one buffer [B, capacity, C] per requested layer and one
+valid length per row; a write may re-cover positions already held, never leave a gap.
 """
 
 from __future__ import annotations

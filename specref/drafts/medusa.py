@@ -1,23 +1,14 @@
 """Medusa: k heads on the target's last hidden state, each guessing one later token directly (chapter 5).
 
-Rule (Medusa-1, Cai et al. 2024). After a verification the target has scored every
-token but the row's last one, x_{t+1} (its own correction or bonus, not yet fed), so
-its newest feature is f_t = hidden_states[n_layer] at position t = length - 2. Head i
-(0-based) maps f_t to logits for x_{t+2+i}, draft position i + 1
-(`specref.drafts.heads.MedusaHeads`). All k drafts come from f_t alone: head i never
-sees x_{t+1} .. x_{t+1+i}, the tokens between, which is why acceptance falls with the
-draft position. No draft pass over tokens, no KV cache: per step, one residual block
-per head and the shared LM head, on a feature the verification pass computed anyway
-(the loop's `observe` hook, `specref.drafts.features`).
-
-q: the same `SamplingParams` processing as p applied to head i's logits; drafts are
-drawn from it independently (a draft may depend on anything the draft knew; q_i need
-not condition on x_1 .. x_{i-1}), one-hot on the argmax when greedy. Trees (the Medusa
-tree): depth d's children are head d-1's top-b tokens, so every node at one depth has
-the same children; they are distinct and chosen without randomness ("deterministic"),
-which `verify_tree` verifies with one-hot q (exact); a sampled `TreeShape` draws them
-i.i.d. from head d-1's q instead. A prompt of one token has no feature yet: the first
-step then proposes that token again with one-hot q (still exact, rarely accepted).
+Rule (Medusa-1, Cai et al. 2024). After a verification the target has scored every token but
+the row's last one, so its newest feature is f_t at t = length - 2 (the loop's `observe` hook).
+Head i (0-based, `specref.drafts.heads.MedusaHeads`) maps f_t to logits for x_{t+2+i}, draft
+position i + 1, without seeing the tokens between, which is why acceptance falls with the
+position. No draft pass over tokens and no KV cache. q_i is head i's logits processed as p is;
+drafts are drawn from it independently (one-hot on the argmax when greedy). The Medusa tree:
+depth d's children are head d-1's top tokens under every node ("deterministic", one-hot q), or
+i.i.d. draws from its q for a sampled `TreeShape`. A one-token prompt has no feature yet: the
+first step proposes that token again with one-hot q (exact, rarely accepted).
 """
 
 from __future__ import annotations
@@ -29,7 +20,7 @@ from ..trees import ROOT, Tree
 from .base import Draft, TreeDraft, check_k, draw
 from .features import FeatureDraft, check_target
 from .heads import MedusaHeads
-from .shapes import TreeSpec, as_tree_spec, grow_trees
+from ..tree_shapes import TreeSpec, as_tree_spec, grow_trees
 
 
 class MedusaDraft(FeatureDraft, Draft, TreeDraft):

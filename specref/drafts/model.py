@@ -16,7 +16,7 @@ from ..sampling import SamplingParams
 from ..trees import Tree
 from .base import Draft, Sampler, TreeDraft, check_k, draw
 from .cached import CachedDraft, pick
-from .shapes import TreeSpec
+from ..tree_shapes import TreeSpec
 
 
 class ModelDraft(CachedDraft, Draft):

@@ -1,35 +1,20 @@
 """MTP: DeepSeek-V3's multi-token-prediction modules, chained by depth, as a draft (chapter 5).
 
-Rule. Module d (d = 1 .. D, `specref.drafts.heads.MTPModule`) at row i reads
-h^{d-1}_i (h^0 = f, the target's last hidden state; else module d-1's output at
-the same row) and the shared embedding of x_{i+d}: h^d_i = Block(M [RMSNorm(h^{d-1}_i) ;
-RMSNorm(wte(x_{i+d}))] + wpe(i+d)); the shared output head turns h^d_i into logits for
-x_{i+d+1}. With t = length - 2 the newest position the target has scored, module d at
-row t proposes draft position d: x_{t+1+d}. The modules chain sequentially: module d
-needs module d-1's output and draft d-1's embedding.
+Rule. Module d (d = 1 .. D, `specref.drafts.heads.MTPModule`) at row i reads h^{d-1}_i (h^0 =
+f, the target's last hidden state; else module d-1's output at the same row) and the
+embedding of x_{i+d}; its logits are for x_{i+d+1}. With t = length - 2 the newest position
+the target has scored, module d at row t proposes draft position d, x_{t+1+d}, drawn from
+q_d = its processed logits (one-hot on the argmax when greedy); module d needs module
+d-1's output and draft d-1. Here the modules are trained post hoc on a frozen target
+(DeepSeek-V3 trains them with the main model).
 
-DeepSeek-V3 trains its MTP modules *during pre-training*, with the main model, as an
-extra training signal, and reuses them for speculative decoding. Here they are trained
-*post hoc on a frozen target* (`tools/train_heads.py`): the same architecture, not the
-same recipe, so their acceptance need not match DeepSeek's 85-90 % at position 2.
-
-The KV caches. Each module's block attends over its own earlier rows, so module d keeps
-its own 1-layer `KVCache` and its outputs h^d, for exactly the rows whose inputs are all
-TRUE tokens: row i reads x_{i+d}, so with t = length - 2 those are rows 0 .. t+1-d.
-Training saw teacher-forced inputs at every earlier row, so the cache holds what training
-would have computed. Drafting position d, module d runs ONE pass after its cached rows,
-over the rows up to t: first those that became true since the last step (kept), then
-rows t+2-d .. t, which read drafts x_{t+2} .. x_{t+d} in place of the unknown tokens and
-module d-1's outputs at the same rows (computed on the fly, then dropped: the cache is
-truncated back to its true rows). q_d comes from row t. So when the earlier drafts are
-right, the draft computes exactly what training computed (`mtp_unroll`, tools/training/heads_alignment.py); a wrong
-draft only changes the drafts after it, which the verifier rejects anyway.
-`rollback(n_valid)` keeps the rows i with i + d < n_valid (x_{i+d} still in the buffer).
-
-q: the same `SamplingParams` processing as p, applied to each module's logits at row t,
-drafted autoregressively (draft d is drawn from q_d, which saw drafts 1 .. d-1); one-hot
-on the argmax when greedy. A one-token prompt has no feature yet: the first step then
-proposes that token again, with one-hot q (exact, rarely accepted).
+The caches. Module d keeps its own 1-layer `KVCache` and outputs h^d for exactly the rows
+whose inputs are true tokens: rows 0 .. t+1-d. Drafting position d, module d runs one pass
+after its cached rows up to row t: the rows that became true since the last step (kept),
+then rows t+2-d .. t, which read the drafts in place of unknown tokens (computed, then
+dropped). So when the earlier drafts are right the draft computes what teacher-forced
+training computed; `rollback(n_valid)` keeps the rows i with i + d < n_valid. A one-token
+prompt has no feature yet: the first step proposes that token again with one-hot q (exact).
 """
 
 from __future__ import annotations
@@ -41,14 +26,9 @@ import torch
 from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
 from .base import Draft, check_k, draw
+from .cached import pick
 from .features import FeatureDraft, check_target
 from .heads import MTPModule, MTPStack
-
-
-def _rows(buf: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:  # [B, S, C], [B, W] -> [B, W, C]
-    """buf[b, rows[b, w]]; rows outside the buffer are clamped (only padding asks for them)."""
-    idx = rows.clamp(0, buf.shape[1] - 1)
-    return buf.gather(1, idx[..., None].expand(*idx.shape, buf.shape[2]))
 
 
 class MTPDraft(FeatureDraft, Draft):
@@ -161,7 +141,7 @@ class MTPDraft(FeatureDraft, Draft):
             rows = start[:, None] + torch.arange(W, device=t.device)  # [B, W]; rows > t[b] are padding
             prev = self.features[0] if d == 1 else self.outputs[d - 2]
             tok = ext.gather(1, (rows + d).clamp(max=ext.shape[1] - 1))
-            out = self._run(d, _rows(prev, rows), tok, rows + d)  # [B, W, C]
+            out = self._run(d, pick(prev, rows.clamp(max=prev.shape[1] - 1)), tok, rows + d)  # [B, W, C]; padding clamped
             self.outputs[d - 1].scatter_(1, rows[..., None].expand(*rows.shape, self.n_embd), out)
             cache.truncate(keep)
-        return _rows(self.outputs[d - 1], t[:, None])
+        return pick(self.outputs[d - 1], t[:, None])
