@@ -53,8 +53,8 @@ class MisreportedModelDraft(_SampledDraft):
     """
 
     @staticmethod
-    def broken_draw(logits: torch.Tensor, params: SamplingParams,
-                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V] -> x [B], q [B, V]
+    def broken_draw(logits: torch.Tensor, params: SamplingParams,  # [B, V] -> x [B], q [B, V]
+                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
         x, q_sampled = draw(logits, SamplingParams(params.temperature / 2, params.top_k, params.top_p), generator)
         q = q_sampled.sqrt()
         return x, q / q.sum(-1, keepdim=True)  # the bug: x was drawn from q_sampled
@@ -69,8 +69,8 @@ class ArgmaxSoftmaxDraft(_SampledDraft):
     """
 
     @staticmethod
-    def broken_draw(logits: torch.Tensor, params: SamplingParams,
-                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V] -> x [B], q [B, V]
+    def broken_draw(logits: torch.Tensor, params: SamplingParams,  # [B, V] -> x [B], q [B, V]
+                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
         q = params.probs_unchecked(logits)
         return q.argmax(-1), q  # the bug: a sample of onehot(argmax), reported as a sample of q
 
@@ -247,8 +247,8 @@ class UnprocessedQModelDraft(_SampledDraft):
     """
 
     @staticmethod
-    def broken_draw(logits: torch.Tensor, params: SamplingParams,
-                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V] -> x [B], q [B, V]
+    def broken_draw(logits: torch.Tensor, params: SamplingParams,  # [B, V] -> x [B], q [B, V]
+                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
         x = sample(params.probs_unchecked(logits), generator)
         return x, torch.softmax(logits, -1)  # the bug: not the distribution x was drawn from
 

@@ -31,7 +31,7 @@ def pick(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # [B, W, D], [B
 
 
 class CachedDraft(DraftBase):
-    """A draft whose `cache_module` (a model or one layer, with `new_cache`) keeps a KV cache of `window` rows at most."""
+    """A draft whose `cache_module` (a model or a layer, with `new_cache`) keeps a KV cache of `window` rows at most."""
 
     cache_module: torch.nn.Module
     window: int  # the most cache rows (the context window)

@@ -50,7 +50,8 @@ class EagleDraft(FeatureDraft, CachedDraft, Draft, TreeDraft):
         check_target(target, layer, "the EAGLE layer", config)
         if max(layer.feature_layers) > target.config.n_layer:
             raise ValueError(f"the EAGLE layer reads hidden states {list(layer.feature_layers)}, but the target has "
-                             f"{target.config.n_layer + 1} (0..{target.config.n_layer}): it was built for another target")
+                             f"{target.config.n_layer + 1} (0..{target.config.n_layer}): it was built for another "
+                             "target")
         super().__init__(layer.feature_layers, layer, "the EAGLE layer")
         self.target, self.layer, self.config, self.sampler = target, layer, config, sampler
         self.cache_module, self.window = layer, target.config.n_positions

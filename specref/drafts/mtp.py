@@ -141,7 +141,7 @@ class MTPDraft(FeatureDraft, Draft):
             rows = start[:, None] + torch.arange(W, device=t.device)  # [B, W]; rows > t[b] are padding
             prev = self.features[0] if d == 1 else self.outputs[d - 2]
             tok = ext.gather(1, (rows + d).clamp(max=ext.shape[1] - 1))
-            out = self._run(d, pick(prev, rows.clamp(max=prev.shape[1] - 1)), tok, rows + d)  # [B, W, C]; padding clamped
+            out = self._run(d, pick(prev, rows.clamp(max=prev.shape[1] - 1)), tok, rows + d)  # [B, W, C]
             self.outputs[d - 1].scatter_(1, rows[..., None].expand(*rows.shape, self.n_embd), out)
             cache.truncate(keep)
         return pick(self.outputs[d - 1], t[:, None])

@@ -102,7 +102,7 @@ def ttt_attention_mask(L: int, steps: int, device: torch.device | str | None = N
             else:
                 m = s[None, :] == (s[:, None] - (j - i))
             if i == j:
-                m = m | torch.eye(L, dtype=torch.bool, device=device)  # rows before any draft start still see themselves
+                m = m | torch.eye(L, dtype=torch.bool, device=device)  # rows before any draft start see themselves
             row.append(m)
         blocks.append(torch.cat(row, 1))
     return torch.cat(blocks, 0)
