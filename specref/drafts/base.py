@@ -26,12 +26,12 @@ from collections.abc import Callable
 import torch
 
 from .._validate import check_context, check_int, check_rows
-from ..sampling import SamplingParams, _sample
+from ..sampling import SamplingParams, sample_unchecked
 from ..trees import Tree
 from ..tree_shapes import TreeSpec
 
 # sampler(logits [B, V], params, generator) -> (x [B], q [B, V]): how a draft draws one token when sampling.
-Sampler = Callable[[torch.Tensor, SamplingParams, "torch.Generator | None"], tuple[torch.Tensor, torch.Tensor]]
+Sampler = Callable[[torch.Tensor, SamplingParams, torch.Generator | None], tuple[torch.Tensor, torch.Tensor]]
 
 
 def draw(
@@ -45,7 +45,7 @@ def draw(
         x = logits.argmax(-1)
         return x, torch.nn.functional.one_hot(x, logits.shape[-1]).to(logits.dtype)
     q = params.probs_unchecked(logits)
-    return _sample(q, generator), q
+    return sample_unchecked(q, generator), q
 
 
 def check_k(k: object, max_k: int | None, why: str = "") -> int:
