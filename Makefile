@@ -71,7 +71,7 @@ help:
 venv: $(STAMP)
 
 # The stamp makes set-up idempotent: it reruns only when a pin file or pyproject.toml changes.
-# Step 2 probes the torch index once (tools/probe_index.py) instead of letting pip retry it per package.
+# Step 2 probes the torch index once (tools/upkeep/probe_index.py) instead of letting pip retry it per package.
 $(STAMP): $(PIN_FILES) pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || \
 		{ echo "specref needs Python 3.10 or newer; '$(PYTHON)' is older (set PYTHON=...)"; exit 1; }
@@ -79,7 +79,7 @@ $(STAMP): $(PIN_FILES) pyproject.toml
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	@echo "specref set-up [2/4]: torch $(TORCH_PIN), $(TORCH_BUILD) (override: TORCH_INDEX=..., see the Makefile's head)"
 	index='$(TORCH_INDEX)'; \
-	if [ -n "$$index" ] && ! why=$$($(VPY) tools/probe_index.py "$$index" 2>&1); then \
+	if [ -n "$$index" ] && ! why=$$($(VPY) tools/upkeep/probe_index.py "$$index" 2>&1); then \
 		echo "specref set-up [2/4]: $$why; going on without it: torch from $(NO_INDEX_BUILD)"; index=; fi; \
 	$(PIP_INSTALL) $${index:+--extra-index-url "$$index"} "torch==$(TORCH_PIN)" -c requirements/lock.txt
 	@echo "specref set-up [3/4]: JupyterLab, numpy, scipy, matplotlib, the test tools (about 1 GB installed)"
@@ -102,9 +102,9 @@ test: venv
 
 # The unit tests and the checked notebooks again, under environments that make this CPU round like
 # another one: torch's MKL and ATen kernels, numpy's and scipy's OpenBLAS kernels, thread counts
-# (tools/portable.py). Half an hour on 2 cores: CI runs it after `make test`.
+# (tools/upkeep/portable.py). Half an hour on 2 cores: CI runs it after `make test`.
 test-portable: venv
-	$(VPY) tools/portable.py -- $(NB_DIRS) $(NBVAL) $(PYTEST_ARGS)
+	$(VPY) tools/upkeep/portable.py -- $(NB_DIRS) $(NBVAL) $(PYTEST_ARGS)
 
 # Everything but the slow checks (fresh clone, grading self-check, notebooks): a quick loop.
 test-fast: venv
@@ -114,10 +114,10 @@ doctor: venv
 	$(VPY) -m specref
 
 exercises: venv
-	$(VPY) tools/make_exercises.py
+	$(VPY) tools/upkeep/make_exercises.py
 
 check-exercises: venv
-	$(VPY) tools/make_exercises.py --check
+	$(VPY) tools/upkeep/make_exercises.py --check
 
 NB ?=
 # File names never reach a shell or make's own expansion: $(value X) is the text as given, put in
@@ -126,15 +126,15 @@ unexport NB DIR CSV SOLUTION SEED
 _grade_q = '$(subst ','\'',$(value $(1)))'
 grade: venv
 	@test -n $(call _grade_q,NB) || { echo "usage: make grade NB=path/to/notebook.ipynb [SOLUTION=solutions/<name>.ipynb] [SEED=N|random]"; exit 2; }
-	$(VPY) tools/grade.py $(if $(value SOLUTION),--solution $(call _grade_q,SOLUTION)) $(if $(value SEED),--seed $(call _grade_q,SEED)) -- $(call _grade_q,NB)
+	$(VPY) tools/grading/grade.py $(if $(value SOLUTION),--solution $(call _grade_q,SOLUTION)) $(if $(value SEED),--seed $(call _grade_q,SEED)) -- $(call _grade_q,NB)
 
 grade-all: venv
 	@test -n $(call _grade_q,DIR) || { echo "usage: make grade-all DIR=submissions/ [JOBS=N] [CSV=gradebook.csv] [SEED=N|random] [FRESH=1]"; exit 2; }
-	$(VPY) tools/grade_all.py grade $(if $(value JOBS),--jobs $(call _grade_q,JOBS)) $(if $(value CSV),--csv $(call _grade_q,CSV)) $(if $(value SEED),--seed $(call _grade_q,SEED)) $(if $(filter 1,$(FRESH)),--fresh) -- $(call _grade_q,DIR)
+	$(VPY) tools/grading/grade_all.py grade $(if $(value JOBS),--jobs $(call _grade_q,JOBS)) $(if $(value CSV),--csv $(call _grade_q,CSV)) $(if $(value SEED),--seed $(call _grade_q,SEED)) $(if $(filter 1,$(FRESH)),--fresh) -- $(call _grade_q,DIR)
 
 grade-merge: venv
 	@test -n $(call _grade_q,DIR) || { echo "usage: make grade-merge DIR=submissions/ [CSV=gradebook.csv]"; exit 2; }
-	$(VPY) tools/grade_all.py merge $(if $(value CSV),--csv $(call _grade_q,CSV)) -- $(call _grade_q,DIR)
+	$(VPY) tools/grading/grade_all.py merge $(if $(value CSV),--csv $(call _grade_q,CSV)) -- $(call _grade_q,DIR)
 
 execute: venv
 	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \

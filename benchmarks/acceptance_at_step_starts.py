@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "training"))
 
 import train_heads  # noqa: E402  (the heads' own teacher-forced predictions)
 

@@ -118,7 +118,7 @@ def _trainable_params(draft: object, target: torch.nn.Module) -> int:
 
 
 def head_record(name: str) -> dict:
-    """What a draft's training recorded: the head sets' own metadata (`tools/train_heads.py`: minutes trained,
+    """What a draft's training recorded: the head sets' own metadata (`tools/training/train_heads.py`: minutes trained,
     all sets together in one loop, steps, parameters), the bundled draft model's TRAINING.json; {} for drafts
     that need no training."""
     if name == "model":  # the bundled draft model's own training record: minutes per phase, summed

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 # Two cores, many small ops: one intra-op thread avoids oversubscription (and is much faster).
-# SPECREF_THREADS=N runs them on N threads (tools/portable.py's fingerprint reads it too).
+# SPECREF_THREADS=N runs them on N threads (tools/upkeep/portable.py's fingerprint reads it too).
 torch.set_num_threads(int(os.environ.get("SPECREF_THREADS", "1")))
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "build" / "screenshots"  # tests/browser writes them

@@ -264,7 +264,7 @@ def bundled():
     try:
         drafts = {name: EagleDraft.bundled(target, name) for name in ("eagle1", "eagle3")}
     except FileNotFoundError:
-        pytest.skip("the EAGLE layers are not shipped yet (tools/train_heads.py)")
+        pytest.skip("the EAGLE layers are not shipped yet (tools/training/train_heads.py)")
     return target, tokenizer, drafts
 
 

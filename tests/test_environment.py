@@ -240,7 +240,7 @@ def test_a_reachable_torch_index_is_handed_to_pip(tmp_path):
 
 
 def test_the_probe_gives_up_on_a_silent_index_at_its_timeout():
-    sys.path.insert(0, str(REPO / "tools"))
+    sys.path.insert(0, str(REPO / "tools" / "upkeep"))
     import probe_index
 
     with socket.socket() as s:  # listens, never answers

@@ -1,7 +1,7 @@
 """exercises/ is generated from solutions/, and the graders cannot pass on an unsolved stub.
 
-The first half specifies tools/make_exercises.py on throwaway notebooks; the second
-runs the real pipeline (tools/grade.py's sandboxed kernels) on a toy exercise, including a
+The first half specifies tools/upkeep/make_exercises.py on throwaway notebooks; the second
+runs the real pipeline (tools/grading/grade.py's sandboxed kernels) on a toy exercise, including a
 leaky one that the self-check must flag; the last tests hold the committed
 exercises/ to the solutions/ they come from.
 """
@@ -18,7 +18,8 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
+sys.path.insert(0, str(REPO / "tools" / "grading"))
+sys.path.insert(0, str(REPO / "tools" / "upkeep"))
 
 import grade  # noqa: E402
 import grading_selfcheck  # noqa: E402
@@ -368,5 +369,5 @@ def test_every_name_an_exercise_reads_is_defined_by_then_without_the_solutions(s
     assert unbound_reads(make_exercise(sol, solution.name), sol) == []
 
 
-# Grades in kernels whose environment tools/grade.py sets itself: tools/portable.py leaves these out.
+# Grades in kernels whose environment tools/grading/grade.py sets itself: tools/upkeep/portable.py leaves these out.
 pytestmark = pytest.mark.grader

@@ -1,4 +1,4 @@
-"""tools/grade_all.py: a class graded in parallel, resumed, with feedback files and hand-grading sheets.
+"""tools/grading/grade_all.py: a class graded in parallel, resumed, with feedback files and hand-grading sheets.
 
 Two toy exercises built here (pure Python, no torch: a kernel starts in a fraction of a second), each
 with an autograded task whose hidden test draws its cases from HIDDEN_SEED, and a hand-graded answer.
@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "grading"))
+sys.path.insert(0, str(ROOT / "tools" / "upkeep"))
 
 import grade  # noqa: E402
 import grade_all as GA  # noqa: E402
@@ -321,7 +322,7 @@ def test_the_console_line_names_the_exercise_it_graded(course, tmp_path):
     assert next(ln for ln in lines if "alice/ex91_pair.ipynb" in ln).startswith("ex91_pair ")
     assert not any("file name says" in ln for ln in lines if "carol" not in ln)
     # grade.py --all hands the folder to grade_all, and so does make grade-all
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "grade.py"), "--all", str(sub), "--csv",
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "grading" / "grade.py"), "--all", str(sub), "--csv",
                            str(tmp_path / "cli.csv"), "--solutions-dir", str(sol), "--seed", "3"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == grade.EXIT_UNGRADABLE, done.stdout + done.stderr
@@ -385,7 +386,7 @@ def test_a_stopped_run_leaves_no_kernel_behind(course, tmp_path, jobs):
         (sub / name / "ex90_double.ipynb").write_text(json.dumps(sleeper))
     temp = tmp_path / "temp"  # where grade.py makes each run's folder: its processes are found by this path
     temp.mkdir()
-    run = subprocess.Popen([sys.executable, str(ROOT / "tools" / "grade_all.py"), "grade", str(sub), "--jobs", str(jobs),
+    run = subprocess.Popen([sys.executable, str(ROOT / "tools" / "grading" / "grade_all.py"), "grade", str(sub), "--jobs", str(jobs),
                             "--solutions-dir", str(sol), "--cell-timeout", "600", "--timeout", "600"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(temp)})
     left = lambda: _processes_under(temp)  # noqa: E731
@@ -404,5 +405,5 @@ def test_a_stopped_run_leaves_no_kernel_behind(course, tmp_path, jobs):
                 pass
 
 
-# Grades in kernels whose environment tools/grade.py sets itself: tools/portable.py leaves these out.
+# Grades in kernels whose environment tools/grading/grade.py sets itself: tools/upkeep/portable.py leaves these out.
 pytestmark = pytest.mark.grader

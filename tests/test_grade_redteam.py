@@ -1,4 +1,4 @@
-"""tools/grade.py against a cheating learner, second round: every attack here got marks or broke the grader.
+"""tools/grading/grade.py against a cheating learner, second round: every attack here got marks or broke the grader.
 
 Most tests grade the toy exercise of tests/test_grade_security.py (pure Python: a kernel starts in a
 fraction of a second) with the same rule: the attacked task scores 0, or the submission is flagged
@@ -274,7 +274,7 @@ def test_escape_sequences_in_the_learners_text_cannot_redraw_the_report(toy):
 def test_an_endless_line_on_the_result_channel_cannot_grow_the_graders_memory():
     """The channel keeps at most max_bytes of an unfinished line; a longer one is dropped, counted once, and skipped
     to its end, and the events around it still arrive."""
-    sys.path.insert(0, str(REPO / "tools"))
+    sys.path.insert(0, str(REPO / "tools" / "grading"))
     import grade
 
     lines, rest, skipping, over = grade._split_events(b"", b'{"a"}\n{"b', False, max_bytes=8)
@@ -295,12 +295,12 @@ def test_an_endless_line_on_the_result_channel_cannot_grow_the_graders_memory():
 ], ids=["forward-hook", "from-import-pre-hook", "backward-hook"])
 def test_hooks_on_every_module_at_once_are_flagged_before_they_run(source):
     """A global module hook would rewrite every model's outputs, the reference's included: the scan names it."""
-    sys.path.insert(0, str(REPO / "tools"))
+    sys.path.insert(0, str(REPO / "tools" / "grading"))
     import grade_scan
 
     found = grade_scan.scan(source)
     assert any(f.kind == "interference" and "register_module_" in f.text for f in found), found
 
 
-# Grades in kernels whose environment tools/grade.py sets itself: tools/portable.py leaves these out.
+# Grades in kernels whose environment tools/grading/grade.py sets itself: tools/upkeep/portable.py leaves these out.
 pytestmark = pytest.mark.grader

@@ -1,11 +1,11 @@
-"""tools/grade.py against a learner who wants marks without solving (issue 11).
+"""tools/grading/grade.py against a learner who wants marks without solving (issue 11).
 
 Every test grades a small toy exercise built here (pure Python, no torch: each kernel
 starts in a fraction of a second). Each class of attack is tried on the UNSOLVED stub:
 the grade must be 0 for the attacked task, or the task must be flagged "needs review"
 (exit 3, points withheld). The honest solution must still get full marks.
 
-The grader runs as a CLI (``python tools/grade.py ... --json``), as an instructor runs it.
+The grader runs as a CLI (``python tools/grading/grade.py ... --json``), as an instructor runs it.
 GRADE_PY=path/to/another/grade.py runs the same tests against another grader (e.g. the one
 of commit 108d398, which fails them).
 """
@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-GRADE_PY = Path(os.environ.get("GRADE_PY", REPO / "tools" / "grade.py"))
-sys.path.insert(0, str(REPO / "tools"))
+GRADE_PY = Path(os.environ.get("GRADE_PY", REPO / "tools" / "grading" / "grade.py"))
+sys.path.insert(0, str(REPO / "tools" / "grading"))
+sys.path.insert(0, str(REPO / "tools" / "upkeep"))
 
 from make_exercises import make_exercise as _make_exercise  # noqa: E402
 
@@ -518,5 +519,5 @@ def double(x):
     assert "f_back" in flags and "imports os" in flags
 
 
-# Grades in kernels whose environment tools/grade.py sets itself: tools/portable.py leaves these out.
+# Grades in kernels whose environment tools/grading/grade.py sets itself: tools/upkeep/portable.py leaves these out.
 pytestmark = pytest.mark.grader

@@ -1,4 +1,4 @@
-"""tools/grade.py --seed: the hidden tests' cases follow a seed the grader chooses, not the one in the solutions.
+"""tools/grading/grade.py --seed: the hidden tests' cases follow a seed the grader chooses, not the one in the solutions.
 
 A learner who has read solutions/ knows HIDDEN_SEED = 1 and could learn the hidden cases by heart.
 With another seed those answers fail, while a correct answer still gets full marks; and no answer
@@ -20,7 +20,8 @@ import pytest
 from specref.course.grading import batch as G
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "grading"))
+sys.path.insert(0, str(ROOT / "tools" / "upkeep"))
 
 import grade  # noqa: E402
 from make_exercises import BEGIN_HIDDEN, END_HIDDEN  # noqa: E402
@@ -118,7 +119,7 @@ def _memorising_answer() -> str:
 def _grade(tmp_path: Path, nb: dict, *args: str) -> dict:
     path = tmp_path / "learner.ipynb"
     path.write_text(json.dumps(nb))
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "grade.py"), str(path), "--json", *args],
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "grading" / "grade.py"), str(path), "--json", *args],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode in (0, 1), done.stdout + done.stderr
     return json.loads(done.stdout)
@@ -141,10 +142,10 @@ def test_answers_learned_by_heart_pass_the_solutions_seed_and_fail_another(tmp_p
 
 
 def test_grade_py_refuses_a_bad_seed_before_grading(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "grade.py"), str(tmp_path / "none.ipynb"),
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "grading" / "grade.py"), str(tmp_path / "none.ipynb"),
                            "--seed", "0"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--seed must be in [1, 2**31)" in done.stderr
 
 
-# Grades in kernels whose environment tools/grade.py sets itself: tools/portable.py leaves these out.
+# Grades in kernels whose environment tools/grading/grade.py sets itself: tools/upkeep/portable.py leaves these out.
 pytestmark = pytest.mark.grader

@@ -2,7 +2,7 @@
 
 Each attack below is a submission that forged full marks, read a file it must not read, or learned the
 hidden seed on the grader before the wall (checked by running this file with GRADE_PY pointing at the
-old tools/grade.py, see the report of the change); on today's grader it gains nothing. The toy exercise
+old tools/grading/grade.py, see the report of the change); on today's grader it gains nothing. The toy exercise
 (tests/test_grade_security.py) keeps these fast: no torch in its setup.
 """
 
@@ -21,7 +21,7 @@ from test_grade_security import (AS_ROOT, answer, attacked, grade, make_exercise
                                  toy_solution)
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
+sys.path.insert(0, str(REPO / "tools" / "grading"))
 import grade as grader  # noqa: E402
 from grade_scan import scan  # noqa: E402
 
@@ -225,7 +225,7 @@ def test_the_exercises_own_helpers_are_allowed_in_answers():
     assert not plan.flags and not plan.reference, (plan.flags, plan.reference)
 
 
-# -- the wire itself (tools/grade_rpc.py): what crosses, what is refused ---------------------------------
+# -- the wire itself (tools/grading/grade_rpc.py): what crosses, what is refused ---------------------------------
 @pytest.fixture
 def wire():
     """A trusted Peer here, talking to a forked 'kernel' Peer that serves `get` of a few learner objects."""
@@ -297,5 +297,5 @@ def test_arrays_changed_in_place_are_copied_back_and_generators_stay_in_step_wit
     assert torch.rand(2, generator=g).tolist() == torch.rand(2, generator=twin).tolist()  # g advanced here too
 
 
-# Grades in kernels whose environment tools/grade.py sets itself: tools/portable.py leaves these out.
+# Grades in kernels whose environment tools/grading/grade.py sets itself: tools/upkeep/portable.py leaves these out.
 pytestmark = pytest.mark.grader

@@ -247,7 +247,7 @@ def test_load_errors(tmp_path):
 def test_bundled_heads_fit_the_bundled_target_and_the_size_limit():
     folder = assets_dir().joinpath("heads")
     if not folder.joinpath("heads.json").is_file():
-        pytest.skip("the heads are not trained yet (tools/train_heads.py)")
+        pytest.skip("the heads are not trained yet (tools/training/train_heads.py)")
     from specref.models.pair import load_pair
 
     target = load_pair()[0]
@@ -308,13 +308,13 @@ def test_train_heads_predictions_runs_only_the_sets_it_is_given():
     """A subset of the head sets gives exactly the full run's predictions for those sets, and no others."""
     folder = assets_dir().joinpath("heads")
     if not folder.joinpath("heads.json").is_file():
-        pytest.skip("the heads are not trained yet (tools/train_heads.py)")
+        pytest.skip("the heads are not trained yet (tools/training/train_heads.py)")
     import sys
     from pathlib import Path
 
     from specref.models.pair import heldout_prompts, load_pair
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "training"))
     import train_heads
 
     target = load_pair()[0]

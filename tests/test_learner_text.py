@@ -1,4 +1,4 @@
-"""No development history in what a learner reads (tools/learner_text.py holds the linter).
+"""No development history in what a learner reads (tools/upkeep/learner_text.py holds the linter).
 
 Every notebook, exercise and solution, and the README's learner sections, must be free of dates of runs,
 issue numbers, goal lines, "host", "written on", "earlier run" and the like. The negative controls below
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
+sys.path.insert(0, str(REPO / "tools" / "upkeep"))
 import learner_text  # noqa: E402
 
 # The last commit before notebooks 05 and 07 were rebuilt: both built their story on stored runs of one day.

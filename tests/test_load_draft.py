@@ -1,6 +1,6 @@
 """load_draft: every shipped draft, ready for the bundled target, and refused for any other target.
 
-The head sets are read from specref/assets/heads/ (tools/train_heads.py); a test that needs one
+The head sets are read from specref/assets/heads/ (tools/training/train_heads.py); a test that needs one
 that is not there is skipped, saying which.
 """
 
@@ -31,7 +31,7 @@ def _shipped(name: str) -> bool:
 
 def _need(name: str) -> None:
     if not _shipped(name):
-        pytest.skip(f"the {name!r} head set is not in specref/assets/heads/ yet (run tools/train_heads.py)")
+        pytest.skip(f"the {name!r} head set is not in specref/assets/heads/ yet (run tools/training/train_heads.py)")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """`make test-portable` counts only environments that really change results on this machine.
 
-tools/portable.py reruns the unit tests and the checked notebooks under environments that make this
+tools/upkeep/portable.py reruns the unit tests and the checked notebooks under environments that make this
 CPU round like another one. An environment proves itself by changing a fingerprint (torch's float32
 logits of the bundled pair, or numpy/scipy's fits); one that does not, or cannot run here, is skipped
 here (reported, not passed) and not counted by the tool.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "upkeep"))
 import portable  # noqa: E402
 
 

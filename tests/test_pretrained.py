@@ -85,7 +85,7 @@ ASSETS_READY = all(assets_dir().joinpath(*f.split("/")).is_file()
                    for f in ("target/model.safetensors", "draft/model.safetensors", "tokenizer.json",
                              "TRAINING.json"))
 needs_assets = pytest.mark.skipif(not ASSETS_READY, reason="bundled assets not trained yet "
-                                  "(run tools/train_pair.py to write specref/assets)")
+                                  "(run tools/training/train_pair.py to write specref/assets)")
 
 SNIPPET = '''def fibonacci(n):
     """Return the n-th Fibonacci number."""

@@ -284,7 +284,7 @@ from model_factory import tiny_pair as tiny_pair_models
 ASSETS_READY = all(assets_dir().joinpath(*f.split("/")).is_file()
                    for f in ("target/model.safetensors", "draft/model.safetensors", "tokenizer.json"))
 needs_assets = pytest.mark.skipif(not ASSETS_READY, reason="bundled assets not trained yet "
-                                  "(run tools/train_pair.py to write specref/assets)")
+                                  "(run tools/training/train_pair.py to write specref/assets)")
 
 
 @pytest.fixture(scope="module")

@@ -337,7 +337,7 @@ def load_heads(path: Any, device: torch.device | str | None = None,
 
     path = Path(str(path))
     if not path.is_file():
-        raise FileNotFoundError(f"no head set at {path}; run `python tools/train_heads.py` to create it")
+        raise FileNotFoundError(f"no head set at {path}; run `python tools/training/train_heads.py` to create it")
     with safe_open(str(path), "pt") as f:
         meta = f.metadata() or {}
     if "config" not in meta:

@@ -2,7 +2,7 @@
 
 Names: `model` (the bundled small GPT-2 as a `ModelDraft`), `prompt_lookup`
 (`PromptLookupDraft.for_target`), and the trained head sets in `specref/assets/heads/`
-(written by `tools/train_heads.py`): `medusa` (`MedusaDraft`), `eagle`, `eagle3`,
+(written by `tools/training/train_heads.py`): `medusa` (`MedusaDraft`), `eagle`, `eagle3`,
 `eagle_notoken` (`EagleDraft`: EAGLE-1, EAGLE-3's fused features with training-time test,
 and EAGLE-1 without the token one step ahead), `mtp` (`MTPDraft`). Every draft is moved
 to the target's device and dtype (a float64 copy of the target gets float64 heads). A head

@@ -68,7 +68,7 @@ def load_pair(
     missing = [f for f in needed if not assets.joinpath(*f.split("/")).is_file()]
     if missing:
         raise FileNotFoundError(f"the bundled assets are missing {missing} in {assets}; "
-                                "run `python tools/train_pair.py` to create them")
+                                "run `python tools/training/train_pair.py` to create them")
     target = load_folder(assets.joinpath("target"), device, dtype)
     draft = load_folder(assets.joinpath("draft"), device, dtype)
     tokenizer = bundled_tokenizer()

@@ -1,7 +1,7 @@
 """The rules every exercise's checks share: a task not done yet, and the reference rule.
 
 **Not done yet.** An unsolved answer raises ``NotImplementedError("Task N: write NAME (see the task
-above)")`` (tools/make_exercises.py writes that stub). `graded` makes a check say which task is not done
+above)")`` (tools/upkeep/make_exercises.py writes that stub). `graded` makes a check say which task is not done
 before anything else: the NotImplementedError it passes on starts with "Task N is not done yet".
 
 **The reference rule.** Each exercise says which `specref` functions a task must not call: the ones it

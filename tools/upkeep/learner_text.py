@@ -10,7 +10,7 @@ What a learner reads in a notebook: every markdown cell, every comment in a code
 output (streams, text/plain, text/markdown, text/html). Cell metadata (execution timestamps) is not
 shown by Jupyter and is not checked.
 
-Usage: python tools/learner_text.py [FILE ...]  (no files: the notebooks, solutions, exercises and README).
+Usage: python tools/upkeep/learner_text.py [FILE ...]  (no files: the notebooks, solutions, exercises and README).
 Exits 1 if anything was found.
 """
 
@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 _MONTHS = (
     "January|February|March|April|May|June|July|August|September|October|November|December"
@@ -142,7 +142,7 @@ def readme_learner_text(readme: str) -> list[tuple[str, str]]:
     names = [name for name, _ in sections]
     missing = [s for s in README_LEARNER_SECTIONS if s not in names]
     if missing:
-        raise ValueError(f"README has no section {missing}; update README_LEARNER_SECTIONS in tools/learner_text.py")
+        raise ValueError(f"README has no section {missing}; update README_LEARNER_SECTIONS in tools/upkeep/learner_text.py")
     return [(name, text) for name, text in sections if name == "introduction" or name in README_LEARNER_SECTIONS]
 
 

@@ -1,7 +1,7 @@
 """The trusted side of the grading wall: runs the solution's tests, never the learner's code.
 
-tools/grade.py starts this file (``python -I tools/grade_trusted.py``) next to a jailed kernel
-(tools/grade_jail.py) and writes the plan to its stdin:
+tools/grading/grade.py starts this file (``python -I tools/grading/grade_trusted.py``) next to a jailed kernel
+(tools/grading/grade_jail.py) and writes the plan to its stdin:
 
     {"cells": [{"n", "role": "setup" | "answer" | "other" | "test", "grade_id", "source"}, ...],
      "rfd": n, "wfd": n, "events": n, "call_timeout": seconds}
@@ -11,13 +11,13 @@ tools/grade.py starts this file (``python -I tools/grade_trusted.py``) next to a
 * answer and other cells run only in the kernel;
 * test cells (hidden tests and the HIDDEN_SEED line included) run only here. A name a test reads
   that the setup did not bind is asked of the kernel: plain data arrives as a copy, a function or
-  other object as a `Remote` handle (tools/grade_rpc.py) whose calls run in the kernel, under a
+  other object as a `Remote` handle (tools/grading/grade_rpc.py) whose calls run in the kernel, under a
   per-call time limit. What the checks hand to the learner's functions (models, samplers,
   generators' states, caches) is served from here.
 
 The outcome of each test is decided here, from whether its cell raised, and written as a JSON
 line to the `events` pipe, which the kernel cannot reach. When a call into the kernel times out
-or the kernel dies, the test says so and this process stops; tools/grade.py starts a fresh pair
+or the kernel dies, the test says so and this process stops; tools/grading/grade.py starts a fresh pair
 for the tests that remain.
 """
 

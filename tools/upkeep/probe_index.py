@@ -1,7 +1,7 @@
 """Can pip reach a package index? One quick request instead of pip's retries per package.
 
-    python tools/probe_index.py https://download.pytorch.org/whl/cpu      # exit 0: reachable
-    python tools/probe_index.py http://127.0.0.1:9/simple --timeout 2     # exit 1, one line on stderr
+    python tools/upkeep/probe_index.py https://download.pytorch.org/whl/cpu      # exit 0: reachable
+    python tools/upkeep/probe_index.py http://127.0.0.1:9/simple --timeout 2     # exit 1, one line on stderr
 
 `make venv` asks this before it hands an extra index to pip. pip retries a connection that fails
 five times, with back-off, for torch and for every package torch depends on: behind a firewall,

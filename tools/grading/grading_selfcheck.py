@@ -1,14 +1,14 @@
 """Prove the graders grade: every graded cell passes on the solution and fails on the stub.
 
-    python tools/grading_selfcheck.py                       # every notebook in solutions/
-    python tools/grading_selfcheck.py solutions/ex02_accept_reject.ipynb
+    python tools/grading/grading_selfcheck.py                       # every notebook in solutions/
+    python tools/grading/grading_selfcheck.py solutions/ex02_accept_reject.ipynb
 
-For each solution notebook, tools/grade.py grades the solution itself (its answers,
+For each solution notebook, tools/grading/grade.py grades the solution itself (its answers,
 hidden tests included) and the exercise generated from it (as a learner receives it), each
 in its own sandboxed kernel, and reads the learner's copy of every test cell: one made of
 hidden tests only would pass there, unsolved. A graded code cell that fails on the solution is a
 broken test; one that passes on the stub would give points for doing nothing; a solution
-that the grader flags for review (tools/grade_scan.py) would flag honest learners too.
+that the grader flags for review (tools/grading/grade_scan.py) would flag honest learners too.
 All are reported, and so is a solution notebook with no autograded cell at all.
 """
 
@@ -23,11 +23,12 @@ from pathlib import Path
 import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "upkeep"))  # make_exercises
 
 from grade import GradeError, build_plan, grade_plan  # noqa: E402
 from make_exercises import make_exercise, notebooks_in  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _plain(nb) -> dict:

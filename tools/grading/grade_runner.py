@@ -1,6 +1,6 @@
 """The grading kernel: runs a submission's cells and checks its test cells, in a process of its own.
 
-tools/grade.py starts this file's source with ``python -I -c`` as an unprivileged user
+tools/grading/grade.py starts this file's source with ``python -I -c`` as an unprivileged user
 (when grading as root), in an empty temporary folder, and writes the plan to its stdin:
 
     {"secret": hex, "fd": n, "cells": [{"n": cell index, "role": "setup" | "answer" |
@@ -9,12 +9,12 @@ tools/grade.py starts this file's source with ``python -I -c`` as an unprivilege
 The cells are the solution's setup cells, the learner's answer cells (by grade_id), the
 exercise's other code cells, and the solution's test cells, in the solution's order. Each
 test cell's result is reported as soon as it is known; when this process dies or hangs,
-tools/grade.py starts a fresh one for the tests that remain.
+tools/grading/grade.py starts a fresh one for the tests that remain.
 Events go to fd ``n`` as JSON lines, each signed with HMAC(secret): the grader ignores
 anything unsigned, so code that prints or writes to the pipe cannot pass a test for it.
 
 The learner's code runs in this process, so nothing here is a secret from code that
-inspects memory (frames, gc, ctypes); tools/grade.py flags such code before it runs. What
+inspects memory (frames, gc, ctypes); tools/grading/grade.py flags such code before it runs. What
 this file does against code that does not go that far:
 
 * before the test cell, everything the exercise's setup bound (names and the contents of the

@@ -1,9 +1,9 @@
 """The jailed kernel: where a submission's code runs, and how it is locked in.
 
-tools/grade.py starts, as root,
+tools/grading/grade.py starts, as root,
 
     unshare --mount --net --pid --ipc --uts --fork --kill-child --propagation private -- \\
-        python -I tools/grade_jail.py launch CONFIG
+        python -I tools/grading/grade_jail.py launch CONFIG
 
 `launch` (this file, still root, inside the new namespaces) builds a root folder of its own: a
 tmpfs holding read-only bind mounts of /usr, /etc and the interpreter, the virtual environment
@@ -12,13 +12,13 @@ submission), a few device nodes, a fresh /proc, and the run's private temporary 
 It changes root into it, drops every capability from the bounding set, takes the run's fresh
 unprivileged uid and gid (no groups), sets no_new_privs and the resource limits, and starts the
 kernel as its child (it stays the namespace's init, reaping orphans, and leaves with the kernel's
-status, 128 + N for signal N): `python -I -c <tools/grade_rpc.py + KERNEL>`.
+status, 128 + N for signal N): `python -I -c <tools/grading/grade_rpc.py + KERNEL>`.
 The network namespace has only a loopback interface, which is down: no network.
 
-The kernel serves calls from the trusted process (tools/grade_trusted.py) over two pipes: `exec`
+The kernel serves calls from the trusted process (tools/grading/grade_trusted.py) over two pipes: `exec`
 runs a cell's source in the kernel's namespace (the solution's setup cells, the learner's answer
 cells and the exercise's other cells; never a test cell), `get` hands out a name the cells bound,
-and every object it hands out can be called back (tools/grade_rpc.py). It holds no key, no test,
+and every object it hands out can be called back (tools/grading/grade_rpc.py). It holds no key, no test,
 no hidden seed and decides nothing: whatever it does to itself, the grade is decided elsewhere.
 """
 

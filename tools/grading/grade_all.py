@@ -1,10 +1,10 @@
 """Grade a class: every submission in a folder, in parallel, resumable, with feedback and hand-grading sheets.
 
-    python tools/grade_all.py grade submissions/ [--jobs N] [--csv book.csv] [--seed N|random]
-    python tools/grade_all.py merge submissions/ [--csv book.csv]     # the instructor's hand marks
+    python tools/grading/grade_all.py grade submissions/ [--jobs N] [--csv book.csv] [--seed N|random]
+    python tools/grading/grade_all.py merge submissions/ [--csv book.csv]     # the instructor's hand marks
     make grade-all DIR=submissions/ JOBS=2      make grade-merge DIR=submissions/
 
-Each submission is graded by tools/grade.py's ``grade()`` in one of N worker processes (default: one
+Each submission is graded by tools/grading/grade.py's ``grade()`` in one of N worker processes (default: one
 per core). Everything is written next to the gradebook (default DIR/gradebook.csv):
 
 - ``gradebook.csv``: one row per submission (the autograded points per task, the hand marks per
@@ -42,13 +42,15 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "upkeep"))  # make_exercises
 
 import grade as G  # noqa: E402
 from make_exercises import MarkerError, strip_regions  # noqa: E402
 
 STATE_VERSION = 1
 TRANSIENT = {"timeout", "died"}  # outcomes --retry regrades even when nothing changed
-GRADER_FILES = ("tools/grade.py", "tools/grade_runner.py", "tools/grade_scan.py", "tools/make_exercises.py")
+GRADER_FILES = ("tools/grading/grade.py", "tools/grading/grade_runner.py",
+                "tools/grading/grade_scan.py", "tools/upkeep/make_exercises.py")
 GRADER_PACKAGE = "specref/course/grading"
 
 
@@ -580,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"graded {s['graded']} of {s['files']} submissions in {s['wall_s']:.1f} s with {s['jobs']} workers ({rate}); "
           f"{s['reused']} unchanged, not regraded; hidden seed {s['seed']}")
     print(f"gradebook: {out['csv']}; feedback: {out['feedback']}/; hand grading: {out['sheets']}/ "
-          f"({pending:g} points await hand grading; then: python tools/grade_all.py merge {args.dir}"
+          f"({pending:g} points await hand grading; then: python tools/grading/grade_all.py merge {args.dir}"
           + (f" --csv {args.csv}" if args.csv else "") + ")")
     return s["exit_code"]
 

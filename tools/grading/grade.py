@@ -1,23 +1,23 @@
 """Grade exercise notebooks: the solution decides what runs, the learner supplies only the answers.
 
-    python tools/grade.py submissions/alice/ex02.ipynb                  # make grade NB=...
-    python tools/grade.py alice.ipynb --solution solutions/ex02_accept_reject.ipynb
-    python tools/grade.py --all submissions/ --csv gradebook.csv        # make grade-all DIR=...
+    python tools/grading/grade.py submissions/alice/ex02.ipynb                  # make grade NB=...
+    python tools/grading/grade.py alice.ipynb --solution solutions/ex02_accept_reject.ipynb
+    python tools/grading/grade.py --all submissions/ --csv gradebook.csv        # make grade-all DIR=...
 
 How one submission is graded:
 
 1. The notebook is read as JSON. Its exercise id (``metadata.specref.exercise``, stamped by
-   tools/make_exercises.py) names the solution in solutions/, whatever the file is called;
+   tools/upkeep/make_exercises.py) names the solution in solutions/, whatever the file is called;
    ``--solution`` overrides it. An older exercise version is graded with today's tests.
 2. What runs is built from the SOLUTION: its setup cells, its test cells (hidden tests
    included) and its order. From the submission only the source of each answer cell is
    taken, found by grade_id (or cell id). Everything else in the submission (its other
    cells, test cells, metadata, points, outputs) is ignored and listed in the report.
-3. Every answer cell is read before it runs (tools/grade_scan.py): use of specref (the reference
+3. Every answer cell is read before it runs (tools/grading/grade_scan.py): use of specref (the reference
    implementation) beyond the exercise's own helpers, and code that reaches for the machinery
    around it, is flagged ("needs review", the task scores 0).
 4. The cells run on two sides of a wall (run_cells_wall; the default, see WALL):
-   - a jailed kernel (tools/grade_jail.py) runs the solution's setup cells, the learner's answer
+   - a jailed kernel (tools/grading/grade_jail.py) runs the solution's setup cells, the learner's answer
      cells and the exercise's other cells, never a test cell. As root it runs in its own mount,
      network, pid, IPC and UTS namespaces, chrooted into a tmpfs that holds read-only binds of
      /usr, /etc, the interpreter, the virtual environment and the specref package only, with its
@@ -25,11 +25,11 @@ How one submission is graded:
      set emptied, no_new_privs) and resource limits. It can read no file of root's, of the
      repository (solutions/, tools/) or of another submission, and reach no network. Without
      root (or namespaces) it runs as a plain child process, and only the wall below holds.
-   - a trusted process (tools/grade_trusted.py) runs the setup cells too, then each test cell,
+   - a trusted process (tools/grading/grade_trusted.py) runs the setup cells too, then each test cell,
      hidden tests and ``HIDDEN_SEED`` included. The names a test reads from the answers are proxies:
      calling one sends plain data (numbers, strings, containers, tensors and arrays as bytes) to
      the kernel, which calls the learner's function and sends plain data back
-     (tools/grade_rpc.py, JSON and raw bytes, no pickle), under a per-call time limit. What the
+     (tools/grading/grade_rpc.py, JSON and raw bytes, no pickle), under a per-call time limit. What the
      checks hand to the learner's code (models, caches, samplers, random generators) is served
      from the trusted process the same way; private attributes are never served. The trusted
      process decides each test's outcome from whether its cell raised and reports it on a pipe the
@@ -37,7 +37,7 @@ How one submission is graded:
    All tests share one pair of processes; when a call into the kernel hangs past its limit or the
    kernel dies, that test fails and a fresh pair runs the tests that remain. Every process of the
    kernel's uid is killed at the end. ``wall=False`` (SPECREF_GRADE_WALL=0) runs the old single
-   kernel (tools/grade_runner.py), where tests and answers share a process; it is kept only as a
+   kernel (tools/grading/grade_runner.py), where tests and answers share a process; it is kept only as a
    fallback and is not a security boundary.
 
 Hidden tests draw their cases from ``HIDDEN_SEED``. The solutions set it to 1, and so does the
@@ -75,12 +75,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "upkeep"))  # make_exercises
 
 import grade_jail  # noqa: E402
 from grade_scan import UNREADABLE, helper_names, imported_specref_names, names_bound, names_used, scan  # noqa: E402
 from make_exercises import MarkerError, strip_regions, tests_version  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUNNER = Path(__file__).resolve().parent / "grade_runner.py"  # the old single-process kernel (--no-wall)
 TRUSTED = Path(__file__).resolve().parent / "grade_trusted.py"
 WALL = os.environ.get("SPECREF_GRADE_WALL", "1") != "0"  # tests in a trusted process, answers in a jailed kernel
@@ -173,7 +174,7 @@ def find_solution(submission: dict, solutions_dir: Path) -> Path:
     eid, _ = stamp(submission)
     if eid is None:
         raise GradeError("the notebook has no exercise id (metadata.specref.exercise, stamped by "
-                         "tools/make_exercises.py); name its solution with --solution")
+                         "tools/upkeep/make_exercises.py); name its solution with --solution")
     for path in sorted(Path(solutions_dir).glob("*.ipynb")):
         if exercise_id(path) == eid:
             return path
@@ -577,8 +578,8 @@ def run_cells_wall(cells: list[dict], cell_timeout: float, deadline: float, memo
                    call_timeout: float = CALL_TIMEOUT_S) -> KernelRun:
     """Run the cells across the wall: tests in a trusted process, everything else in a jailed kernel.
 
-    The kernel (tools/grade_jail.py) gets the setup, answer and other cells, never a test cell; the
-    trusted process (tools/grade_trusted.py) gets the plan, runs the setup and the tests, calls into
+    The kernel (tools/grading/grade_jail.py) gets the setup, answer and other cells, never a test cell; the
+    trusted process (tools/grading/grade_trusted.py) gets the plan, runs the setup and the tests, calls into
     the kernel through two pipes and reports each test's outcome on a third pipe the kernel cannot reach.
     """
     marker = secrets.token_hex(8)
@@ -1012,7 +1013,7 @@ def main(argv: list[str] | None = None) -> int:
         seed = hidden_seed(DEFAULT_HIDDEN_SEED if args.seed is None else args.seed)
     except GradeError as e:
         ap.error(str(e))
-    if args.all is not None:  # the class-scale driver (tools/grade_all.py): parallel, resumable, feedback, sheets
+    if args.all is not None:  # the class-scale driver (tools/grading/grade_all.py): parallel, resumable, feedback, sheets
         import grade_all as batch
         return batch.main(["grade", str(args.all), "--solutions-dir", str(args.solutions_dir),
                            "--cell-timeout", str(args.cell_timeout), "--timeout", str(args.timeout),

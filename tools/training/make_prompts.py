@@ -1,11 +1,11 @@
 """Write specref/assets/heldout_prompts.json: fixed prompts cut from the held-out source files.
 
 Prompts are the first lines of functions (from a `def` line on) in the files
-that `tools/train_pair.py` held out, so benchmarks and notebooks measure the
+that `tools/training/train_pair.py` held out, so benchmarks and notebooks measure the
 pair on code it never trained on. The file is bundled so every machine uses
 the same prompts whatever its Python version.
 
-    python tools/make_prompts.py [--n 48] [--chars 400]
+    python tools/training/make_prompts.py [--n 48] [--chars 400]
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools" / "training"))
 sys.path.insert(0, str(ROOT))
 
 from train_pair import collect_corpus  # noqa: E402

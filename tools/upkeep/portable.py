@@ -1,7 +1,7 @@
 """Rerun the unit tests and the checked notebooks under numeric environments that round like other CPUs.
 
-    python tools/portable.py -- notebooks solutions --nbval ...     # make test-portable
-    python tools/portable.py --fingerprint                          # one line: this process's fingerprints
+    python tools/upkeep/portable.py -- notebooks solutions --nbval ...     # make test-portable
+    python tools/upkeep/portable.py --fingerprint                          # one line: this process's fingerprints
 
 A learner's CPU may have other vector units than ours (AVX2 only, AVX-512, another vendor), and
 the numeric libraries pick their kernels by what they find: torch's MKL and ATen for the models,
@@ -22,7 +22,7 @@ counts, the check fails, because it would prove nothing.
 What runs under each counted environment (the rule, stated once, in `unit_test_run`):
 * the unit tests: every test in tests/ except those marked ``browser`` or ``fresh_clone`` (a
   page in Chromium, a second set-up: no numerics of ours) and ``grader`` (they grade in kernels
-  whose environment tools/grade.py builds itself, so the variables under test never reach them;
+  whose environment tools/grading/grade.py builds itself, so the variables under test never reach them;
   the solutions they grade are in the next item). tests/test_portable.py's survey of the
   environments skips itself inside one (``SPECREF_PORTABLE_ENV`` is set there);
 * the notebooks and solutions, under strict nbval (the pytest arguments after ``--``).
@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 THREADS_ENV = "SPECREF_THREADS"  # torch threads the tests use (tests/conftest.py; default 1)
 UNIT_MARKERS = "not browser and not fresh_clone and not grader"
 INSIDE_ENV = "SPECREF_PORTABLE_ENV"  # set to the environment's name in the processes run under it
