@@ -53,7 +53,7 @@ NB_DIRS := $(wildcard notebooks solutions)
 NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=$(CELL_TIMEOUT) --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 .DEFAULT_GOAL := help
-.PHONY: help venv lab test test-portable test-fast doctor exercises check-exercises grade grade-all grade-merge execute fresh-clone clean distclean
+.PHONY: help venv lab test test-portable test-fast doctor exercises check-exercises lint grade grade-all grade-merge execute fresh-clone clean distclean
 
 help:
 	@echo "make lab                  set up .venv if needed and open JupyterLab on notebooks/"
@@ -118,6 +118,12 @@ exercises: venv
 
 check-exercises: venv
 	$(VPY) tools/upkeep/make_exercises.py --check
+
+# What every committed notebook must look like (title, goals, summary, seeds, no errors or machine
+# paths) and no development history in what a learner reads; `make test` checks both too.
+lint: venv
+	$(VPY) tools/upkeep/lint_notebooks.py
+	$(VPY) tools/upkeep/learner_text.py
 
 NB ?=
 # File names never reach a shell or make's own expansion: $(value X) is the text as given, put in
