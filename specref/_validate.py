@@ -78,6 +78,14 @@ def check_context(tokens: object, lengths: object, batch_size: int) -> torch.Ten
     return lengths
 
 
+def check_gpt2(target: object) -> torch.nn.Module:
+    """target as given; TypeError unless it is a GPT-2 model (a Module with config, lm_head and transformer)."""
+    if not isinstance(target, torch.nn.Module) or getattr(target, "config", None) is None \
+            or not hasattr(target, "lm_head") or not hasattr(target, "transformer"):
+        raise TypeError(f"target must be a GPT-2 model (specref.models.gpt2.GPT2), got {type(target).__name__}")
+    return target
+
+
 def check_int(name: str, x: object, minimum: int, what: str) -> int:
     """x as an int >= minimum (`what` says what it counts); TypeError for a non-int or a bool, else ValueError."""
     if isinstance(x, bool) or not isinstance(x, int):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import as_int_tuple, check_rows, check_tensor
+from .._validate import as_int_tuple, check_gpt2, check_rows, check_tensor
 from ..trees import ROOT, Tree
 from .base import DraftBase
 
@@ -155,10 +155,7 @@ def check_target(target: object, module: torch.nn.Module, what: str, config: obj
     `module` (with `n_embd`) must read the target's width and share its device and dtype;
     `config` (a `HeadsConfig`), when given, must name this target as the one it was trained on.
     """
-    tc = getattr(target, "config", None)
-    if not isinstance(target, torch.nn.Module) or tc is None or not hasattr(target, "lm_head") \
-            or not hasattr(target, "transformer"):
-        raise TypeError(f"target must be a GPT-2 model (specref.models.gpt2.GPT2), got {type(target).__name__}")
+    tc = check_gpt2(target).config
     if config is not None:
         config.check_target(target)  # before the width: it names the target the module was trained on
     if tc.n_embd != module.n_embd:

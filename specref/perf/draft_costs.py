@@ -33,19 +33,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .._validate import check_int
+from .._validate import check_gpt2, check_int
 from ..drafts import EagleDraft, MedusaDraft, ModelDraft, MTPDraft, NoDraft, PromptLookupDraft
 from ..drafts.base import Draft
 from ..models.kvcache import KVCache
 from .costmodel import H100_BANDWIDTH, H100_BF16_FLOPS, PassModel
-
-
-def _check_target(target: object) -> torch.nn.Module:
-    config = getattr(target, "config", None)
-    if not isinstance(target, torch.nn.Module) or config is None or not hasattr(target, "lm_head") \
-            or not hasattr(target, "transformer"):
-        raise TypeError(f"target must be a GPT-2 model (specref.models.gpt2.GPT2), got {type(target).__name__}")
-    return target
 
 
 def _check_draft(draft: object) -> Draft:
@@ -62,7 +54,7 @@ def _members(draft: Draft) -> list[object]:
 
 def own_parameters(draft: Draft, target: torch.nn.Module) -> int:
     """Parameters of the draft's own modules that the target does not hold (its shared embeddings and LM head excluded)."""
-    draft, target = _check_draft(draft), _check_target(target)
+    draft, target = _check_draft(draft), check_gpt2(target)
     shared = {p.data_ptr() for p in target.parameters()}
     mods = [m for m in _members(draft) if isinstance(m, torch.nn.Module) and m is not target]
     params = {p.data_ptr(): p for m in mods for p in m.parameters()}
@@ -100,7 +92,7 @@ def _shapes(params: Iterable[torch.Tensor], skip: frozenset[int] | set[int] = fr
 
 def step_passes(draft: Draft, target: torch.nn.Module, k: int) -> list[Pass]:
     """The passes one chain step of k drafts makes, and what each reads (see the module docstring)."""
-    draft, target = _check_draft(draft), _check_target(target)
+    draft, target = _check_draft(draft), check_gpt2(target)
     k = check_int("k", k, 1, "drafted tokens per step")
     max_k = getattr(draft, "max_k", None)
     if max_k is not None and k > max_k:
@@ -163,7 +155,7 @@ class ServingShape:
 
     def head_params(self, target: torch.nn.Module) -> int:
         """Parameters of the target's LM head at this size (vocabulary x width)."""
-        return self.scaled(tuple(_check_target(target).lm_head.weight.shape), target)
+        return self.scaled(tuple(check_gpt2(target).lm_head.weight.shape), target)
 
     def pass_params(self, p: Pass, target: torch.nn.Module) -> int:
         """Weights one draft pass reads at this size: its own, plus the target's LM head if it uses it."""
@@ -179,7 +171,7 @@ class ServingShape:
 
     def target_params(self, target: torch.nn.Module) -> int:
         """Parameters one target pass reads at this size: n_layer blocks, the final norm and the LM head."""
-        target = _check_target(target)
+        target = check_gpt2(target)
         block = sum(self.scaled(tuple(p.shape), target) for p in target.transformer.h[0].parameters())
         ln_f = sum(self.scaled(tuple(p.shape), target) for p in target.transformer.ln_f.parameters())
         return self.n_layer * block + ln_f + self.head_params(target)
