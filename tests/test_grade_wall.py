@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from test_grade_security import (AS_ROOT, answer, attacked, grade, make_exercise
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools" / "grading"))
 import grade as grader  # noqa: E402
+import grade_jail  # noqa: E402
 from grade_scan import scan  # noqa: E402
 
 # The toy's test cells are cells 3 (double_check) and 5 (pair_check): a forger reports both as passed.
@@ -114,6 +116,51 @@ def test_without_a_jail_the_wall_still_holds_and_the_report_says_so(toy, monkeyp
                                                         cell_timeout=60, wall=True).notes
 
 
+# A submission that tries to take the host from the submissions graded beside it: it reports the cgroups it
+# sits in, how many MB it could write to its /tmp (files of 128 MB, under the 256 MB file-size limit) and
+# how many processes it could fork.
+_GREEDY = """import os, time
+joined = sorted(line.split(":")[1] for line in open("/proc/self/cgroup").read().splitlines()
+                if "/specref-grade/run-" in line)
+written = 0
+try:
+    for i in range(16):
+        with open(f"/tmp/fill{i}", "wb") as f:
+            for _ in range(128):
+                f.write(bytes(1 << 20))
+                f.flush()
+                written += 1
+except OSError:
+    pass
+forked = 0
+try:
+    for _ in range(400):
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        forked += 1
+except OSError:
+    pass
+raise ValueError(f"joined={joined} written_mb={written} forked={forked}")
+"""
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="the jail needs root")
+def test_a_kernel_cannot_fill_the_disk_or_take_the_cpus_of_the_others(toy):
+    """The jailed kernel's /tmp is a small tmpfs, not the host's disk; on a cgroup-v1 host its processes share
+    one cgroup per controller: one CPU's time, one memory budget, a bounded process count."""
+    code, report, out = grade(attacked(toy[2], _GREEDY), toy, timeout=300)
+    message = " ".join(t["message"] for t in report.get("tests", []))
+    found = re.search(r"joined=\[(.*?)\] written_mb=(\d+) forked=(\d+)", message)
+    assert found, out
+    joined, written, forked = found.group(1), int(found.group(2)), int(found.group(3))
+    assert 0 < written <= grade_jail.TMP_MB, message  # the tmpfs ran out; the host's disk was never written
+    if os.access("/sys/fs/cgroup/cpu", os.W_OK):  # a cgroup-v1 host
+        assert joined == "'cpu', 'memory', 'pids'", message
+        assert forked < int(grade_jail.cgroup_limits(1)["pids"]["pids.max"]), message
+    assert not _forged(report)
+
+
 def _reader(path: Path) -> str:
     return ('import numpy as np\n'
             f'raise ValueError("leaked: " + str(np.genfromtxt({str(path)!r}, dtype=str, delimiter="|")))\n')
@@ -174,7 +221,7 @@ def test_a_fresh_seed_is_drawn_and_reported(toy):
     path = sub_dir / "alice.ipynb"
     path.write_text(json.dumps(solved(toy)))
     a = grader.grade(path, sol_dir / "ex_toy.ipynb", seed=None)
-    assert a.seed is not None and 1 <= a.seed < 2**31 and a.total == a.possible, a.text()
+    assert a.seed is not None and 1 <= a.seed < 2**63 and a.total == a.possible, a.text()
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="the jail needs root")

@@ -78,7 +78,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "upkeep"))  # make_exercises
 
 import grade_jail  # noqa: E402
-from grade_scan import UNREADABLE, helper_names, imported_specref_names, names_bound, names_used, scan  # noqa: E402
+from grade_scan import (UNREADABLE, binds_unknown, helper_names, imported_specref_names, names_bound,  # noqa: E402
+                        names_used, scan)
 from make_exercises import MarkerError, strip_regions, tests_version  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -233,15 +234,16 @@ def _saved_output_passing(cell: dict) -> bool | None:
 
 
 def hidden_seed(value: str | int) -> int:
-    """The seed of the hidden tests from --seed: an int >= 1, or "random" for a fresh one (printed in the report)."""
+    """The seed of the hidden tests from --seed: an int in [1, 2**63), or "random" for a fresh one of 63 bits
+    (printed in the report): too many to try offline, so what learner code sees cannot be matched to a seed."""
     if isinstance(value, str) and value.strip().lower() == "random":
-        return 1 + secrets.randbelow(2**31 - 2)
+        return 1 + secrets.randbelow(2**63 - 1)
     try:
         seed = int(value)
     except (TypeError, ValueError):
         raise GradeError(f"--seed must be an integer >= 1 or 'random', got {value!r}") from None
-    if isinstance(value, bool) or not 1 <= seed < 2**31:
-        raise GradeError(f"--seed must be in [1, 2**31) (0 draws the visible cases), got {value!r}")
+    if isinstance(value, bool) or not 1 <= seed < 2**63:
+        raise GradeError(f"--seed must be in [1, 2**63) (0 draws the visible cases), got {value!r}")
     return seed
 
 
@@ -272,6 +274,7 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
     syntax: dict[int, str] = {}
     used_ids: set[int] = set()
     bound: dict[int, set[str]] = {}
+    unknown: set[int] = set()  # answers that may bind any name (exec, globals(), ...): see binds_unknown
     uses: dict[int, set[str]] = {}
     for i, ref in enumerate(sol_cells):
         meta = nbgrader(ref)
@@ -306,6 +309,8 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
                 (reference if f.kind == "reference" else flags).setdefault(i, []).append(
                     f"answer cell {gid!r}, line {f.line}: {f.text}")
             bound[i], uses[i] = names_bound(text), names_used(text)
+            if binds_unknown(text):
+                unknown.add(i)
             cells.append({"n": i, "role": "answer", "grade_id": gid, "source": text})
         elif is_test(ref):
             spec = TestSpec(i, gid, float(meta.get("points", 0) or 0), _source(ref))
@@ -348,7 +353,7 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
     for t in tests:
         want, seen = set(names_used(t.source)), set()
         while True:
-            new = {i for i in bound if bound[i] & want and i < t.n} - seen
+            new = {i for i in bound if (bound[i] & want or i in unknown) and i < t.n} - seen
             if not new:
                 break
             seen |= new
@@ -606,7 +611,7 @@ def run_cells_wall(cells: list[dict], cell_timeout: float, deadline: float, memo
         if jailed:
             config = {"root": str(base / "root"), "work": str(work), "uid": uid, "memory_mb": memory_mb,
                       "read_only": grade_jail.read_only_paths(), "rfd": t2j_r, "wfd": j2t_w,
-                      "python": sys.executable, "source": source, "env": env}
+                      "python": sys.executable, "source": source, "env": env, "cgroup": f"run-{marker}"}
             cmd = grade_jail.command(config)
             pre = lambda: _child_setup(None)  # noqa: E731  # the jail sets its own limits
         else:
@@ -634,6 +639,8 @@ def run_cells_wall(cells: list[dict], cell_timeout: float, deadline: float, memo
         finally:
             for proc in procs:
                 _kill_all(proc, uid if proc is procs[0] else None, marker)
+            if jailed:
+                grade_jail.remove_cgroups(f"run-{marker}")
     finally:
         for fd in fds:
             try:

@@ -8,7 +8,8 @@ tools/grading/grade.py starts, as root,
 `launch` (this file, still root, inside the new namespaces) builds a root folder of its own: a
 tmpfs holding read-only bind mounts of /usr, /etc and the interpreter, the virtual environment
 and the specref package (nothing else of the repository: no solutions/, no tools/, no other
-submission), a few device nodes, a fresh /proc, and the run's private temporary folder as /tmp.
+submission), a few device nodes, a fresh /proc, and a tmpfs of its own (TMP_MB) as /tmp. It moves
+into the run's cgroups (one CPU, one memory budget, a process count) where the host has cgroup v1.
 It changes root into it, drops every capability from the bounding set, takes the run's fresh
 unprivileged uid and gid (no groups), sets no_new_privs and the resource limits, and starts the
 kernel as its child (it stays the namespace's init, reaping orphans, and leaves with the kernel's
@@ -30,6 +31,7 @@ import os
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -112,6 +114,63 @@ def command(config: dict) -> list[str]:
             json.dumps(config)]
 
 
+CGROUP_ROOT = "/sys/fs/cgroup"
+CGROUP_PARENT = "specref-grade"
+TMP_MB = 512  # the kernel's /tmp: a tmpfs of this size, charged to its memory
+
+
+def cgroup_limits(memory_mb: int, pids: int = 128) -> dict[str, dict[str, str]]:
+    """The limits of one submission's cgroup, per cgroup-v1 controller: at most one CPU's time, `memory_mb`
+    of memory for all its processes together (its /tmp included), at most `pids` processes and threads."""
+    return {"cpu": {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "100000"},
+            "memory": {"memory.limit_in_bytes": str(memory_mb << 20)},
+            "pids": {"pids.max": str(pids)}}
+
+
+def cgroup_dirs(name: str) -> dict[str, str]:
+    """{controller: the folder of the run's cgroup} on a cgroup-v1 host (one folder per controller)."""
+    return {ctrl: os.path.join(CGROUP_ROOT, ctrl, CGROUP_PARENT, name) for ctrl in ("cpu", "memory", "pids")}
+
+
+def join_cgroups(name: str, memory_mb: int) -> list[str]:
+    """Make the run's cgroups, set their limits and move this process into them; the controllers joined.
+
+    Rlimits bound each process; a cgroup bounds the submission: its processes together get one CPU (a
+    kernel that forks spinners, each in a session of its own, cannot starve the submission graded beside it),
+    one memory budget and a process count. A host without writable cgroup-v1 controllers keeps the rlimits.
+    """
+    joined = []
+    for ctrl, folder in cgroup_dirs(name).items():
+        parent = os.path.dirname(folder)
+        for old in os.listdir(parent) if os.path.isdir(parent) else []:
+            if old.startswith("run-"):  # left by a grader that was killed: rmdir removes only an empty cgroup
+                try:  # (and only an old one: a run starting beside this one has made its cgroup but not joined it)
+                    if time.time() - os.stat(os.path.join(parent, old)).st_mtime > 600:
+                        os.rmdir(os.path.join(parent, old))
+                except OSError:
+                    pass
+        try:
+            os.makedirs(folder, exist_ok=True)
+            for key, value in cgroup_limits(memory_mb)[ctrl].items():
+                with open(os.path.join(folder, key), "w") as f:
+                    f.write(value)
+            with open(os.path.join(folder, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+            joined.append(ctrl)
+        except OSError:
+            pass
+    return joined
+
+
+def remove_cgroups(name: str) -> None:
+    """Remove the run's cgroups (after its processes are gone; an empty cgroup is removed with rmdir)."""
+    for folder in cgroup_dirs(name).values():
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
+
+
 def _mount(*args: str) -> None:
     subprocess.run(["mount", *args], check=True, capture_output=True)
 
@@ -130,7 +189,7 @@ def _bind(src: str, root: str, read_only: bool = True) -> None:
 
 def launch(config: dict) -> None:
     """Build the root, lock this process in it, drop to the run's uid and become the kernel."""
-    root, work, uid = config["root"], config["work"], int(config["uid"])
+    root, uid = config["root"], int(config["uid"])
     os.makedirs(root, exist_ok=True)
     _mount("-t", "tmpfs", "-o", "size=16m,mode=755,nosuid,nodev", "tmpfs", root)
     for link in ("/bin", "/lib", "/lib64", "/lib32", "/sbin", "/libx32"):
@@ -143,9 +202,11 @@ def launch(config: dict) -> None:
             _bind(f"/dev/{dev}", root, read_only=False)
     os.makedirs(os.path.join(root, "proc"), exist_ok=True)
     _mount("-t", "proc", "-o", "nosuid,nodev,noexec", "proc", os.path.join(root, "proc"))
-    os.makedirs(os.path.join(root, "tmp"), exist_ok=True)
-    _mount("--bind", work, os.path.join(root, "tmp"))
-    _mount("-o", "remount,bind,nosuid,nodev", os.path.join(root, "tmp"))
+    os.makedirs(os.path.join(root, "tmp"), exist_ok=True)  # its own bounded tmpfs: it cannot fill the host's disk
+    _mount("-t", "tmpfs", "-o", f"size={TMP_MB}m,mode=700,uid={uid},gid={uid},nosuid,nodev", "tmpfs",
+           os.path.join(root, "tmp"))
+    if config.get("cgroup"):
+        join_cgroups(config["cgroup"], int(config["memory_mb"]))
     _mount("-o", "remount,ro,nosuid,nodev", root)
     os.chroot(root)
     os.chdir("/tmp")
