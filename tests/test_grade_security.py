@@ -404,6 +404,58 @@ def test_using_specref_in_an_answer_is_flagged_for_that_task_only(toy):
     assert any("specref" in f for f in flags["double_check"]) and flags["pair_check"] == []
 
 
+
+# The answer binds double() where a reading of top-level statements does not see it (issue 31, REPRO 1): the
+# grader once charged the reference use to no test, and the stub scored full marks. A guarded import of specref
+# (never run) keeps these fast.
+HIDDEN_BINDINGS = {
+    "def-in-if": ("if True:\n    def double(x):\n        if x is None:\n            import specref\n"
+                  "        return 2 * x"),
+    "match-capture": ("def twice(x):\n    if x is None:\n        import specref\n    return 2 * x\n\n"
+                      "match (twice,):\n    case (double,):\n        pass"),
+}
+
+
+@pytest.mark.parametrize("source", HIDDEN_BINDINGS.values(), ids=HIDDEN_BINDINGS.keys())
+def test_reference_use_is_charged_however_the_answer_binds_its_name(toy, source):
+    nb = solved(toy)
+    answer(nb, "double_answer")["source"] = source
+    code, report, out = grade(nb, toy)
+    assert code == 3, out
+    assert scores(report) == {"double_check": 0, "pair_check": 1}, report
+    flags = {t["grade_id"]: t["flags"] for t in report["tests"]}
+    assert any("specref" in f for f in flags["double_check"]) and flags["pair_check"] == []
+
+
+@pytest.mark.parametrize("source, names", [
+    ("if True:\n    def f(x): return x\nelse:\n    class C: pass", {"f", "C"}),
+    ("try:\n    import math as m\nexcept Exception as err:\n    from math import tau", {"m", "err", "tau"}),
+    ("with open('x') as fh:\n    for i, (j, k) in []:\n        while 1:\n            import cmath",
+     {"fh", "i", "j", "k", "cmath"}),
+    ("match [1]:\n    case [a, *rest]: pass\n    case {'k': v, **others}: pass\n    case int() as n: pass",
+     {"a", "rest", "v", "others", "n"}),
+    ("def g(a=(q := 1)):\n    global h\n    h = local = 2\ny = [(z := t) for t in range(2)]",
+     {"g", "q", "h", "y", "z"}),
+    ("x += 1\nw: int = 2\ndel v", {"x", "w", "v"}),
+])
+def test_names_bound_sees_every_binding_of_the_cells_scope(source, names):
+    from grade_scan import names_bound
+    assert names_bound(source) == names
+
+
+@pytest.mark.parametrize("source", ['exec("def double(x): return 2 * x")', 'globals()["double"] = abs',
+                                    'import sys\nsys.modules["__main__"].double = abs', 'vars().update(double=abs)'])
+def test_a_cell_that_binds_names_unseen_is_charged_to_every_later_test(toy, source):
+    """What no reading settles may bind double(): the cell's reference use reaches every later test."""
+    import grade as grader
+    from grade_scan import binds_unknown
+    nb = solved(toy)
+    answer(nb, "double_answer")["source"] = "if None:\n    import specref\n" + source
+    plan = grader.build_plan(toy_solution(), nb, "ex_toy.ipynb")
+    assert binds_unknown(source) and not binds_unknown("double = lambda x: 2 * x\nmodel.eval()")
+    assert all(2 in t.depends for t in plan.tests) and plan.reference[2], plan
+
+
 # -- 5. honest failures explain themselves --------------------------------------------------------
 def test_a_failed_check_shows_its_whole_message_with_the_hint(toy):
     nb = copy.deepcopy(toy[2])

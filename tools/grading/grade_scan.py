@@ -212,20 +212,90 @@ def names_used(source: str) -> set[str]:
         return set()
 
 
+def _module_scope(node: ast.AST):
+    """The nodes of `node` that run in the cell's own (module) scope, at any depth of if/try/with/for/while/match:
+    not the bodies of functions, classes, lambdas and comprehensions, but their decorators, defaults and bases."""
+    for child in ast.iter_child_nodes(node):
+        yield child
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = child.args
+            parts = [*getattr(child, "decorator_list", []), *a.defaults, *[d for d in a.kw_defaults if d]]
+        elif isinstance(child, ast.ClassDef):
+            parts = [*child.decorator_list, *child.bases, *[k.value for k in child.keywords]]
+        elif isinstance(child, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            parts = [child.generators[0].iter]
+        else:
+            yield from _module_scope(child)
+            continue
+        for part in parts:
+            yield part
+            yield from _module_scope(part)
+
+
 def names_bound(source: str) -> set[str]:
-    """Top-level names a cell binds (functions, classes, assignments, imports)."""
+    """Every name a cell binds in its own scope, at any depth of its blocks: functions, classes, imports,
+    assignment, for, with and except targets, match captures, del; walrus targets and `global` names anywhere.
+
+    Names bound by means no reading of the source settles (exec, globals(), ...) are `binds_unknown`'s.
+    """
     try:
         tree = ast.parse(source)
     except (SyntaxError, *UNREADABLE):
         return set()
     out: set[str] = set()
-    for node in tree.body:
+    for node in ast.walk(tree):  # these reach the cell's scope from inside a function or a comprehension too
+        if isinstance(node, ast.Global):
+            out.update(node.names)
+        elif isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
+            out.add(node.target.id)
+    for node in _module_scope(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             out.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            out |= {(a.asname or a.name).split(".")[0] for a in node.names}
-        else:
-            for sub in ast.walk(node):
-                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
-                    out.add(sub.id)
+            out |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"}
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            out.add(node.id)
+        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+            out.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            out.add(node.rest)
     return out
+
+
+# What binds names that no reading of the source settles: code run from a string, the namespaces written
+# as dicts, attributes set by a computed name, modules that hand out the interpreter's own tables.
+DYNAMIC_NAMES = {"exec", "eval", "compile", "globals", "vars", "locals", "setattr", "delattr", "__import__",
+                 "__builtins__", "get_ipython", "__dict__", "__main__"}
+DYNAMIC_ATTRS = {"__dict__", "__builtins__", "__globals__", "__setattr__", "__delattr__", "modules", "f_globals",
+                 "f_locals", "f_builtins", "setattr", "__import__"}
+
+
+def binds_unknown(source: str) -> bool:
+    """Whether a cell may bind names that `names_bound` cannot see: exec/eval, globals()/vars()/locals(),
+    setattr or an attribute store on an object it did not create (a module), sys.modules, ``__dict__``,
+    ``__builtins__``, a star import, an import of a module an answer may not import. A cell that does not
+    parse binds nothing."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, *UNREADABLE):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in DYNAMIC_NAMES:
+            return True
+        if isinstance(node, ast.Attribute):
+            if node.attr in DYNAMIC_ATTRS:
+                return True
+            root = _root(node)
+            if isinstance(node.ctx, (ast.Store, ast.Del)) and not (isinstance(root, ast.Name)
+                                                                   and root.id in ("self", "cls")):
+                return True
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.strip() in (
+                DYNAMIC_NAMES | DYNAMIC_ATTRS):
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if any(m.split(".")[0] not in ALLOWED_IMPORTS | {"specref"} for m in mods):
+                return True
+            if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+                return True
+    return False
