@@ -205,7 +205,7 @@ def test_each_run_draws_a_fresh_hidden_seed_and_records_it(course, tmp_path):
         with_answer(solved(double_solution(), "ex90_double.ipynb"), "double_answer", MEMORISED)))
     one = _run(course, tmp_path / "one")
     two = _run(course, tmp_path / "two")
-    assert one["seed"] != two["seed"] and all(1 <= s < 2**31 for s in (one["seed"], two["seed"]))
+    assert one["seed"] != two["seed"] and all(1 <= s < 2**63 for s in (one["seed"], two["seed"]))
     for run, out in ((one, tmp_path / "one"), (two, tmp_path / "two")):
         rows = _rows(out / "book.csv")
         assert {r["hidden_seed"] for f, r in rows.items() if not f.startswith("dave")} == {str(run["seed"])}

@@ -38,12 +38,13 @@ def _src(cell: dict) -> str:
     return "".join(cell["source"])
 
 
-@pytest.mark.parametrize("value, want", [("7", 7), (7, 7), ("1", 1), (" 12 ", 12), (2**31 - 1, 2**31 - 1)])
+@pytest.mark.parametrize("value, want", [("7", 7), (7, 7), ("1", 1), (" 12 ", 12), (2**31 - 1, 2**31 - 1),
+                                         (2**63 - 1, 2**63 - 1)])
 def test_hidden_seed_reads_an_integer_of_at_least_one(value, want):
     assert grade.hidden_seed(value) == want
 
 
-@pytest.mark.parametrize("value", ["0", 0, "-3", "x", "1.5", 2**31, True, None])
+@pytest.mark.parametrize("value", ["0", 0, "-3", "x", "1.5", 2**63, True, None])
 def test_hidden_seed_refuses_anything_else_and_says_what_is_allowed(value):
     with pytest.raises(grade.GradeError, match="--seed must be"):
         grade.hidden_seed(value)
@@ -51,7 +52,14 @@ def test_hidden_seed_refuses_anything_else_and_says_what_is_allowed(value):
 
 def test_a_random_seed_is_a_valid_seed_and_differs_between_draws():
     seeds = {grade.hidden_seed("random") for _ in range(4)}
-    assert all(1 <= s < 2**31 for s in seeds) and len(seeds) > 1
+    assert all(1 <= s < 2**63 for s in seeds) and len(seeds) > 1
+
+
+def test_a_random_seed_has_63_bits_too_many_to_try_offline():
+    # A seed below 2**32 is brute-forced from what a check shows; 63 bits fall below 2**32 with odds 2**-31 per draw.
+    seeds = [grade.hidden_seed("random") for _ in range(64)]
+    assert all(2**32 <= s < 2**63 for s in seeds)
+    assert max(seeds) >= 2**60  # drawn from the whole range, not a narrower one
 
 
 def test_with_seed_binds_hidden_seed_only_in_cells_that_read_it():
@@ -144,7 +152,7 @@ def test_answers_learned_by_heart_pass_the_solutions_seed_and_fail_another(tmp_p
 def test_grade_py_refuses_a_bad_seed_before_grading(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "grading" / "grade.py"), str(tmp_path / "none.ipynb"),
                            "--seed", "0"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "--seed must be in [1, 2**31)" in done.stderr
+    assert done.returncode == 2 and "--seed must be in [1, 2**63)" in done.stderr
 
 
 # Grades in kernels whose environment tools/grading/grade.py sets itself: tools/upkeep/portable.py leaves these out.

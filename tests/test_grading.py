@@ -442,6 +442,21 @@ def test_step_grader_rejects_typical_mistakes(wrong, message):
         accept_reject.check_accept_reject_step(wrong)
 
 
+def test_the_reference_rule_ignores_a_learner_name_that_a_grading_helper_also_has():
+    # Every grader module holds the shared helpers (passed, close, ...) under their public names; a learner
+    # function that reads the exercise's grader module and an attribute `.passed` of its own result uses neither.
+    from specref.course.grading.rules import reference_uses
+
+    def answer(result):
+        assert accept_reject is not None  # the exercise's grader module, a global of the learner's notebook
+        return result.passed or result.close
+
+    assert reference_uses(answer, ("specref.course.grading",)) == []
+    # The control: a check function of the same module is still a forbidden use.
+    assert reference_uses(lambda r: accept_reject.check_residual, ("specref.course.grading",)) == [
+        "specref.course.grading.accept_reject.check_residual"]
+
+
 def test_the_broken_samplers_parts_make_a_correct_step_when_none_is_swapped(capsys):
     # The control for the test above: each broken sampler fails for the one part it swaps.
     accept_reject.check_accept_reject_step(_learner_step())
@@ -585,3 +600,48 @@ def test_toy_measurement_cases_separate_the_two_alphas(n_cases, seed):
                                             speedup_grading._reference_generator(seed, n))  # the grader's own
         gaps.append(abs(ref["alpha_states"] - ref["alpha_steps"]) / speedup_grading.toy_tolerances(ref)[1])
     assert max(gaps) > 2
+
+
+# --------------------------------------------------------------------------------------
+# The hidden seed does not leak through a generator handed to learner code
+# --------------------------------------------------------------------------------------
+
+HIDDEN = 0x5DEE_CE66_2545_F491  # a 63-bit hidden seed, as grade.py draws them
+
+
+def _state_words(gen: torch.Generator) -> np.ndarray:
+    """Every 32-bit word of a torch generator's state (the Mersenne Twister's mt[] among them)."""
+    raw = gen.get_state().numpy().tobytes()
+    return np.frombuffer(raw[: len(raw) // 4 * 4], dtype="<u4").astype(np.int64)
+
+
+def _near_seed(words: np.ndarray, seed: int, spread: int = 1000) -> bool:
+    low = seed & 0xFFFFFFFF
+    return bool((np.abs(words - low) <= spread).any())
+
+
+def test_a_freshly_seeded_generator_shows_its_seed_so_the_probe_has_power():
+    # Negative control: a generator seeded with the hidden seed + n holds it in its state, and the probe sees it.
+    assert _near_seed(_state_words(torch.Generator().manual_seed(HIDDEN + 3)), HIDDEN)
+
+
+def test_derived_seeds_are_63_bit_deterministic_and_differ_by_purpose_and_case():
+    from specref.course.grading.report import derived_seed
+    a = derived_seed(HIDDEN, "measure_toy", 1)
+    assert a == derived_seed(HIDDEN, "measure_toy", 1) and 0 <= a < 2**63
+    assert len({a, derived_seed(HIDDEN, "measure_toy", 2), derived_seed(HIDDEN, "step", 1),
+                derived_seed(HIDDEN + 1, "measure_toy", 1)}) == 4
+    with pytest.raises(TypeError, match="seed must be an int"):
+        derived_seed("1", "x")
+
+
+def test_check_toy_measurement_hands_generators_that_do_not_reveal_the_hidden_seed():
+    seen: list[np.ndarray] = []
+
+    def probe(target, draft, k, runs, n, generator):
+        seen.append(_state_words(generator))
+        raise RuntimeError("probe")  # the check stops at the first case; one is enough
+
+    with pytest.raises(AssertionError, match="probe"):
+        speedup_grading.check_toy_measurement(probe, seed=HIDDEN)
+    assert seen and not any(_near_seed(w, HIDDEN) for w in seen)

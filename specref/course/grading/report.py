@@ -5,11 +5,13 @@ the received answer and a hint, or returns None and prints one line on success.
 The helpers: `call_learner` runs the learner's function and turns an exception into a
 `failure` that shows the input; `passed` prints the success line; `as_float` and `as_vector`
 read an answer or return None; `close` compares floats; `global_rng_state` and
-`same_global_rng` catch a learner drawing from a global generator; `fmt` formats numbers.
+`same_global_rng` catch a learner drawing from a global generator; `fmt` formats numbers;
+`derived_seed` seeds every generator the graders hand to learner code.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -43,6 +45,20 @@ def call_learner(
         raise
     except Exception as e:  # noqa: BLE001 - any error of the learner's code is reported with its input
         raise failure(grader, where, list(inputs) + [f"your function raised {type(e).__name__}: {e}"], hint) from e
+
+
+def derived_seed(seed: int, *labels: object) -> int:
+    """A 63-bit seed for one generator: sha256 of (seed, labels), a one-way function.
+
+    A freshly seeded generator's state holds its seed (a Mersenne Twister's first word is the seed), and
+    learner code may read every generator it is handed. Seeded with derived_seed(HIDDEN_SEED, purpose, n),
+    that state leads back neither to the hidden seed nor to the generator of another case or purpose.
+    Deterministic: the same (seed, labels) always gives the same seed, so visible cases stay reproducible.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    text = repr((seed,) + tuple(labels)).encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") >> 1
 
 
 def global_rng_state() -> tuple[object, ...]:

@@ -18,7 +18,7 @@ from ...rejection import acceptance_probability
 from ...theory import expected_tokens_per_step as _ref_expected
 from ...theory import optimal_k as _ref_optimal_k
 from ...theory import speedup as _ref_speedup
-from .report import as_float, as_vector, call_learner, close, failure, fmt, passed
+from .report import as_float, as_vector, call_learner, close, derived_seed, failure, fmt, passed
 from .rules import graded
 
 # The reference rule: Tasks 1-5 write the formulas of specref.theory; Task 6 measures with the course's simulator
@@ -313,7 +313,7 @@ _Z = 5.0  # tolerance in standard errors: a correct measurement fails with proba
 
 def _reference_generator(seed: int, n: int) -> torch.Generator:
     """The generator of the grader's reference simulation for case n (1-based) of a given seed."""
-    return torch.Generator().manual_seed(seed * 100 + n)
+    return torch.Generator().manual_seed(derived_seed(seed, "toy_reference", n))
 
 
 def toy_tolerances(ref: dict) -> tuple[float, float]:
@@ -340,8 +340,9 @@ def check_toy_measurement(fn: Callable[..., object], n_cases: int = 3, seed: int
         inputs = [f"k = {k}, runs = {TOY_RUNS}, n = {TOY_N}, start token 0"]
         ref = toy_reference(target, draft, k, TOY_N, _REF_RUNS, _reference_generator(seed, n))
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed + n)
-            out = call_learner(g, where, inputs, fn, target, draft, k, TOY_RUNS, TOY_N, torch.Generator().manual_seed(seed + n))
+            torch.manual_seed(derived_seed(seed, "global", n))
+            gen = torch.Generator().manual_seed(derived_seed(seed, "measure_toy", n))  # its state tells nothing of seed
+            out = call_learner(g, where, inputs, fn, target, draft, k, TOY_RUNS, TOY_N, gen)
         vals = [as_float(x) for x in out] if isinstance(out, (tuple, list)) and len(out) == 3 else None
         if vals is None or any(v is None or not math.isfinite(v) for v in vals):
             raise failure(g, where, inputs + [f"got {out!r}"], "return three numbers: (tokens_per_step, alpha_states, alpha_steps).")
