@@ -44,8 +44,9 @@ def check_expected_tokens_value(value: object, alpha: float = 0.6, k: int = 3) -
     if v is None:
         raise failure(g, "give a single number.", inputs + [f"got {value!r}"])
     if not abs(v - want) <= 0.005:  # NaN is no answer: written as `> 0.005`, NaN would pass
-        hint = _expected_hint(alpha, k, v)
-        raise failure(g, "wrong value.", inputs + [f"expected {want:.2f}", f"got      {v:.4g}"], hint)
+        hint = _expected_hint(alpha, k, v)  # says what is wrong, never the value the task asks for by hand
+        raise failure(g, "wrong value: yours is not E[tokens per step] at this alpha and k (to 2 decimals).",
+                      inputs + [f"got {v:.4g}"], hint)
     passed(g, f"E = {want:.2f} tokens per step")
 
 
@@ -57,25 +58,23 @@ def _expected_hint(alpha: float, k: int, got: float, tol: float = 0.005) -> str:
     if alpha == 1 and not math.isfinite(got):
         return _ALPHA_ONE_HINT
     if k > 0 and near(geometric(k)):
-        return (
-            "that is (1 - alpha^k) / (1 - alpha): one term short. Tokens per step = 1 + A with "
-            "P(A >= i) = alpha^i for i = 1..k, so E = sum_{i=0..k} alpha^i = (1 - alpha^(k+1)) / (1 - alpha)."
-        )
+        return ("that looks one term short: a step emits 1 to k + 1 tokens, the correction or bonus included; "
+                "count every one of them.")
     if near(geometric(k + 2)):
-        return "that is one term too many (k off by one): E = sum_{i=0..k} alpha^i, k + 1 terms."
+        return "that looks one term too many (k off by one): a step emits at most k + 1 tokens."
     if near(geometric(k + 1) - 1):
         return "that counts only accepted drafts; every step also emits one more token (a correction or the bonus)."
     if near(alpha * k + 1) or near(alpha * k):
-        return (
-            "alpha k + 1 would count every draft as accepted with probability alpha on its own; but a rejection "
-            "ends the step, so draft i counts only if drafts 1..i all are accepted: P(A >= i) = alpha^i."
-        )
-    return "E[tokens per step] = sum_{i=0..k} alpha^i = (1 - alpha^(k+1)) / (1 - alpha)."
+        return ("that counts every draft as accepted with probability alpha on its own; but a rejection ends the "
+                "step, so a draft counts only if every draft before it was accepted too.")
+    return ("recompute it: a step emits 1 token at alpha = 0 and k + 1 at alpha = 1; in between, a draft counts only "
+            "if every draft before it was accepted, and the correction or bonus always counts.")
 
 
+# Hints never spell out the formula the task asks for: they name the property that failed.
 _ALPHA_ONE_HINT = (
-    "at alpha = 1 every draft is accepted and a step emits k + 1 tokens; (1 - alpha^(k+1)) / (1 - alpha) "
-    "is 0/0 there, so handle alpha == 1 separately (the limit is k + 1)."
+    "at alpha = 1 every draft is accepted and a step emits k + 1 tokens; a closed form with 1 - alpha in its "
+    "denominator is 0/0 there, so handle alpha == 1 separately (the limit is k + 1)."
 )
 
 
@@ -102,9 +101,8 @@ def check_expected_tokens(fn: Callable[[float, int], object], n_cases: int = 60,
         if v is None:
             raise failure(g, where, inputs + [f"got {out!r}"], "return a single number.")
         if not (math.isfinite(v) and close(v, want, rel=1e-8)):
-            raise failure(
-                g, where, inputs + [f"expected {want:.6g}", f"got      {v:.6g}"], _expected_hint(alpha, k, v, tol=1e-8)
-            )
+            raise failure(g, where + " Yours is not E[tokens per step] there.", inputs + [f"got {v:.6g}"],
+                          _expected_hint(alpha, k, v, tol=1e-8))
     passed(g, f"{len(cases)} cases, alpha = 0 and alpha = 1 included")
 
 
