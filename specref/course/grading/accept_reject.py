@@ -83,15 +83,15 @@ def check_worked_example(
     b = as_float(beta)
     if b is None:
         raise failure(g, "beta must be a single number.", inputs + [f"got beta = {beta!r}"])
-    if not close(b, want_beta, rel=1e-6):
-        hint = "beta = sum over tokens of min(p(x), q(x)): the chance that a draft x ~ q is accepted."
+    if not close(b, want_beta, rel=1e-6):  # the messages never show the by-hand value nor its formula
+        hint = ("recompute it by hand: beta is the chance that a draft x ~ q is kept by the rule, summed over the "
+                "tokens x it can be.")
         if close(b, float((p - q).abs().sum()) / 2, rel=1e-6):
-            hint = "that is TV(p, q); beta = 1 - TV(p, q) = sum_x min(p(x), q(x))."
-        elif close(b, float(torch.maximum(p, q).sum()), rel=1e-6):
-            hint = "use min, not max: beta = sum_x min(p(x), q(x))."
-        raise failure(
-            g, "beta is wrong.", inputs + [f"expected beta = {want_beta:.4g}", f"got      beta = {b:.4g}"], hint
-        )
+            hint = "that is TV(p, q), the mass the rule must correct; beta is the mass it keeps."
+        elif b > 1:
+            hint = "a probability is at most 1: x cannot be kept more often than either p or q allows."
+        raise failure(g, "beta is wrong: yours is not the acceptance probability of this p and q.",
+                      inputs + [f"got beta = {b:.4g}"], hint)
 
     r = as_vector(residual)
     if r is None or r.shape != (3,):
@@ -101,12 +101,8 @@ def check_worked_example(
         )
     if not torch.allclose(r, want_res, atol=1e-6, rtol=0):
         hint = _residual_hint(p, q, r)
-        raise failure(
-            g,
-            "the residual is wrong.",
-            inputs + [f"expected residual = {fmt(want_res)}", f"got      residual = {fmt(r)}"],
-            hint,
-        )
+        raise failure(g, "the residual is wrong: yours is not the distribution a rejection draws from for this p, q.",
+                      inputs + [f"got residual = {fmt(r)}"], hint)
 
     cases = _pair_cases(np.random.default_rng(seed + 7), n_cases)
     for n, (label, pc, qc) in enumerate(cases, 1):
@@ -122,28 +118,30 @@ def check_worked_example(
         want_rep = (pc - qc).clamp(min=0)  # = (1 - beta) * residual
         beta_c = float(want_acc.sum())
         if not torch.allclose(accepted, want_acc, atol=1e-9, rtol=0):
-            hint = "accepted[x] = q(x) * min(1, p(x) / q(x)): x is drafted (q), then kept; that is min(p(x), q(x))."
+            hint = "accepted[x] is P(x is drafted, then kept by the rule); yours is not, for this p and q."
             if torch.allclose(accepted, pc, atol=1e-9):
-                hint = ("that is p, the total P(emit x); accepted is only the part where x was drafted and kept, "
-                        "min(p(x), q(x)). The rest comes from replacements.")
+                hint = ("that is p, the total P(emit x); accepted is only the part where x was drafted and kept. "
+                        "The rest comes from replacements.")
             elif torch.allclose(accepted, qc, atol=1e-9):
-                hint = "q(x) is the chance x is drafted; multiply by the chance it is then kept, min(1, p(x)/q(x))."
+                hint = "q(x) is the chance x is drafted; multiply by the chance the rule then keeps it."
             elif not torch.isfinite(accepted).all():
                 hint = "where q(x) = 0 the draft x never occurs: its accepted mass is 0, not p(x)/0."
-            raise failure(g, where, case_inputs + [f"expected accepted = {fmt(want_acc)}",
-                                                 f"got      accepted = {fmt(accepted)}"], hint)
+            elif bool((accepted > torch.minimum(pc, qc) + 1e-9).any()):
+                hint = "some accepted[x] exceeds p(x) or q(x): x is never kept more often than it is drafted or wanted."
+            raise failure(g, where, case_inputs + [f"got accepted = {fmt(accepted)}"], hint)
         if not torch.allclose(replaced, want_rep, atol=1e-9, rtol=0):
-            hint = "replaced[x] = P(rejection) * residual(x) = (1 - beta) * residual(x)."
+            hint = "replaced[x] is P(a rejection, then x as the replacement); yours is not, for this p and q."
             res_c = _ref_residual(pc, qc)
             if not torch.isfinite(replaced).all():
-                hint = ("p == q here, so max(0, p - q) has zero mass: a rejection never happens (1 - beta = 0) and "
+                hint = ("p == q here, so there is nothing to make up for: a rejection never happens (1 - beta = 0) and "
                         "replaced is all zeros. Do not divide by that zero mass.")
             elif beta_c < 1 and torch.allclose(replaced, res_c, atol=1e-9):
                 hint = "weight the residual by the probability of a rejection, 1 - beta: it is sampled only after one."
             elif torch.allclose(replaced, pc, atol=1e-9) or torch.allclose(replaced, (1 - beta_c) * pc, atol=1e-9):
-                hint = "after a rejection the replacement is drawn from the residual max(0, p - q) normalized, not from p."
-            raise failure(g, where, case_inputs + [f"beta = {beta_c:.4g}", f"expected replaced = {fmt(want_rep)}",
-                                                 f"got      replaced = {fmt(replaced)}"], hint)
+                hint = "after a rejection the replacement is drawn from the residual, not from p."
+            elif not torch.allclose(accepted + replaced, pc, atol=1e-9):
+                hint = f"accepted + replaced must be p (the rule is lossless); yours sum to {fmt(accepted + replaced)}."
+            raise failure(g, where, case_inputs + [f"got replaced = {fmt(replaced)}"], hint)
     kept = torch.minimum(p, q)
     passed(
         g,
@@ -164,21 +162,23 @@ def _residual_hint(p: torch.Tensor, q: torch.Tensor, got: torch.Tensor) -> str:
     if not torch.isfinite(got).all():
         if mass == 0:
             return (
-                "p == q here, so max(0, p - q) has zero mass and normalizing divides by 0. A rejection "
-                "then has probability 0 and the residual is never sampled: return any valid distribution "
+                "p == q here, so the residual has zero mass before normalizing, and normalizing divides by 0. "
+                "A rejection then has probability 0 and the residual is never sampled: return any valid distribution "
                 "(returning p is the convention) instead of dividing by zero."
             )
-        return "your result has NaN/inf: normalize max(0, p - q) (clamp first), and never divide by a zero mass."
+        return "your result has NaN/inf: clamp before you normalize, and never divide by a zero mass."
     if (got < -1e-12).any():
-        return "your residual has negative entries: clamp with max(0, p - q) before normalizing."
+        return "your residual has negative entries: clamp them to 0 before normalizing."
     if mass > 0 and torch.allclose(got, diff, atol=1e-9):
-        return f"max(0, p - q) sums to {mass:.4g} here: divide it by its sum so the residual sums to 1."
+        return f"yours sums to {float(got.sum()):.4g} here: divide it by its sum so the residual sums to 1."
     rev = (q - p).clamp(min=0)
     if float(rev.sum()) > 0 and torch.allclose(got, rev / rev.sum(), atol=1e-9):
-        return "p and q are swapped: the residual keeps the tokens where the target p exceeds the draft q."
+        return "p and q look swapped: the residual makes up for the tokens the target wants more often than drafted."
     if torch.allclose(got, p, atol=1e-9) and mass > 0:
-        return "you returned p: after a rejection, sample only where p exceeds q, i.e. max(0, p - q) normalized."
-    return "residual(x) = max(0, p(x) - q(x)) / sum_y max(0, p(y) - q(y))."
+        return ("you returned p: after a rejection the replacement must make up only for what accepted drafts "
+                "under-supply, or those tokens come out too often overall.")
+    return ("a rejection's replacement must make the output follow p exactly: accepted drafts plus replacements "
+            "give each token x its probability p(x).")
 
 
 def _distribution_pairs(rng: np.random.Generator, V: int) -> list[tuple[str, np.ndarray, np.ndarray]]:
