@@ -456,6 +456,46 @@ def test_a_cell_that_binds_names_unseen_is_charged_to_every_later_test(toy, sour
     assert all(2 in t.depends for t in plan.tests) and plan.reference[2], plan
 
 
+# An exercise whose own cells call specref (ex07's setup runs server_rows(); a later given cell compares the
+# learner's fit with the reference's): building the plan reads every cell and runs none, so no name has to exist.
+def _given_cells_solution() -> dict:
+    nb = toy_solution()
+    nb["cells"][1]["source"] = ("from specref.course.grading.load import check_fit, reference_fit, server_rows\n"
+                                "ROWS = server_rows()\n" + SETUP)
+    nb["cells"].insert(4, _code("print(double(2), reference_fit(ROWS))", cid="given"))
+    return nb
+
+
+@pytest.mark.parametrize("extra, flagged", [
+    ("print(double(len(server_rows())))", False),  # what the setup itself calls: an honest smoke run
+    ("print(reference_fit(ROWS))", True),  # only a given cell after the answer calls it: the reference
+    ("check_fit(double)", True),  # imported by the setup for the tests, never called by the exercise's cells
+])
+def test_an_answer_may_use_what_the_exercises_cells_before_it_use(extra, flagged):
+    import grade as grader
+    sol = _given_cells_solution()
+    nb = copy.deepcopy(sol)
+    answer(nb, "double_answer")["source"] = "def double(x):\n    return 2 * x\n\n" + extra
+    plan = grader.build_plan(sol, nb, "ex_toy.ipynb")
+    assert bool(plan.reference) == flagged and not plan.flags, plan.reference
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not AS_ROOT, reason="the jail needs root")
+def test_the_honest_ex07_answer_with_the_setups_own_call_gets_full_marks(tmp_path):
+    """The solution plus print(fit_pass_time(server_rows())), a call ex07's setup makes: once 3/9, needs review."""
+    import grade as grader
+    sol = REPO / "solutions" / "ex07_load_aware_k.ipynb"
+    nb = json.loads(sol.read_text())
+    cell = answer(nb, "ex07_fit_answer")
+    src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+    cell["source"] = src + "\n\nprint(fit_pass_time(server_rows()))\n"
+    path = tmp_path / "honest.ipynb"
+    path.write_text(json.dumps(nb))
+    report = grader.grade(path, sol)
+    assert report.exit_code == grader.EXIT_FULL and report.total == report.possible, report.text()
+
+
 # -- 5. honest failures explain themselves --------------------------------------------------------
 def test_a_failed_check_shows_its_whole_message_with_the_hint(toy):
     nb = copy.deepcopy(toy[2])

@@ -263,7 +263,12 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
                      f"today's tests ({version})")
     first_answer = next((i for i, c in enumerate(sol_cells) if is_answer(c)), len(sol_cells))
     setup_sources = [_source(c) for i, c in enumerate(sol_cells) if i < first_answer and c.get("cell_type") == "code"]
-    specref_names = imported_specref_names(setup_sources)
+    # The exercise's own code (setup and the given cells, not answers or tests): what it takes from specref, and
+    # what it uses before each answer, which that answer may use too (ex07's server_rows(), ex08's SAMPLERS). Given
+    # cells after an answer are not counted: they compare the learner's result with the reference (ex06, ex03).
+    given = [(i, _source(c)) for i, c in enumerate(sol_cells)
+             if c.get("cell_type") == "code" and not is_answer(c) and not is_test(c)]
+    specref_names = imported_specref_names([src for _, src in given])
     helpers = helper_names(setup_sources) & specref_names  # TorchRNG, exact_distribution, distribution_test, ...
     wall = WALL if wall is None else wall
     cells: list[dict] = []
@@ -298,7 +303,8 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
                 if ref.get("cell_type") != "code":
                     continue
             try:
-                findings = scan(text, specref_names, (names_used(_source(ref)) & specref_names) | helpers, wall)
+                shown = set().union(*(names_used(src) for j, src in given if j < i)) & specref_names
+                findings = scan(text, specref_names, (names_used(_source(ref)) & specref_names) | helpers | shown, wall)
             except SyntaxError as e:
                 syntax[i] = f"syntax error in answer cell {gid!r}, line {e.lineno}: {e.msg}"
                 findings = []
