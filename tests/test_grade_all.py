@@ -176,6 +176,27 @@ def test_a_parallel_run_writes_what_a_serial_run_writes(course, tmp_path):
     assert serial["exit_code"] == parallel["exit_code"] == grade.EXIT_UNGRADABLE
 
 
+def test_a_symbolic_link_is_never_graded(course, tmp_path):
+    """A link to another learner's notebook, or to their folder, would be graded as the linker's own work."""
+    sol, sub = course
+    (sub / "eve").mkdir()
+    (sub / "eve" / "ex90_double.ipynb").symlink_to(sub / "alice" / "ex90_double.ipynb")
+    (sub / "frank").symlink_to(sub / "alice", target_is_directory=True)
+    (sub / "alice" / "loop").symlink_to(sub, target_is_directory=True)  # a link to a parent: walked once, no loop
+    summary = _run(course, tmp_path / "out", seed=5)
+    rows = _rows(tmp_path / "out" / "book.csv")
+    linked = ["eve/ex90_double.ipynb", "frank/ex90_double.ipynb", "frank/ex91_pair.ipynb"]
+    for rel in linked:
+        assert rows[rel]["status"] == "could not be graded" and rows[rel]["total"] == "0", rows[rel]
+        assert "a symbolic link" in rows[rel]["reasons"], rows[rel]
+        assert "a symbolic link" in (tmp_path / "out" / "book-feedback" / rel).with_suffix(".md").read_text()
+    assert rows["alice/ex90_double.ipynb"]["total"] == "2" and summary["graded"] == 6
+    looped = [f for f in rows if f.startswith("alice/loop/")]
+    assert "alice/loop/bob/ex90_double.ipynb" in looped and not any(f.count("loop") > 1 for f in looped)
+    assert all(rows[f]["status"] == "could not be graded" for f in looped)
+    assert _run(course, tmp_path / "out", seed=5)["graded"] == 0  # a resumed run: nothing to regrade
+
+
 def test_resume_regrades_only_what_changed(course, tmp_path):
     sol, sub = course
     first = _run(course, tmp_path)

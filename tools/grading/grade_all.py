@@ -70,7 +70,27 @@ def outputs(csv_path: Path) -> dict[str, Path]:
 
 
 def submissions(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+    """Every notebook under `folder`, those reached through a symbolic link included (`linked` says which).
+
+    A linked folder is listed, not descended into any further: a link inside it, or a link to a parent, is not
+    followed, so no loop and no notebook elsewhere is ever graded.
+    """
+    found: list[Path] = []
+    for top, dirs, files in os.walk(folder):  # followlinks=False
+        for d in dirs:
+            if os.path.islink(os.path.join(top, d)):
+                found += [Path(t, f) for t, _, fs in os.walk(os.path.join(top, d)) for f in fs if f.endswith(".ipynb")]
+        found += [Path(top, f) for f in files if f.endswith(".ipynb")]
+    return sorted(p for p in found if ".ipynb_checkpoints" not in p.relative_to(folder).parts)
+
+
+def linked(folder: Path, path: Path) -> bool:
+    """Whether `path` or a folder between it and `folder` is a symbolic link (it may be another learner's file)."""
+    rel = path.relative_to(folder)
+    return any((folder / Path(*rel.parts[:n])).is_symlink() for n in range(1, len(rel.parts) + 1))
+
+
+LINKED = "a symbolic link: only the notebook files themselves are graded, never a link to a notebook or a folder"
 
 
 def sha256(data: bytes) -> str:
@@ -185,6 +205,12 @@ def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, 
     todo: list[tuple[str, Path]] = []
     for path in files:
         rel = path.relative_to(folder).as_posix()
+        if linked(folder, path):  # never read, never graded: recorded as it is, on every run
+            keys[rel] = {"linked": True}
+            state["entries"][rel] = {"key": None, "report": {**G.Report(rel, error=LINKED).as_dict(), "path": rel},
+                                     "seconds": 0.0}
+            echo(G.printable(console_line(rel, state["entries"][rel]["report"], {})))
+            continue
         data = path.read_bytes()
         key = {"submission": sha256(data), "solution": solution_version(data, solutions_dir), "grader": grader,
                "seed": run_seed}
