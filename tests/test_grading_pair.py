@@ -218,3 +218,64 @@ def test_an_unsolved_stub_reaches_the_learner_as_not_implemented():
     for check in (G.check_propose, G.check_step_caches, G.check_first_two_tokens, G.check_speculative_decode):
         with pytest.raises(NotImplementedError):
             check(stub)
+
+
+# -- ex04: the wrappers count every pass, and the checks see speculation happen (red team a03, a04) --------
+
+def test_the_model_behind_the_pass_counter_is_not_reachable_by_a_public_name():
+    target, _ = G._graded_pair(G._learners_pair())
+    assert not hasattr(target, "model")
+    assert list(target.children()) == [] and list(target.parameters()) == []
+    with pytest.raises(AttributeError):
+        target.get_submodule("_inner")
+    for name in ("get_parameter", "get_buffer"):
+        with pytest.raises(AttributeError):
+            getattr(target, name)("_inner.lm_head.weight")
+
+
+def test_plain_decoding_with_dummy_counted_passes_fails_the_decode_check():
+    """a03: plain greedy decoding on a model the wrapper does not see, then as many one-token counted passes as
+    speculation needs (the output and the pass count are right; the passes did not decode it)."""
+    prompt = heldout_prompts(n=1, n_tokens=24)[0]
+    model, _ = G._pair64()  # stands for any model the wrapper does not see (the notebook's own pair)
+    plain: list[int] = []
+    with torch.no_grad():
+        for _ in range(24):
+            plain.append(int(model(torch.tensor([prompt + plain]))[0, -1].argmax()))
+    steps = G._greedy_steps(prompt, 3, 24, plain)
+
+    def decode(target, draft, prompt, k, max_new_tokens, temperature=0.0, top_k=None, generator=None):
+        for _ in range(steps + 1):
+            target(torch.tensor([[0]]))
+        return list(plain)
+
+    with pytest.raises(AssertionError, match="were not fed the prompt and the tokens"):
+        G.check_speculative_decode(decode, n_prompts=1, ks=(3,))
+
+
+def _sample_from_target_alone(target, draft, seq, target_cache, draft_cache, k, temperature, top_k, generator):
+    """a04 (sampled steps): one token from the target, no drafts: the right distribution, no speculation."""
+    from specref.sampling import process_logits
+    with torch.no_grad():
+        logits = target(torch.tensor([seq[-1:]]), cache=target_cache)[0, -1]
+    return [int(torch.multinomial(process_logits(logits, temperature, top_k), 1, generator=generator))]
+
+
+def test_a_step_that_never_drafts_fails_the_sampling_check():
+    small = dict(G.SAMPLING, n=50)
+    with pytest.raises(AssertionError, match="never called the draft"):
+        G.check_first_two_tokens(_sample_from_target_alone, sampling=small)
+
+
+def _reject_every_draft(target, draft, seq, target_cache, draft_cache, k, temperature, top_k, generator):
+    """Drafts and one verifying pass, then a token from p_1 alone: the right first token, no draft ever accepted."""
+    drafts, _ = PROPOSE(draft, draft_cache, seq, k, temperature, top_k, generator)
+    logits = target(torch.tensor([seq[-1:] + drafts]), cache=target_cache)[0]
+    target_cache.truncate(len(seq))
+    draft_cache.truncate(min(int(draft_cache.lengths[0]), len(seq)))
+    return [int(torch.multinomial(process_logits(logits[0], temperature, top_k), 1, generator=generator))]
+
+
+def test_a_step_that_rejects_every_draft_fails_the_sampling_check():
+    with pytest.raises(AssertionError, match="rarely accept a draft"):
+        G.check_first_two_tokens(_reject_every_draft, sampling=dict(G.SAMPLING, n=200))

@@ -44,7 +44,7 @@ from ...rejection import verify_chain
 from ...models import heldout_prompts, load_pair
 from ...models.kvcache import KVCache
 from ...sampling import process_logits
-from .report import failure, passed
+from .report import derived_seed, failure, passed
 from .rules import graded
 
 # The reference rule: the tasks write the speculative loop, so specref's own drafts and decoding loop are out
@@ -76,26 +76,43 @@ class _Memo(torch.nn.Module):
     exactly what the model would compute (same shapes, same float64 arithmetic). The sampling check
     runs thousands of steps over a handful of distinct inputs; the memo makes that fast. Anything
     else (no cache, masks, a cache the wrapper does not know) runs the real model.
+
+    The model inside is not a public attribute nor a registered submodule (no `.model`, `children()`,
+    `get_submodule`): learner code reaches it only through `forward`, so every pass it makes is counted.
+    `fed` holds the token ids of each call on one sequence (None for any other input).
     """
 
     def __init__(self, model: torch.nn.Module, memo: dict | None = None) -> None:
         super().__init__()
-        self.model = model
+        object.__setattr__(self, "_inner", model)  # bypasses nn.Module's registry: unreachable from public names
         self.config = model.config
         self.calls = 0
         self.inputs: list[int] = []  # the number of new tokens of each call
+        self.fed: list[list[int] | None] = []  # the token ids of each call, [1, T] integer inputs only
         self._memo: dict = {} if memo is None else memo
+
+    def get_submodule(self, target: str) -> torch.nn.Module:
+        """Only the wrapper itself: nn.Module's own version would look up any attribute, `_inner` among them."""
+        if target:
+            raise AttributeError(f"the pass counter has no submodule {target!r}")
+        return self
+
+    def get_parameter(self, target: str):
+        raise AttributeError(f"the pass counter has no parameter {target!r}")
+
+    def get_buffer(self, target: str):
+        raise AttributeError(f"the pass counter has no buffer {target!r}")
 
     @property
     def device(self) -> torch.device:
-        return self.model.device
+        return self._inner.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.dtype
+        return self._inner.dtype
 
     def new_cache(self, batch_size: int, max_len: int | None = None, device=None, dtype=None) -> KVCache:
-        cache = self.model.new_cache(batch_size, max_len, device, dtype)
+        cache = self._inner.new_cache(batch_size, max_len, device, dtype)
         if batch_size == 1:
             cache._grader_tokens = []
         return cache
@@ -103,6 +120,9 @@ class _Memo(torch.nn.Module):
     def forward(self, input_ids, cache=None, position_ids=None, attention_mask=None, return_hidden=False,
                 logits_to_keep=0):
         self.calls += 1
+        one_row = (isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] == 1
+                   and not input_ids.is_floating_point() and input_ids.dtype != torch.bool)
+        self.fed.append([int(t) for t in input_ids[0].tolist()] if one_row else None)
         known = getattr(cache, "_grader_tokens", None)
         plain = (
             known is not None and position_ids is None and attention_mask is None and not return_hidden
@@ -115,13 +135,13 @@ class _Memo(torch.nn.Module):
                 self.inputs.append(int(input_ids.shape[1]))
             if cache is not None and hasattr(cache, "_grader_tokens"):
                 del cache._grader_tokens  # slots written by a call we did not follow
-            return self.model(input_ids, cache, position_ids, attention_mask, return_hidden, logits_to_keep)
+            return self._inner(input_ids, cache, position_ids, attention_mask, return_hidden, logits_to_keep)
         n, T = int(cache.lengths[0]), int(input_ids.shape[1])
         self.inputs.append(T)
         new = tuple(input_ids[0].tolist())
         if len(known) < n or n + T > cache.max_len:
             del cache._grader_tokens
-            return self.model(input_ids, cache=cache, logits_to_keep=logits_to_keep)
+            return self._inner(input_ids, cache=cache, logits_to_keep=logits_to_keep)
         key = (tuple(known[:n]), new, logits_to_keep)
         if key in self._memo:
             logits, k_new, v_new = self._memo[key]
@@ -129,7 +149,7 @@ class _Memo(torch.nn.Module):
             cache.v[:, 0, :, n : n + T] = v_new
             cache.lengths = cache.lengths + T
         else:
-            logits = self.model(input_ids, cache=cache, logits_to_keep=logits_to_keep)
+            logits = self._inner(input_ids, cache=cache, logits_to_keep=logits_to_keep)
             self._memo[key] = (logits, cache.k[:, 0, :, n : n + T].clone(), cache.v[:, 0, :, n : n + T].clone())
         cache._grader_tokens = list(key[0]) + list(new)
         return logits.clone()
@@ -229,9 +249,9 @@ def check_propose(fn: Callable[..., object], cases=PROPOSE_CASES, seed: int = 0)
         draft.inputs = []
         where = f"wrong answer on case {n} of {len(cases)}."
         inputs = [f"len(seq) = {len(seq)}, draft_cache holds seq[:{m}], k = {k}, temperature = {temp}, top_k = {top_k}"]
-        gen = torch.Generator().manual_seed(seed + n)
+        gen = torch.Generator().manual_seed(derived_seed(seed, "propose", n))
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed + n)
+            torch.manual_seed(derived_seed(seed, "global", n))
             try:
                 out = fn(draft, cache, list(seq), k, temp, top_k, gen)
             except NotImplementedError:
@@ -308,6 +328,15 @@ def exact_first_two(target: torch.nn.Module, prompt: list[int], temperature: flo
     return {(y1, y2): float(p1[y1] * p2[i, y2]) for i, y1 in enumerate(first) for y2 in torch.nonzero(p2[i] > 0).flatten().tolist()}
 
 
+def _first_beta(prompt: list[int], temperature: float, top_k: int | None) -> float:
+    """sum_x min(p(x), q(x)) after `prompt`: the probability a step's first draft is accepted there."""
+    target, draft = _pair64()
+    with torch.no_grad():
+        p = process_logits(target(torch.tensor([prompt]))[0, -1], temperature, top_k)
+        q = process_logits(draft(torch.tensor([prompt]))[0, -1], temperature, top_k)
+    return float(torch.minimum(p, q).sum())
+
+
 def _greedy_reference_step(prompt: list[int], k: int) -> list[int]:
     """What a greedy step emits after `prompt`: the draft's greedy drafts, then the greedy rule."""
     target, draft = _pair64()
@@ -341,7 +370,7 @@ def _step_cases() -> list[tuple[str, list[int], int, float, int | None, int]]:
 
 def _run_step(fn, target, draft, seq, tc, dc, k, temp, top_k, gen, g, where, inputs):
     seq_in = list(seq)
-    before = target.calls
+    before, draft_before = target.calls, draft.calls
     try:
         with torch.no_grad():
             out = fn(target, draft, seq_in, tc, dc, k, temp, top_k, gen)
@@ -358,6 +387,20 @@ def _run_step(fn, target, draft, seq, tc, dc, k, temp, top_k, gen, g, where, inp
     if target.calls - before != 1:
         raise failure(g, where, inputs + [f"your step called the target {target.calls - before} times"],
                     "score [seq[-1], x_1, ..., x_k] in ONE target call on the target cache: it gives p_1 .. p_{k+1}.")
+    # Speculation happened: the draft proposed, the target scored [seq[-1], k drafts], and what the step
+    # emitted before its last token is the accepted prefix of those drafts.
+    if draft.calls == draft_before:
+        raise failure(g, where, inputs + ["your step never called the draft"],
+                    "a speculative step first lets the draft propose k tokens, then verifies them in one target pass.")
+    fed = target.fed[-1]
+    if fed is None or len(fed) != k + 1 or fed[0] != seq[-1]:
+        shown = "not one [1, T] tensor of token ids" if fed is None else f"{len(fed)} token(s) starting with {fed[0]}"
+        raise failure(g, where, inputs + [f"your target call was fed {shown}"],
+                    f"the target pass scores seq[-1] and the k = {k} drafts: a [1, {k + 1}] tensor of token ids.")
+    if emitted[:-1] != fed[1:len(emitted)]:
+        raise failure(g, where, inputs + [f"the target scored drafts {fed[1:]}", f"your step emitted {emitted}"],
+                    "every token a step emits but its last is an accepted draft, in order: the emitted tokens "
+                    "start with the drafts the target scored.")
     return emitted
 
 
@@ -404,7 +447,7 @@ def _step_caches(fn: Callable[..., object], seed: int) -> int:
     V = target_real.config.vocab_size
     mine = _learners_pair()
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.manual_seed(derived_seed(seed, "global"))
         cases = _step_cases()
         for n, (label, seq, k, temp, top_k, case_seed) in enumerate(cases, 1):
             target, draft = _graded_pair(mine)
@@ -413,7 +456,7 @@ def _step_caches(fn: Callable[..., object], seed: int) -> int:
             where = f"wrong answer on step case {n} of {len(cases)} ({label})."
             inputs = [f"len(seq) = {len(seq)}, k = {k}, temperature = {temp}, top_k = {top_k}",
                       "both caches hold seq[:-1]"]
-            gen = torch.Generator().manual_seed(seed * 1000 + case_seed)
+            gen = torch.Generator().manual_seed(derived_seed(seed, "step", case_seed))
             emitted = _run_step(fn, target, draft, seq, tc, dc, k, temp, top_k, gen, g, where, inputs)
             if any(not 0 <= t < V for t in emitted):
                 raise failure(g, where, inputs + [f"emitted {emitted}"], f"token ids lie in [0, {V}).")
@@ -440,7 +483,7 @@ def _first_two_tokens(fn: Callable[..., object], sampling: dict | None, seed: in
     s = dict(SAMPLING if sampling is None else sampling)
     target_real, _ = _pair64()
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.manual_seed(derived_seed(seed, "global"))
         prompt = heldout_prompts(n=s["prompt"] + 1, n_tokens=s["n_tokens"])[s["prompt"]]
         k, temp, top_k, N = s["k"], s["temperature"], s["top_k"], s["n"]
         exact = exact_first_two(target_real, prompt, temp, top_k)
@@ -449,8 +492,9 @@ def _first_two_tokens(fn: Callable[..., object], sampling: dict | None, seed: in
         target, draft = _graded_pair(_learners_pair())
         tc0 = _prefilled(target, prompt[:-1], room=2 * (k + 1) + 2)
         dc0 = _prefilled(draft, prompt[:-1], room=2 * (k + 1) + 2)
-        gen = torch.Generator().manual_seed(seed + 1)
+        gen = torch.Generator().manual_seed(derived_seed(seed, "first_two_tokens"))
         counts = torch.zeros(len(expected), dtype=torch.long)
+        accepted_first = 0  # generations whose first step accepted its first draft: P = beta at the prompt
         where = f"the first two sampled tokens do not follow the target's distribution ({N} generations)."
         inputs = [f"held-out prompt {s['prompt']} ({s['n_tokens']} tokens), k = {k}, temperature = {temp}, top_k = {top_k}"]
         for _ in range(N):
@@ -458,9 +502,17 @@ def _first_two_tokens(fn: Callable[..., object], sampling: dict | None, seed: in
             while len(out) < 2:
                 emitted = _run_step(fn, target, draft, seq, tc, dc, k, temp, top_k, gen, g,
                                     "running the sampling check.", inputs)
+                accepted_first += not out and len(emitted) > 1
                 out += emitted
                 seq += emitted
             counts[cells.get(tuple(out[:2]), len(expected) - 1)] += 1
+        beta = _first_beta(prompt, temp, top_k)
+        floor = N * beta - 6 * math.sqrt(N * beta * (1 - beta))  # a correct step falls below with odds < 1e-9
+        if accepted_first < floor:
+            raise failure(g, "the sampled steps rarely accept a draft.",
+                          inputs + [f"{accepted_first} of {N} first steps accepted their first draft"],
+                          "a draft x is accepted with probability min(1, p(x)/q(x)); a step that rejects every draft "
+                          "(or samples from the target alone) emits the right distribution but does not speculate.")
         test = distribution_test(expected, counts=counts)
         if not test.passed:
             rows = [f"  {c}: expected {exact[c]:.4f}, observed {int(counts[i]) / N:.4f}" for c, i in cells.items()]
@@ -517,6 +569,12 @@ def sampling_power(sampling: dict | None = None) -> dict[str, float]:
 # --------------------------------------------------------------------------------------
 # Exercise 4.3: the decoder
 # --------------------------------------------------------------------------------------
+
+
+def _fed_in_order(fed: list[list[int] | None], tokens: list[int]) -> bool:
+    """Whether `tokens` is a subsequence of everything the model was fed, call after call (drafts in between)."""
+    stream = iter(t for call in fed if call is not None for t in call)
+    return all(any(t == s for s in stream) for t in tokens)
 
 
 def _greedy_steps(prompt: list[int], k: int, max_new_tokens: int, expected: list[int]) -> int:
@@ -587,6 +645,14 @@ def check_speculative_decode(
                 raise failure(g, where, inputs + [f"your decoder called the target {target.calls} times"],
                             f"every step verifies its drafts in one pass of the `target` it is given: {steps} steps "
                             "here, so at least as many passes of that target (not of another model).")
+            if not _fed_in_order(target.fed, list(prompt) + expected[:-1]):
+                raise failure(g, where, inputs + ["the target's passes were not fed the prompt and the tokens you "
+                                                  "returned, in order"],
+                            "every token comes from a pass of the `target` you are given: the prompt first, then each "
+                            "step feeds the last token and its drafts.")
+            if draft.calls < steps - 1:
+                raise failure(g, where, inputs + [f"your decoder called the draft {draft.calls} times, {steps} steps"],
+                            "each step lets the draft propose its k tokens before the target verifies them.")
     # A sampled run: the right number of valid tokens.
     target, draft = _graded_pair(mine)
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
