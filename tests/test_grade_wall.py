@@ -346,3 +346,13 @@ def test_arrays_changed_in_place_are_copied_back_and_generators_stay_in_step_wit
 
 # Grades in kernels whose environment tools/grading/grade.py sets itself: tools/upkeep/portable.py leaves these out.
 pytestmark = pytest.mark.grader
+
+
+def test_an_environment_under_tmp_is_a_setup_error_naming_the_cause(monkeypatch):
+    """The jail mounts an empty /tmp over the host's: a venv in /tmp vanishes and every kernel died unexplained."""
+    assert "/tmp/class/.venv" in grader.jail_problem(["/usr", "/tmp/class/.venv", "/work/specref"])
+    assert grader.jail_problem(["/usr", "/opt/venv", "/tmpdata/venv", "/work/specref"]) == ""
+    monkeypatch.setattr(grader, "can_jail", lambda: True)
+    monkeypatch.setattr(grader.grade_jail, "read_only_paths", lambda: ["/usr", "/tmp/v/lib/python3.11"])
+    run = grader.run_cells_wall([{"n": 0, "role": "setup", "grade_id": None, "source": "x = 1"}], 10, 1e12)
+    assert "lies under /tmp" in run.setup_error and "/tmp/v/lib/python3.11" in run.setup_error and not run.results

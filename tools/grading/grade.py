@@ -585,6 +585,17 @@ def can_jail() -> bool:
     return _JAIL[0]
 
 
+def jail_problem(read_only: list[str]) -> str:
+    """Why the jail cannot run this interpreter, or "": a path it must mount read-only (the Python environment,
+    specref) lies under /tmp, which the jail covers with the kernel's own empty /tmp (a venv made in /tmp)."""
+    for path in read_only:
+        if any(p == "/tmp" or p.startswith("/tmp/") for p in (os.path.normpath(path), os.path.realpath(path))):
+            return (f"the grading kernel cannot be jailed: {path} (the Python environment or specref) lies under /tmp, "
+                    "which the jail replaces with the kernel's own empty /tmp; install them outside /tmp "
+                    "(e.g. make venv in the repository) and grade with that interpreter")
+    return ""
+
+
 def run_cells_wall(cells: list[dict], cell_timeout: float, deadline: float, memory_mb: int = MEMORY_MB,
                    call_timeout: float = CALL_TIMEOUT_S) -> KernelRun:
     """Run the cells across the wall: tests in a trusted process, everything else in a jailed kernel.
@@ -593,6 +604,8 @@ def run_cells_wall(cells: list[dict], cell_timeout: float, deadline: float, memo
     trusted process (tools/grading/grade_trusted.py) gets the plan, runs the setup and the tests, calls into
     the kernel through two pipes and reports each test's outcome on a third pipe the kernel cannot reach.
     """
+    if can_jail() and jail_problem(grade_jail.read_only_paths()):  # every kernel would die at start, unexplained
+        return KernelRun(setup_error=jail_problem(grade_jail.read_only_paths()))
     marker = secrets.token_hex(8)
     base = Path(tempfile.mkdtemp(prefix="specref-grade-"))
     jailed = can_jail()
