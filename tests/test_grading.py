@@ -700,3 +700,10 @@ def test_a_wrong_emit_parts_shows_its_output_not_the_expected_parts_nor_their_fo
     assert "got replaced = " in msg and "lossless" in msg
     for leak in ("expected", "(1 - beta) * residual", "max(0, p"):
         assert leak not in msg, msg
+
+
+def test_a_wrong_speedup_does_not_show_the_right_one_nor_the_formulas():
+    msg = _message(speedup_grading.check_speedup, lambda alpha, k, c: 1.0)
+    assert "alpha = 0.6, k = 3, c = 0.05" in msg and "got 1" in msg
+    for leak in ("expected", "1.89", "2.176", "(1 - alpha", "/ (1 + c k)"):
+        assert leak not in msg, msg
