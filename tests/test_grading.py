@@ -707,3 +707,10 @@ def test_a_wrong_speedup_does_not_show_the_right_one_nor_the_formulas():
     assert "alpha = 0.6, k = 3, c = 0.05" in msg and "got 1" in msg
     for leak in ("expected", "1.89", "2.176", "(1 - alpha", "/ (1 + c k)"):
         assert leak not in msg, msg
+
+
+def test_a_wrong_optimal_k_shows_neither_the_best_k_nor_the_speedups():
+    msg = _message(speedup_grading.check_optimal_k, lambda alpha, c, k_max: k_max)
+    assert "got k = " in msg and "largest speedup" in msg
+    for leak in ("expected", "speedups:", "k=0:"):
+        assert leak not in msg, msg
