@@ -15,6 +15,7 @@ rules
     trees               Tree, tree_attention_mask, tree_position_ids, verify_tree*  (nb 06)
     tree_shapes         TreeShape, DynamicTree, grow_trees, build_tree (also drafts.shapes)  (nb 06)
     typical             TypicalAcceptance, verify_chain_typical: Medusa's rule, LOSSY  (nb 05, 08)
+    timing              sync, timed: the one timer every floor uses
 models
     models.gpt2, models.kvcache, models.tokenizer, models.pretrained       (nb 01, 04)
     models.pair         load_pair, training_record, heldout_prompts            (nb 04)
@@ -30,18 +31,19 @@ drafts
     drafts.mtp          MTPDraft: DeepSeek-V3 MTP modules chained by depth, a cache each
     drafts.load         load_draft(name, target): every shipped draft, checked against the target
 decoding
-    decoding.loop       SpecStats, the token buffer, prefill, the timer        (nb 04)
+    decoding.loop       SpecStats, the token buffer, prefill, run_steps: the one driver, on_step  (nb 04)
     decoding.chain      generate, speculative_step, speculative_generate       (nb 04)
     decoding.tree       score_tree, keep_path, tree_step, tree_generate        (nb 06)
     decoding.lookahead  lookahead_generate: Jacobi n-grams, made and verified in one pass
+    decoding.record     record_generation, acceptance_by_position (via on_step)  (nb 05)
     decoding.trace      trace_step: one step, recorded                         (nb 04)
 checks, perf
     checks.toy          Markov-chain models                                    (nb 02, 03)
     checks.rng          the symbolic rng and exact_distribution                (nb 02)
     checks.exact        exact enumeration of chain steps                       (nb 02, 03)
-    checks.exact_trees  exact enumeration of tree steps, broken tree rules     (nb 06)
-    checks.montecarlo   vectorized sampler, distribution test, broken rules    (nb 02)
-    checks.broken       broken drafts, targets, rules: shipped bugs as negative controls  (nb 04, 08)
+    checks.exact_trees  exact enumeration of tree steps                        (nb 06)
+    checks.montecarlo   vectorized sampler, distribution test                  (nb 02)
+    checks.broken       broken drafts, targets, chain and tree rules: shipped bugs as negative controls  (nb 04, 08)
     checks.pitfalls     the check that catches each shipped bug; exact TV      (nb 08)
     perf.costs, perf.measure   timing and the roofline                         (nb 01, 04)
     perf.costmodel      PassModel, CostModel, choose_k, batch_steps, crossover, the H100 example  (nb 07)

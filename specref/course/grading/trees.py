@@ -18,7 +18,7 @@ from .report import call_learner, failure, fmt, passed
 from .rules import graded
 
 # The reference rule: the tasks write what specref.trees does; specref.residual stays allowed (the setup imports it).
-FORBIDDEN = ("specref.trees", "specref.rejection.verify_chain", "specref.rejection._verify_chain",
+FORBIDDEN = ("specref.trees", "specref.rejection.verify_chain", "specref.rejection.verify_chain_unchecked",
              "specref.course.grading")
 ALLOWED = ("specref.course.grading.trees.check_tree_mask", "specref.course.grading.trees.check_multi_candidate")
 
