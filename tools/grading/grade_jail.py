@@ -37,21 +37,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 KERNEL = r'''
-def _describe(e, filename):
-    import traceback
-    name = type(e).__name__
-    where = ""
-    try:
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == filename]
-        if frames:
-            where = f" (line {frames[-1].lineno})"
-    except Exception:  # noqa: BLE001
-        pass
-    if isinstance(e, SyntaxError):
-        return f"SyntaxError (line {e.lineno}): {e.msg}"
-    return f"{name}{where}: {_message(e)}"
-
-
 def _jail_main():
     import builtins
     rfd, wfd = int(sys.argv[1]), int(sys.argv[2])
@@ -62,7 +47,7 @@ def _jail_main():
             code = compile(source, filename, "exec", dont_inherit=True)
             exec(code, ns)  # noqa: S102 - running the learner's cells is this process's job
         except BaseException as e:  # noqa: BLE001 - SystemExit and KeyboardInterrupt of a cell are its errors
-            return _describe(e, filename)
+            return describe_error(e, filename)
         finally:
             try:
                 sys.stdout.flush()

@@ -666,6 +666,21 @@ def _message(e: BaseException) -> str:
     return s if len(s) <= 20000 else s[:20000] + " [...]"
 
 
+def describe_error(e: BaseException, filename: str) -> str:
+    """'TypeName (line N): message', N the last line of the traceback in `filename` (a cell's source)."""
+    import traceback
+    if isinstance(e, SyntaxError):
+        return f"SyntaxError (line {e.lineno}): {e.msg}"
+    where = ""
+    try:
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == filename]
+        if frames:
+            where = f" (line {frames[-1].lineno})"
+    except Exception:  # noqa: BLE001
+        pass
+    return f"{type(e).__name__}{where}: {_message(e)}"
+
+
 def _rebuild_error(name: str, text: str) -> Exception:
     cls = _BUILTIN_ERRORS.get(name)
     if cls is not None:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from grade_rpc import CallTimeout, ChannelClosed, Peer, Remote, _message  # noqa: E402
+from grade_rpc import CallTimeout, ChannelClosed, Peer, Remote, _message, describe_error  # noqa: E402
 
 _plan = json.loads(sys.stdin.buffer.read().decode("utf-8"))
 _EVENTS = int(_plan["events"])
@@ -42,18 +42,6 @@ def emit(event: dict) -> None:
     data = (json.dumps(event, default=str, ensure_ascii=True) + "\n").encode("ascii")
     while data:
         data = data[os.write(_EVENTS, data):]
-
-
-def describe(e: BaseException, filename: str) -> str:
-    import traceback
-    where = ""
-    try:
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == filename]
-        if frames:
-            where = f" (line {frames[-1].lineno})"
-    except Exception:  # noqa: BLE001
-        pass
-    return f"{type(e).__name__}{where}: {_message(e)}"
 
 
 def names_loaded(source: str) -> list[str]:
@@ -134,7 +122,7 @@ def run_test(cell: dict, ns: dict, peer: Peer, answer_errors: list[str]) -> bool
         outcome, message = "failed", "not implemented yet: an answer still raises NotImplementedError" + (
             f" ({_message(e)})" if _message(e) else "")
     except Exception as e:  # noqa: BLE001
-        outcome, message = "error", describe(e, filename)
+        outcome, message = "error", describe_error(e, filename)
     emit({"ev": "result", "n": n, "grade_id": cell.get("grade_id"), "outcome": outcome, "message": message,
           "flags": flags, "answer_errors": list(answer_errors)})
     return True
@@ -169,7 +157,7 @@ def main() -> None:
                 try:
                     exec(compile(source, filename, "exec", dont_inherit=True), ns)  # noqa: S102
                 except BaseException as e:  # noqa: BLE001
-                    error = "in the grader: " + describe(e, filename)
+                    error = "in the grader: " + describe_error(e, filename)
             if error is not None:
                 emit({"ev": "cell_error", "n": n, "role": role, "grade_id": None, "message": str(error)})
                 return
@@ -184,7 +172,7 @@ try:
     main()
 except BaseException as _e:  # noqa: BLE001
     try:
-        emit({"ev": "internal_error", "message": describe(_e, "")})
+        emit({"ev": "internal_error", "message": describe_error(_e, "")})
     except BaseException:  # noqa: BLE001
         pass
 sys.stdout.flush()
