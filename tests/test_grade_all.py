@@ -386,6 +386,26 @@ def _processes_under(folder: Path) -> set[int]:
     return found
 
 
+def _described(pids: set[int]) -> list[str]:
+    out = []
+    for pid in sorted(pids):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:160]
+            ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+            out.append(f"{pid} (parent {ppid}): {cmd}")
+        except OSError:
+            out.append(f"{pid}: gone")
+    return out
+
+
+def _uid(pid: int) -> int | None:
+    try:
+        return int(next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                        if line.startswith("Uid:")).split()[1])
+    except (OSError, StopIteration):
+        return None
+
+
 def _wait_for(predicate, seconds: float) -> bool:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -414,9 +434,11 @@ def test_a_stopped_run_leaves_no_kernel_behind(course, tmp_path, jobs):
     try:
         # a kernel and a trusted process for each submission being graded
         assert _wait_for(lambda: len(left()) >= 2 * jobs, 120), "no grading started"
+        if grade.can_jail():  # and the jails are past their change of uid: the learner's code runs
+            assert _wait_for(lambda: sum(_uid(p) not in (0, None) for p in left()) >= jobs, 120), "no jail started"
         run.send_signal(signal.SIGTERM)
         run.wait(timeout=30)
-        assert _wait_for(lambda: not left(), 20), f"processes left running after SIGTERM: {sorted(left())}"
+        assert _wait_for(lambda: not left(), 20), f"processes left running after SIGTERM: {_described(left())}"
     finally:
         run.kill()
         for pid in left():

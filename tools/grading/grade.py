@@ -464,14 +464,13 @@ def _limits(memory_mb: int) -> None:  # runs in the child before exec
     os.umask(0o077)
 
 
-def die_with_parent() -> None:  # runs in a child before exec, or first thing in a worker
+def die_with_parent(parent: int) -> None:  # runs in a child before exec, or first thing in a worker
     """Ask the kernel to SIGKILL this process when its parent dies (Linux's PR_SET_PDEATHSIG).
 
     A grader stopped by SIGTERM or SIGKILL then takes its kernels, jails and trusted processes with it
     (unshare's --kill-child passes the signal on into the jail's namespace) instead of leaving them to run.
     """
-    parent = os.getppid()
-    try:
+    try:  # `parent` is the parent's pid as the parent read it: a child cannot tell a dead parent from init
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
@@ -480,8 +479,8 @@ def die_with_parent() -> None:  # runs in a child before exec, or first thing in
         os._exit(1)
 
 
-def _child_setup(memory_mb: int | None) -> None:  # runs in the child before exec
-    die_with_parent()
+def _child_setup(memory_mb: int | None, parent: int) -> None:  # runs in the child before exec
+    die_with_parent(parent)
     if memory_mb is not None:
         _limits(memory_mb)
 
@@ -527,6 +526,7 @@ def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb
     """Run the cells (setup, answers, others, tests; in order) in a fresh sandboxed kernel."""
     secret = secrets.token_bytes(32)
     marker = secrets.token_hex(8)
+    me = os.getpid()  # the children's parent, for die_with_parent
     base = Path(tempfile.mkdtemp(prefix="specref-grade-"))
     uid = _free_uid() if _as_root() else None
     work = base / "work"
@@ -546,7 +546,7 @@ def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, cwd=work,
                                     env=_environment(str(work), marker), pass_fds=(w,), start_new_session=True,
-                                    preexec_fn=lambda: _child_setup(memory_mb))
+                                    preexec_fn=lambda: _child_setup(memory_mb, me))
         except OSError as e:
             return KernelRun(setup_error=f"could not start the grading kernel ({cmd[0]}): {e}")
         os.close(w)
@@ -607,6 +607,7 @@ def run_cells_wall(cells: list[dict], cell_timeout: float, deadline: float, memo
     if can_jail() and jail_problem(grade_jail.read_only_paths()):  # every kernel would die at start, unexplained
         return KernelRun(setup_error=jail_problem(grade_jail.read_only_paths()))
     marker = secrets.token_hex(8)
+    me = os.getpid()  # the children's parent, for die_with_parent
     base = Path(tempfile.mkdtemp(prefix="specref-grade-"))
     jailed = can_jail()
     uid = _free_uid() if jailed else None
@@ -632,10 +633,10 @@ def run_cells_wall(cells: list[dict], cell_timeout: float, deadline: float, memo
                       "read_only": grade_jail.read_only_paths(), "rfd": t2j_r, "wfd": j2t_w,
                       "python": sys.executable, "source": source, "env": env, "cgroup": f"run-{marker}"}
             cmd = grade_jail.command(config)
-            pre = lambda: _child_setup(None)  # noqa: E731  # the jail sets its own limits
+            pre = lambda: _child_setup(None, me)  # noqa: E731  # the jail sets its own limits
         else:
             cmd = [sys.executable, "-I", "-c", source, str(t2j_r), str(j2t_w)]
-            pre = lambda: _child_setup(memory_mb)  # noqa: E731
+            pre = lambda: _child_setup(memory_mb, me)  # noqa: E731
         try:
             procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                           cwd=work, env=env, pass_fds=(t2j_r, j2t_w), start_new_session=True,
@@ -645,7 +646,7 @@ def run_cells_wall(cells: list[dict], cell_timeout: float, deadline: float, memo
             procs.append(subprocess.Popen([sys.executable, "-I", str(TRUSTED)], stdin=subprocess.PIPE, stdout=tlog,
                                           stderr=subprocess.STDOUT, cwd=base, env=tenv,
                                           pass_fds=(t2j_w, j2t_r, ev_w), start_new_session=True,
-                                          preexec_fn=lambda: _child_setup(memory_mb)))
+                                          preexec_fn=lambda: _child_setup(memory_mb, me)))
         except OSError as e:
             return KernelRun(setup_error=f"could not start the grading kernel: {e}")
         for fd in (t2j_r, t2j_w, j2t_r, j2t_w, ev_w):

@@ -252,7 +252,8 @@ def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, 
     elif todo:
         with ProcessPoolExecutor(max_workers=min(jobs, len(todo)),
                                  mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=G.die_with_parent) as pool:  # a stopped run stops its workers
+                                 initializer=G.die_with_parent,  # a stopped run stops its workers
+                                 initargs=(os.getpid(),)) as pool:
             futures = {pool.submit(_grade_one, str(path), *args): rel for rel, path in todo}
             for fut in as_completed(futures):
                 done(futures[fut], fut.result())

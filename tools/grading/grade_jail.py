@@ -202,6 +202,8 @@ def launch(config: dict) -> None:
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
+    pr_set_pdeathsig = 1  # a change of uid clears unshare's --kill-child: arm it again, or a stopped grader leaves us
+    libc.prctl(pr_set_pdeathsig, 9, 0, 0, 0)  # SIGKILL; our death ends the namespace, the kernel with it
     if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
     memory = int(config["memory_mb"]) << 20
