@@ -23,7 +23,7 @@ import time
 import torch
 
 from specref.decoding.chain import generate, speculative_generate
-from specref.decoding.loop import sync
+from specref.timing import sync
 from specref.drafts import NoDraft
 from specref.perf.measure import plain_time, speculative_run
 from specref.models.pair import load_pair

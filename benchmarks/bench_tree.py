@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from specref.perf.costs import sync
+from specref.timing import sync
 from specref.decoding.chain import generate, speculative_generate
 from specref.decoding.tree import tree_generate
 from specref.models.pair import load_pair

@@ -218,9 +218,3 @@ def verify_chain_greedy_unchecked(
     # up to and including position n_accepted (the correction or the bonus).
     return torch.where(positions <= n_accepted[:, None], best, torch.full_like(best, -1)), n_accepted
 
-
-# The old private names of the unchecked twins, kept importable while callers move to the public ones.
-_residual = residual_unchecked
-_check_chain = check_chain
-_verify_chain = verify_chain_unchecked
-_verify_chain_greedy = verify_chain_greedy_unchecked

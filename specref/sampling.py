@@ -235,7 +235,3 @@ def as_rng(generator: torch.Generator | None, rng: object | None) -> object:
         return rng
     return TorchRNG(generator)
 
-
-# The old private names of the unchecked twins, kept importable while callers move to the public ones.
-_process_logits = process_logits_unchecked
-_sample = sample_unchecked

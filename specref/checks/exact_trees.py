@@ -29,8 +29,8 @@ from collections.abc import Callable, Hashable, Sequence
 import numpy as np
 import torch
 
-from ..drafts.shapes import DynamicTree, TreeShape, as_tree_spec, build_tree
 from ..sampling import SamplingParams, sample
+from ..tree_shapes import DynamicTree, TreeShape, as_tree_spec, build_tree
 from ..trees import ROOT, Tree, verify_tree
 from .broken import (  # noqa: F401 - the broken tree rules, importable from here as before
     BROKEN_TREE_RULES,

@@ -29,7 +29,7 @@ import torch
 from .._validate import check_int, check_probs, check_tokens
 from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
-from ..timing import sync, timed  # noqa: F401 - importable from here as before
+from ..timing import timed
 
 
 @dataclass

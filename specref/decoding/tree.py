@@ -30,9 +30,9 @@ import torch
 
 from .._validate import check_generator, check_tensor
 from ..drafts import ModelDraft, TreeDraft, as_tree_draft
-from ..drafts.shapes import DynamicTree, TreeShape, as_tree_spec
 from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
+from ..tree_shapes import DynamicTree, TreeShape, as_tree_spec
 from ..trees import Tree, TreeResult, stack_tree_masks, verify_tree, verify_tree_greedy
 from .loop import (
     Sequences,
