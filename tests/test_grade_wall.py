@@ -155,10 +155,12 @@ def test_a_kernel_cannot_fill_the_disk_or_take_the_cpus_of_the_others(toy):
     assert found, out
     joined, written, forked = found.group(1), int(found.group(2)), int(found.group(3))
     assert 0 < written <= grade_jail.TMP_MB, message  # the tmpfs ran out; the host's disk was never written
-    if os.access("/sys/fs/cgroup/cpu", os.W_OK):  # a cgroup-v1 host
-        assert joined == "'cpu', 'memory', 'pids'", message
-        assert forked < int(grade_jail.cgroup_limits(1)["pids"]["pids.max"]), message
     assert not _forged(report)
+    if not os.access("/sys/fs/cgroup/cpu", os.W_OK):
+        pytest.skip("no writable cgroup-v1 controllers here: the per-submission cgroups are not made")
+    for controller in ("cpu", "memory", "pids"):  # (cpu may share its line with cpuacct)
+        assert controller in re.split(r"[',\s]+", joined), message
+    assert forked < int(grade_jail.cgroup_limits(1)["pids"]["pids.max"]), message
 
 
 def _reader(path: Path) -> str:

@@ -55,7 +55,6 @@ notebook, no matching solution, the kernel died, a report is missing); 3 needs r
 from __future__ import annotations
 
 import argparse
-import ctypes
 import hashlib
 import hmac
 import json
@@ -470,12 +469,9 @@ def die_with_parent(parent: int) -> None:  # runs in a child before exec, or fir
     A grader stopped by SIGTERM or SIGKILL then takes its kernels, jails and trusted processes with it
     (unshare's --kill-child passes the signal on into the jail's namespace) instead of leaving them to run.
     """
-    try:  # `parent` is the parent's pid as the parent read it: a child cannot tell a dead parent from init
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+    if not grade_jail.arm_parent_death():
         return  # not Linux: the process-group kill in _kill_all still applies
-    if os.getppid() != parent:  # the parent died before the request took
+    if os.getppid() != parent:  # the parent died before the request took (`parent` as the parent read it)
         os._exit(1)
 
 
@@ -604,12 +600,13 @@ def run_cells_wall(cells: list[dict], cell_timeout: float, deadline: float, memo
     trusted process (tools/grading/grade_trusted.py) gets the plan, runs the setup and the tests, calls into
     the kernel through two pipes and reports each test's outcome on a third pipe the kernel cannot reach.
     """
-    if can_jail() and jail_problem(grade_jail.read_only_paths()):  # every kernel would die at start, unexplained
-        return KernelRun(setup_error=jail_problem(grade_jail.read_only_paths()))
+    jailed = can_jail()
+    problem = jailed and jail_problem(grade_jail.read_only_paths())
+    if problem:  # every kernel would die at start, unexplained
+        return KernelRun(setup_error=problem)
     marker = secrets.token_hex(8)
     me = os.getpid()  # the children's parent, for die_with_parent
     base = Path(tempfile.mkdtemp(prefix="specref-grade-"))
-    jailed = can_jail()
     uid = _free_uid() if jailed else None
     work = base / "work"
     work.mkdir()
@@ -622,14 +619,12 @@ def run_cells_wall(cells: list[dict], cell_timeout: float, deadline: float, memo
     procs: list[subprocess.Popen] = []
     try:
         os.chmod(base, 0o711)
-        if uid is not None:
-            os.chown(work, uid, uid)
-        os.chmod(work, 0o700)
+        os.chmod(work, 0o700)  # the unjailed kernel's home; a jailed one has a tmpfs of its own
         env = _environment("/tmp" if jailed else str(work), marker)
         env["MPLCONFIGDIR"] = env["HOME"]
         source = grade_jail.kernel_source()
         if jailed:
-            config = {"root": str(base / "root"), "work": str(work), "uid": uid, "memory_mb": memory_mb,
+            config = {"root": str(base / "root"), "uid": uid, "memory_mb": memory_mb,
                       "read_only": grade_jail.read_only_paths(), "rfd": t2j_r, "wfd": j2t_w,
                       "python": sys.executable, "source": source, "env": env, "cgroup": f"run-{marker}"}
             cmd = grade_jail.command(config)

@@ -29,6 +29,7 @@ import ctypes
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -156,6 +157,18 @@ def remove_cgroups(name: str) -> None:
             pass
 
 
+def arm_parent_death() -> bool:
+    """Ask Linux to SIGKILL this process when its parent dies (PR_SET_PDEATHSIG); False where it cannot.
+
+    The jail's init calls it after its change of uid (which clears the setting); our death ends the
+    namespace, the kernel with it. tools/grading/grade.py's die_with_parent calls it in every child.
+    """
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0) == 0  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return False
+
+
 def _mount(*args: str) -> None:
     subprocess.run(["mount", *args], check=True, capture_output=True)
 
@@ -202,8 +215,7 @@ def launch(config: dict) -> None:
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
-    pr_set_pdeathsig = 1  # a change of uid clears unshare's --kill-child: arm it again, or a stopped grader leaves us
-    libc.prctl(pr_set_pdeathsig, 9, 0, 0, 0)  # SIGKILL; our death ends the namespace, the kernel with it
+    arm_parent_death()  # a change of uid clears unshare's --kill-child: armed again, or a stopped grader leaves us
     if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
     memory = int(config["memory_mb"]) << 20
