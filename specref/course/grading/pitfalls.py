@@ -451,8 +451,10 @@ def check_evidence(evidence: Callable[[Sampler], object], report: object, hidden
         return
     rnd = random.Random(order_seed)
     specs = hidden_specs(0 if seed is None else seed)
+    rnd.shuffle(specs)  # half of the n_hidden lossless and half not: a constant evidence is wrong on half of them
+    lossless = [s for s in specs if _truth(s)[0]]
+    specs = lossless[: n_hidden // 2] + [s for s in specs if s not in lossless][: n_hidden - n_hidden // 2]
     rnd.shuffle(specs)
-    specs = specs[:n_hidden]
     right = True
     for spec in specs:
         name, sampler = _opaque(spec, rnd)
