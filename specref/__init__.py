@@ -13,7 +13,7 @@ rules
     rejection           acceptance_probability, residual, verify_chain*        (nb 02)
     theory              tokens per step, speedup, optimal k, alpha estimate    (nb 03)
     trees               Tree, tree_attention_mask, tree_position_ids, verify_tree*  (nb 06)
-    tree_shapes         TreeShape, DynamicTree, grow_trees, build_tree (also drafts.shapes)  (nb 06)
+    tree_shapes         TreeShape, DynamicTree, TreeGrower, grow_trees, build_tree (also drafts.shapes)  (nb 06)
     typical             TypicalAcceptance, verify_chain_typical: Medusa's rule, LOSSY  (nb 05, 08)
     timing              sync, timed: the one timer every floor uses
 models
@@ -53,6 +53,10 @@ course
     course.grading.*, course.plots, course.widgets, course.doctor  (the exercises and views)
 """
 
+import sys
+import warnings
+from types import ModuleType
+
 from .checks.exact import generation_distribution, one_step_distribution, step_distribution
 from .checks.montecarlo import DistributionTest, distribution_test, simulate
 from .checks.toy import MarkovChain, mixture, random_chain, toy_pair
@@ -64,6 +68,7 @@ from .drafts import Draft, DynamicTree, MedusaDraft, ModelDraft, MTPDraft, Promp
 from .drafts import EagleDraft, FeatureDraft, load_draft
 from .models.pair import load_pair
 from .models.workloads import edit_prompts
+from .perf import domains as _domains
 from .perf.costmodel import CostModel, PassModel, batch_steps, choose_k, crossover_batch, h100_worked_example
 from .rejection import acceptance_probability, residual, verify_chain, verify_chain_greedy
 from .sampling import SamplingParams, process_logits, sample
@@ -72,6 +77,30 @@ from .trees import Tree, tree_attention_mask, tree_position_ids, verify_tree, ve
 from .typical import TypicalAcceptance, verify_chain_typical
 
 __version__ = "0.1.0"
+
+
+def _keep_old_path(old: str, new: ModuleType) -> None:
+    """Keep `old`, the path of a module that moved up a floor, importable: its names, each use warning.
+
+    The alias lives here, on the package floor, so the old floor imports nothing above it.
+    """
+    shim = ModuleType(old, f"Deprecated path: the module moved to {new.__name__}.")
+
+    def __getattr__(name: str) -> object:
+        if name.startswith("__"):  # inspect and the import system probe dunders of every module: not a use
+            raise AttributeError(f"module {old!r} has no attribute {name!r}")
+        value = getattr(new, name)
+        warnings.warn(f"{old} moved to {new.__name__}; import it from there", DeprecationWarning, stacklevel=2)
+        return value
+
+    shim.__getattr__ = __getattr__  # type: ignore[method-assign]
+    shim.__all__ = list(getattr(new, "__all__", ()))  # type: ignore[attr-defined]
+    parent, _, leaf = old.rpartition(".")
+    sys.modules[old] = shim
+    setattr(sys.modules[parent], leaf, shim)
+
+
+_keep_old_path("specref.models.domains", _domains)
 
 
 __all__ = [

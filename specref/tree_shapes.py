@@ -1,9 +1,9 @@
 """Tree shapes and how a draft grows them: static (`TreeShape`) or confidence-driven (`DynamicTree`) (chapter 6).
 
-A rule, not a draft: `grow_trees` grows one tree per row from any function that gives the
-draft's logits after given nodes, one call per depth (a model draft runs a masked pass, a
-toy draft looks them up); `build_tree` grows one tree from a draft given as a function
-(toy drafts, exact enumeration).
+A rule, not a draft: `TreeGrower` grows one tree per row a depth at a time from the draft's
+logits after each depth's frontier, which its caller computes (a model draft runs a masked
+pass); `grow_trees` drives it with a function that gives those logits, and `build_tree` grows
+one tree from a draft given as a function (toy drafts, exact enumeration).
 The trees it returns are verified by `specref.trees.verify_tree` / `verify_tree_greedy`.
 """
 
@@ -111,6 +111,102 @@ def as_tree_spec(spec: object) -> TreeSpec:
     )
 
 
+class TreeGrower:
+    """Grows one draft tree per row, a depth at a time: the caller hands it the draft's logits after the frontier.
+
+    `frontier[b]` lists the nodes of `trees[b]` to expand next (ROOT first); `grow(logits)`
+    takes the draft's logits after them, [B, n, V], and adds their children: the draft's top
+    tokens by raw logits (deterministic shapes and dynamic trees) or i.i.d. draws from
+    q = params.probs(logits) (sampled shapes). Every node stores the q it was chosen from.
+    `done` turns true when the tree is as deep as the spec, `max_depth` allows or its node
+    budget is full (a dynamic tree: when no deeper node could make the final cut); `result()`
+    cuts each tree to the budget: a static tree keeps its first nodes in breadth-first order
+    (whole paths), a dynamic tree its `budget` best by path probability. Random draws come
+    from `generator`, or from `rng` (uniform()/categorical(probs)).
+    """
+
+    def __init__(
+        self,
+        spec: TreeSpec | tuple[int, ...] | int,
+        batch_size: int,
+        params: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+        rng: object | None = None,
+        max_depth: int | None = None,
+        max_nodes: int | None = None,
+    ) -> None:
+        self.spec = spec = as_tree_spec(spec)
+        self.batch_size = check_int("batch_size", batch_size, 1, "trees to grow, one per row")
+        self.params = SamplingParams() if params is None else params
+        if not isinstance(self.params, SamplingParams):
+            raise TypeError(f"params must be a specref.sampling.SamplingParams or None, got {type(params).__name__}")
+        for name, cap in (("max_depth", max_depth), ("max_nodes", max_nodes)):
+            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)):
+                raise TypeError(f"{name} must be an int or None, got {cap!r}")
+        self.source = as_rng(generator, rng)
+        self.max_depth = spec.depth if max_depth is None else max(0, min(spec.depth, max_depth))
+        self.budget = spec.n_nodes if max_nodes is None else max(0, min(spec.n_nodes, max_nodes))
+        self.trees = [Tree([], [], None, spec.mode) for _ in range(self.batch_size)]
+        self.scores: list[list[float]] = [[] for _ in range(self.batch_size)]  # log path probability of each node
+        self.frontier: list[list[int]] = [[ROOT] for _ in range(self.batch_size)]
+        self.depth = 0  # depths grown so far
+        self.done = self.max_depth == 0 or self.budget == 0
+
+    def grow(self, logits: torch.Tensor) -> None:  # [B, n, V] after frontier[b][j]
+        """Add one depth: the children of every frontier node, chosen from the draft's logits after it."""
+        if self.done:
+            raise RuntimeError("the trees are grown: read result()")
+        B, n, spec = self.batch_size, len(self.frontier[0]), self.spec
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != (B, n):
+            raise ValueError(f"the draft's logits must be a [B, n, V] = [{B}, {n}, V] tensor, "
+                             f"got {getattr(logits, 'shape', type(logits).__name__)}")
+        self.depth += 1
+        d = self.depth
+        q = self.params.probs(logits)  # [B, n, V]
+        logp = torch.log_softmax(logits.to(torch.float64), -1)  # the draft's own confidence, for ranking
+        for b in range(B):
+            parents, tokens, q_rows, new_scores = [], [], [], []
+            for j, node in enumerate(self.frontier[b]):
+                if isinstance(spec, TreeShape) and spec.sampled:
+                    kids = [self.source.categorical(q[b, j]) for _ in range(spec.branching[d - 1])]
+                else:
+                    width = spec.branching[d - 1] if isinstance(spec, TreeShape) else spec.top_k
+                    kids = torch.topk(logits[b, j], min(width, logits.shape[-1])).indices.tolist()
+                base = 0.0 if node == ROOT else self.scores[b][node]
+                for x in kids:
+                    parents.append(node)
+                    tokens.append(int(x))
+                    q_rows.append(q[b, j])
+                    new_scores.append(base + float(logp[b, j, x]))
+            first_new = len(self.scores[b])  # one score per node
+            self.trees[b] = self.trees[b].grow(parents, tokens, q_rows)
+            self.scores[b] += new_scores
+            new_nodes = list(range(first_new, len(self.scores[b])))
+            if isinstance(spec, DynamicTree):
+                self.frontier[b] = sorted(sorted(new_nodes, key=lambda i: (-self.scores[b][i], i))[: spec.beam])
+            else:
+                self.frontier[b] = new_nodes
+        if isinstance(spec, TreeShape):
+            self.done = d == self.max_depth or len(self.scores[0]) >= self.budget
+        else:  # stop when no deeper node could make the final cut: save the remaining draft passes
+            self.done = d == self.max_depth or all(
+                _hopeless(self.scores[b], self.frontier[b], self.budget) for b in range(B))
+
+    def result(self) -> list[Tree]:
+        """The trees, each cut to the node budget."""
+        out = []
+        for b, tree in enumerate(self.trees):
+            if len(self.scores[b]) <= self.budget:
+                out.append(tree)
+            elif isinstance(self.spec, DynamicTree):
+                # Ties go to the earlier node, so a parent (earlier, never a lower score) beats its child.
+                best = sorted(range(len(self.scores[b])), key=lambda i: (-self.scores[b][i], i))[: self.budget]
+                out.append(tree.subtree(best))
+            else:
+                out.append(tree.subtree(range(self.budget)))
+        return out
+
+
 def grow_trees(
     spec: TreeSpec | tuple[int, ...] | int,
     draft_logits: DraftLogits,
@@ -121,75 +217,11 @@ def grow_trees(
     max_depth: int | None = None,
     max_nodes: int | None = None,
 ) -> list[Tree]:
-    """One draft tree per row, grown depth by depth with one `draft_logits` call per depth.
-
-    Children are the draft's top tokens by raw logits (deterministic shapes and
-    dynamic trees) or are drawn i.i.d. from q = params.probs(logits) (sampled
-    shapes). Every node stores the q it was chosen from. `max_depth` and
-    `max_nodes` cap the tree (near the end of the token budget or the context
-    window); a static tree cut by `max_nodes` keeps its first nodes in
-    breadth-first order, which are whole paths. Random draws come from
-    `generator`, or from `rng` (uniform()/categorical(probs)).
-    """
-    spec = as_tree_spec(spec)
-    batch_size = check_int("batch_size", batch_size, 1, "trees to grow, one per row")
-    params = SamplingParams() if params is None else params
-    if not isinstance(params, SamplingParams):
-        raise TypeError(f"params must be a specref.sampling.SamplingParams or None, got {type(params).__name__}")
-    for name, cap in (("max_depth", max_depth), ("max_nodes", max_nodes)):
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)):
-            raise TypeError(f"{name} must be an int or None, got {cap!r}")
-    source = as_rng(generator, rng)
-    depth = spec.depth if max_depth is None else max(0, min(spec.depth, max_depth))
-    budget = spec.n_nodes if max_nodes is None else max(0, min(spec.n_nodes, max_nodes))
-    trees = [Tree([], [], None, spec.mode) for _ in range(batch_size)]
-    if depth == 0 or budget == 0:
-        return trees
-    scores: list[list[float]] = [[] for _ in range(batch_size)]  # log path probability of each node
-    frontier: list[list[int]] = [[ROOT] for _ in range(batch_size)]
-    for d in range(1, depth + 1):
-        logits = draft_logits(trees, frontier)  # [B, n, V]
-        if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != (batch_size, len(frontier[0])):
-            raise ValueError(f"draft_logits must return a [B, n, V] = [{batch_size}, {len(frontier[0])}, V] tensor, "
-                             f"got {getattr(logits, 'shape', type(logits).__name__)}")
-        q = params.probs(logits)  # [B, n, V]
-        logp = torch.log_softmax(logits.to(torch.float64), -1)  # the draft's own confidence, for ranking
-        for b in range(batch_size):
-            parents, tokens, q_rows, new_scores = [], [], [], []
-            for j, node in enumerate(frontier[b]):
-                if isinstance(spec, TreeShape) and spec.sampled:
-                    kids = [source.categorical(q[b, j]) for _ in range(spec.branching[d - 1])]
-                else:
-                    width = spec.branching[d - 1] if isinstance(spec, TreeShape) else spec.top_k
-                    kids = torch.topk(logits[b, j], min(width, logits.shape[-1])).indices.tolist()
-                base = 0.0 if node == ROOT else scores[b][node]
-                for x in kids:
-                    parents.append(node)
-                    tokens.append(int(x))
-                    q_rows.append(q[b, j])
-                    new_scores.append(base + float(logp[b, j, x]))
-            first_new = trees[b].n_nodes
-            trees[b] = trees[b].grow(parents, tokens, q_rows)
-            scores[b] += new_scores
-            new_nodes = list(range(first_new, trees[b].n_nodes))
-            if isinstance(spec, DynamicTree):
-                frontier[b] = sorted(sorted(new_nodes, key=lambda i: (-scores[b][i], i))[: spec.beam])
-            else:
-                frontier[b] = new_nodes
-        if isinstance(spec, TreeShape) and trees[0].n_nodes >= budget:
-            break
-        if isinstance(spec, DynamicTree) and all(_hopeless(scores[b], frontier[b], budget) for b in range(batch_size)):
-            break  # no deeper node could make the final cut: save the remaining draft passes
-    out = []
-    for b, tree in enumerate(trees):
-        if tree.n_nodes <= budget:
-            out.append(tree)
-        elif isinstance(spec, DynamicTree):
-            # Ties go to the earlier node, so a parent (earlier, never a lower score) beats its child.
-            out.append(tree.subtree(sorted(range(tree.n_nodes), key=lambda i: (-scores[b][i], i))[:budget]))
-        else:
-            out.append(tree.subtree(range(budget)))
-    return out
+    """One draft tree per row, grown by a `TreeGrower` with one `draft_logits(trees, frontier)` call per depth."""
+    grower = TreeGrower(spec, batch_size, params, generator, rng, max_depth, max_nodes)
+    while not grower.done:
+        grower.grow(draft_logits(grower.trees, grower.frontier))
+    return grower.result()
 
 
 def _hopeless(scores: list[float], frontier: list[int], budget: int) -> bool:

@@ -342,6 +342,33 @@ def stack_tree_masks(
     return mask, pos
 
 
+
+def ancestor_inputs(
+    trees: Sequence[Tree], frontier: Sequence[Sequence[int]], starts: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]], torch.Tensor]:
+    """What one masked pass feeds to read a draft's logits after each row's frontier: ids, positions, mask, nodes, index.
+
+    Row b feeds `nodes[b]`, the ancestors-closed set of frontier[b] in node order, as a
+    subtree placed after position starts[b] (`stack_tree_masks` without the root): ids [B, W]
+    (0 past a row's nodes), positions [B, W], mask [B, W, W] (a node sees its ancestors and
+    itself, never a sibling), and index [B, n]: where frontier[b][j] sits among nodes[b]. Every
+    row's frontier holds n nodes.
+    """
+    if len(trees) != len(frontier) or len({len(f) for f in frontier}) > 1:
+        raise ValueError(f"give one frontier per tree, each as long, got {len(trees)} trees and frontiers of "
+                         f"lengths {[len(f) for f in frontier]}")
+    subtrees, nodes, index = [], [], []
+    for t, f in zip(trees, frontier):
+        need = sorted({a for n in f for a in _check_tree(t).path(n)})
+        nodes.append(need)
+        subtrees.append(t.subtree(need))
+        index.append([need.index(n) for n in f])
+    mask, pos = stack_tree_masks(subtrees, starts, with_root=False)  # [B, W, W], [B, W]
+    ids = torch.zeros(pos.shape, dtype=torch.long)
+    for b, s in enumerate(subtrees):
+        ids[b, : s.n_nodes] = torch.tensor(s.tokens, dtype=torch.long)
+    return ids, pos, mask, nodes, torch.tensor(index, dtype=torch.long)
+
 # -- verification ------------------------------------------------------------------------------
 
 

@@ -233,6 +233,54 @@ def test_node_cap_keeps_a_breadth_first_prefix():
     assert shapes.grow_trees((2, 2), lambda ts, nodes: torch.zeros(1, 1, 5), 1, max_nodes=0)[0].n_nodes == 0
 
 
+
+@pytest.mark.parametrize("spec", [(2, 2), TreeShape((2, 1), sampled=True), DynamicTree(budget=5, max_depth=3)])
+def test_a_grower_driven_by_hand_grows_what_grow_trees_grows(spec):
+    from specref.tree_shapes import TreeGrower
+
+    def logits(trees, frontier):  # [B, n, V]: a deterministic draft that depends on the node's path
+        rows = [[[float((sum(trees[b].path_tokens(n)) if n != ROOT else 0) * 7 % (v + 3)) for v in range(6)]
+                 for n in f] for b, f in enumerate(frontier)]
+        return torch.tensor(rows, dtype=torch.float64)
+
+    want = shapes.grow_trees(spec, logits, 2, SamplingParams(), torch.Generator().manual_seed(3))
+    grower = TreeGrower(spec, 2, SamplingParams(), torch.Generator().manual_seed(3))
+    while not grower.done:
+        grower.grow(logits(grower.trees, grower.frontier))
+    got = grower.result()
+    assert [(t.parents, t.tokens) for t in got] == [(t.parents, t.tokens) for t in want]
+    assert all(torch.equal(a.q, b.q) for a, b in zip(got, want))
+    with pytest.raises(RuntimeError, match="grown"):
+        grower.grow(logits(grower.trees, grower.frontier))
+
+
+def test_a_grower_refuses_logits_of_the_wrong_shape():
+    from specref.tree_shapes import TreeGrower
+
+    grower = TreeGrower((2, 2), 2)
+    with pytest.raises(ValueError, match=r"\[B, n, V\] = \[2, 1, V\]"):
+        grower.grow(torch.zeros(1, 1, 5))
+    assert grower.depth == 0 and not grower.done
+
+
+def test_ancestor_inputs_feed_each_frontier_with_its_ancestors_and_no_sibling():
+    # Row 0: 0 -> 2 and 1 -> 3 (frontier 2, 3); row 1: 0 -> 2 -> 3, 0 -> 2 -> 4 (frontier 3, 4).
+    t0 = trees.Tree([ROOT, ROOT, 0, 1], [5, 6, 7, 8], None, "deterministic")
+    t1 = trees.Tree([ROOT, ROOT, 0, 2, 2], [9, 4, 3, 2, 1], None, "deterministic")
+    ids, pos, mask, nodes, index = trees.ancestor_inputs([t0, t1], [[2, 3], [3, 4]], [10, 20])
+    assert nodes == [[0, 1, 2, 3], [0, 2, 3, 4]]  # t1's node 1 is no ancestor: left out
+    assert ids.tolist() == [[5, 6, 7, 8], [9, 3, 2, 1]]
+    assert pos.tolist() == [[11, 11, 12, 12], [21, 22, 23, 23]]
+    assert index.tolist() == [[2, 3], [2, 3]]
+    assert mask[0, 3].tolist() == [False, True, False, True]  # node 3 sees its parent 1 and itself
+    assert mask[1, 3].tolist() == [True, True, False, True]  # never its sibling (node 3, fed third)
+    t2 = trees.Tree([ROOT], [1], None, "deterministic")
+    ids, pos, mask, nodes, index = trees.ancestor_inputs([t0, t2], [[0], [0]], [0, 0])
+    assert ids.tolist() == [[5], [1]] and mask.shape == (2, 1, 1)
+    with pytest.raises(ValueError, match="each as long"):
+        trees.ancestor_inputs([t0, t1], [[2, 3], [2]], [10, 20])
+
+
 # -- greedy ----------------------------------------------------------------------------------
 
 

@@ -2,7 +2,7 @@
 
 One step (`tree_step`), per sequence:
 
-1. The draft grows a tree (a `specref.drafts.TreeDraft`: `TreeModelDraft`, `EagleDraft`, ...; `grow_trees`):
+1. The draft grows a tree (a `specref.drafts.TreeDraft`: `TreeModelDraft`, `EagleDraft`, ...; a `TreeGrower`):
    one draft pass per depth, each feeding the nodes grown so far with the tree attention mask.
 2. The target scores [root, node_0 .. node_{N-1}] in one pass, with the tree mask
    and positions root + depth (`score_tree`). Row 0 is p after the context, row

@@ -5,22 +5,21 @@ true inputs. Cache row s reads buffer token s + `lag` (a model draft: lag 0; EAG
 reads x_{s+1}, lag 1), so after a verification a row of n_valid kept tokens keeps the
 rows s < n_valid - lag. `catch_up(upto)` makes the cache take rows fed .. upto-1 in one
 pass, a row needing fewer re-feeding its last cached rows (identical K/V, no padding
-tokens); `grow_tree` grows one tree per row with one masked pass per depth over the
-ancestors of the nodes being expanded, after the context's rows, and leaves the cache
+tokens). A tree grows by a `TreeGrower` the draft drives (`tree_grower`): depth 1 from the
+logits after the context, each deeper one from a masked pass over the ancestors of the nodes
+being expanded (`feed_ancestors`), after the context's rows; `tree_result` leaves the cache
 at the context.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
-from ..trees import ROOT, Tree, stack_tree_masks
+from ..tree_shapes import TreeGrower, TreeSpec
+from ..trees import Tree, ancestor_inputs
 from .base import DraftBase
-from ..tree_shapes import TreeSpec, grow_trees
 
 FIRST_CACHE_LEN = 32  # the cache's first size in rows; it doubles as rows grow
 
@@ -68,50 +67,45 @@ class CachedDraft(DraftBase):
         self.fed = upto.clone()
         return start[:, None] + torch.arange(width, device=upto.device)
 
-    def feed_ancestors(
-        self, trees: list[Tree], frontier: list[list[int]], context: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]], torch.Tensor]:
-        """What one tree pass feeds: ids [B, W], rows [B, W], mask [B, W, W], nodes per row, frontier index [B, n].
-
-        The fed nodes are the ancestors-closed set of the frontier, after the context's rows.
-        The cache is reset to the context first: cached rows are visible to every new row, and
-        siblings must not see each other.
-        """
-        dev = context.device
-        subtrees, nodes, index = [], [], []
-        for t, f in zip(trees, frontier):
-            need = sorted({a for n in f for a in t.path(n)})
-            nodes.append(need)
-            subtrees.append(t.subtree(need))
-            index.append([need.index(n) for n in f])
-        self.cache.truncate(context)
-        mask, rows = stack_tree_masks(subtrees, (context - 1).tolist(), with_root=False)  # [B, W, W], [B, W]
-        self.room(rows.shape[1])
-        self.cache.check_room(rows.shape[1], "the draft tree")
-        ids = torch.zeros(rows.shape, dtype=torch.long, device=dev)
-        for b, s in enumerate(subtrees):
-            ids[b, : s.n_nodes] = torch.tensor(s.tokens, dtype=torch.long, device=dev)
-        return ids, rows.to(dev), mask.to(dev), nodes, torch.tensor(index, device=dev)
-
-    def grow_tree(
+    def tree_grower(
         self,
         spec: TreeSpec,
         root_logits: torch.Tensor,  # [B, 1, V] the draft's logits after the context
         context: torch.Tensor,  # [B] cache rows of the context
-        deeper: Callable[[list[Tree], list[list[int]]], torch.Tensor],  # one masked pass -> [B, n, V]
         params: SamplingParams,
         generator: torch.Generator | None,
         max_depth: int | None,
         max_nodes: int | None,
-    ) -> list[Tree]:
-        """`grow_trees` with depth 1 from root_logits and each deeper depth from `deeper`; nodes must fit the window."""
+    ) -> TreeGrower:
+        """A `TreeGrower` for one tree per row after the context, depth 1 grown from root_logits.
+
+        Its node budget is cut to the rows the window has left after the context, since
+        every node is fed as a cache row to grow the next depth.
+        """
         room = self.window - self.lag - int(context.max())  # node rows follow the context's
         max_nodes = room if max_nodes is None else min(max_nodes, room)
+        grower = TreeGrower(spec, self.begun(), params, generator, max_depth=max_depth, max_nodes=max_nodes)
+        if not grower.done:
+            grower.grow(root_logits)
+        return grower
 
-        def draft_logits(trees: list[Tree], frontier: list[list[int]]) -> torch.Tensor:  # [B, n, V]
-            return root_logits if all(f == [ROOT] for f in frontier) else deeper(trees, frontier)
+    def feed_ancestors(
+        self, grower: TreeGrower, context: torch.Tensor  # [B] cache rows of the context
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]], torch.Tensor]:
+        """What the next depth's pass feeds (`specref.trees.ancestor_inputs`): ids, rows, mask, nodes, index.
 
-        trees = grow_trees(spec, draft_logits, root_logits.shape[0], params, generator,
-                           max_depth=max_depth, max_nodes=max_nodes)
-        self.cache.truncate(context)  # tree rows never stay
-        return trees
+        The nodes fed are the ancestors-closed set of the frontier, after the context's rows.
+        The cache is reset to the context first: cached rows are visible to every new row, and
+        siblings must not see each other.
+        """
+        self.cache.truncate(context)
+        ids, rows, mask, nodes, index = ancestor_inputs(grower.trees, grower.frontier, (context - 1).tolist())
+        self.room(rows.shape[1])
+        self.cache.check_room(rows.shape[1], "the draft tree")
+        dev = context.device
+        return ids.to(dev), rows.to(dev), mask.to(dev), nodes, index.to(dev)
+
+    def tree_result(self, grower: TreeGrower, context: torch.Tensor) -> list[Tree]:  # context [B]
+        """The grown trees; the cache goes back to the context (tree rows never stay)."""
+        self.cache.truncate(context)
+        return grower.result()

@@ -10,7 +10,7 @@ dropped after drafting, and the accepted drafts' rows are computed again from th
 the verification pass produced (`fed` counts the true rows).
 
 Trees (EAGLE-2): one layer pass per depth over the ancestors of the nodes being expanded,
-tree-masked after the true rows (`CachedDraft.grow_tree`); children are the top tokens
+tree-masked after the true rows (`CachedDraft.feed_ancestors`); children are the top tokens
 (one-hot q) or i.i.d. draws. EAGLE-3 and the ablation without the token are other
 `EagleLayer` configs. A one-token prompt has no feature yet: the first step proposes that
 token again with one-hot q (exact, rarely accepted).
@@ -21,12 +21,12 @@ from __future__ import annotations
 import torch
 
 from ..sampling import SamplingParams
+from ..tree_shapes import TreeSpec, as_tree_spec
 from ..trees import ROOT, Tree
 from .base import Draft, Sampler, TreeDraft, check_k, draw
 from .cached import CachedDraft, pick
 from .features import FeatureDraft, check_target
 from .heads import EagleLayer, HeadsConfig, embed, load_bundled_heads
-from ..tree_shapes import TreeSpec, as_tree_spec
 
 
 class EagleDraft(FeatureDraft, CachedDraft, Draft, TreeDraft):
@@ -128,7 +128,7 @@ class EagleDraft(FeatureDraft, CachedDraft, Draft, TreeDraft):
         max_depth: int | None = None,
         max_nodes: int | None = None,
     ) -> list[Tree]:
-        """One tree per row by `grow_trees`: depth 1 from f_hat_{n-2}, each deeper one a layer pass, tree-masked.
+        """One tree per row by a `TreeGrower`: depth 1 from f_hat_{n-2}, each deeper one a layer pass, tree-masked.
 
         Node v at depth d is row n-2+d: it reads its parent's output (the root's: f_hat_{n-2})
         and its own token, at position n-1+d.
@@ -138,20 +138,19 @@ class EagleDraft(FeatureDraft, CachedDraft, Draft, TreeDraft):
         if f_root is None:
             return self.prompt_again_tree(tokens, spec.depth, max_depth, max_nodes)
         context = self.fed.clone()  # [B] true rows; node at depth d is row context - 1 + d
+        root_logits = self.target.lm_head(f_root)[:, None]  # [B, 1, V]
+        grower = self.tree_grower(spec, root_logits, context, params, generator, max_depth, max_nodes)
         outputs: list[dict[int, torch.Tensor]] = [{} for _ in range(tokens.shape[0])]  # node -> its f_hat [C]
-
-        def deeper(trees: list[Tree], frontier: list[list[int]]) -> torch.Tensor:  # [B, n, V]
-            ids, rows, mask, nodes, sel = self.feed_ancestors(trees, frontier, context)
+        while not grower.done:  # one layer pass per deeper depth
+            ids, rows, mask, nodes, index = self.feed_ancestors(grower, context)
             g = f_root[:, None].repeat(1, ids.shape[1], 1)  # [B, W, C]; padding entries read the root's output
-            for b, (t, need) in enumerate(zip(trees, nodes)):
+            for b, (t, need) in enumerate(zip(grower.trees, nodes)):
                 for i, v in enumerate(need):
                     if t.parents[v] != ROOT:
                         g[b, i] = outputs[b][t.parents[v]]
-            out = pick(self._rows(g, ids, rows, mask), sel)  # [B, n, C]
-            for b, f in enumerate(frontier):
+            out = pick(self._rows(g, ids, rows, mask), index)  # [B, n, C]
+            for b, f in enumerate(grower.frontier):
                 for j, n in enumerate(f):
                     outputs[b].setdefault(n, out[b, j])
-            return self.target.lm_head(out)
-
-        root_logits = self.target.lm_head(f_root)[:, None]  # [B, 1, V]
-        return self.grow_tree(spec, root_logits, context, deeper, params, generator, max_depth, max_nodes)
+            grower.grow(self.target.lm_head(out))
+        return self.tree_result(grower, context)

@@ -16,11 +16,11 @@ from __future__ import annotations
 import torch
 
 from ..sampling import SamplingParams
-from ..trees import ROOT, Tree
+from ..tree_shapes import TreeGrower, TreeSpec, as_tree_spec
+from ..trees import Tree
 from .base import Draft, TreeDraft, check_k, draw
 from .features import FeatureDraft, check_target
 from .heads import MedusaHeads
-from ..tree_shapes import TreeSpec, as_tree_spec, grow_trees
 
 
 class MedusaDraft(FeatureDraft, Draft, TreeDraft):
@@ -91,10 +91,7 @@ class MedusaDraft(FeatureDraft, Draft, TreeDraft):
         logits = self.head_logits(tokens, lengths, spec.depth)  # [B, depth, V]
         if logits is None:
             return self.prompt_again_tree(tokens, spec.depth, max_depth, max_nodes)
-
-        def draft_logits(trees: list[Tree], frontier: list[list[int]]) -> torch.Tensor:  # [B, n, V]
-            node = frontier[0][0]  # every frontier node lies at one depth
-            d = 1 if node == ROOT else trees[0].depths[node] + 1
-            return logits[:, d - 1 : d].expand(B, len(frontier[0]), logits.shape[-1])
-
-        return grow_trees(spec, draft_logits, B, params, generator, max_depth=max_depth, max_nodes=max_nodes)
+        grower = TreeGrower(spec, B, params, generator, max_depth=max_depth, max_nodes=max_nodes)
+        while not grower.done:  # every frontier node lies at one depth d: its children come from head d
+            grower.grow(logits[:, grower.depth : grower.depth + 1].expand(B, len(grower.frontier[0]), -1))
+        return grower.result()

@@ -5,7 +5,7 @@ Rule: feed the tokens the cache has not seen (the target's correction, the last 
 draft) in one pass, which gives the draft's logits after the context; then each draft token
 is drawn from q = the draft's processed logits (one-hot on the argmax when greedy) and fed
 to get the next one. The last draft is never fed: the target scores it. A tree grows one
-masked pass per depth (`CachedDraft.grow_tree`).
+masked pass per depth over the ancestors of the nodes being expanded (`CachedDraft.feed_ancestors`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch
 
 from ..sampling import SamplingParams
+from ..tree_shapes import TreeSpec
 from ..trees import Tree
 from .base import Draft, Sampler, TreeDraft, check_k, draw
 from .cached import CachedDraft, pick
-from ..tree_shapes import TreeSpec
 
 
 class ModelDraft(CachedDraft, Draft):
@@ -104,17 +104,16 @@ class TreeModelDraft(ModelDraft, TreeDraft):
         max_depth: int | None = None,
         max_nodes: int | None = None,
     ) -> list[Tree]:
-        """One tree per row after its context, grown by `grow_trees` (one draft pass per depth)."""
+        """One tree per row after its context, grown by a `TreeGrower` (one draft pass per depth)."""
         root_logits = self.context_logits(tokens, lengths)[:, None]  # [B, 1, V]
         self.passes += 1
         context = self.fed.clone()
-
-        def deeper(trees: list[Tree], frontier: list[list[int]]) -> torch.Tensor:  # [B, n, V]
-            ids, pos, mask, _, sel = self.feed_ancestors(trees, frontier, context)
+        grower = self.tree_grower(spec, root_logits, context, params, generator, max_depth, max_nodes)
+        while not grower.done:  # one masked pass per deeper depth
+            ids, rows, mask, _, index = self.feed_ancestors(grower, context)
             self.passes += 1
-            return pick(self.model(ids, cache=self.cache, position_ids=pos, attention_mask=mask), sel)
-
-        return self.grow_tree(spec, root_logits, context, deeper, params, generator, max_depth, max_nodes)
+            grower.grow(pick(self.model(ids, cache=self.cache, position_ids=rows, attention_mask=mask), index))
+        return self.tree_result(grower, context)
 
 
 def as_tree_draft(draft: object) -> TreeDraft:

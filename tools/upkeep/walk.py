@@ -1,0 +1,171 @@
+"""Walk a tree draft through one tree step and count where it goes back: rooms already left, floors climbed.
+
+    python tools/upkeep/walk.py [--root DIR] [--draft model|eagle|medusa|all] [--show]
+
+A room is a top-level entry of the package (`specref/drafts/` is one room, `specref/trees.py`
+another); its floor is its height in the package's import graph (a room that imports nothing of
+specref is on floor 0, any other one floor above the highest room it imports). The walk is the
+sequence of rooms that Python code runs in while `tree_step` serves the draft: every frame of
+specref code entered or resumed, from the step's call of the draft to its end, consecutive
+repeats merged, the step's own room (decoding) left out between its calls on the draft.
+
+- a return: the walk enters a room it had left before;
+- a climb back up: the walk enters a room on a higher floor than the one it leaves, other than
+  by a call returning (a callback: code on a lower floor calling code above it).
+
+`--root` reads the package from another checkout (an older commit, for a before/after).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def room_of(module: str) -> str | None:
+    """specref.drafts.model -> 'drafts'; specref.trees -> 'trees'; None outside the package."""
+    parts = module.split(".")
+    if parts[0] != "specref":
+        return None
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def room_floors(package: Path) -> dict[str, int]:
+    """{room: floor}: floor 0 imports no other room; otherwise 1 + the highest room it imports."""
+    imports: dict[str, set[str]] = {}
+    for path in package.rglob("*.py"):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        if is_pkg:
+            parts.pop()
+        module = ".".join(parts)
+        room = room_of(module)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = parts if is_pkg else parts[:-1]
+                    base = base[: len(base) - (node.level - 1)]
+                    stem = ".".join(base + ([node.module] if node.module else []))
+                    names = [stem] + ([f"{stem}.{a.name}" for a in node.names] if not node.module else [])
+                else:
+                    names = [node.module or ""]
+            for n in names:
+                other = room_of(n)
+                if other and other != room and other != "__init__":
+                    imports.setdefault(room, set()).add(other)
+    floors: dict[str, int] = {}
+
+    def floor(r: str, seen: tuple[str, ...] = ()) -> int:
+        if r not in floors:
+            if r in seen:
+                raise ValueError(f"rooms import in a circle: {' -> '.join(seen + (r,))}")
+            floors[r] = 1 + max((floor(o, seen + (r,)) for o in imports.get(r, ())), default=-1)
+        return floors[r]
+
+    for r in {room_of(".".join(["specref", *p.relative_to(package).with_suffix("").parts])) for p in package.rglob("*.py")}:
+        floor(r)
+    return floors
+
+
+def walk_step(draft_kind: str) -> list[tuple[str, str]]:
+    """The rooms of one tree step's draft work, as (room, how it was entered: 'call' or 'return')."""
+    import torch
+
+    import specref
+    from specref.decoding import tree as tree_mod
+
+    target, draft_model, _ = specref.load_pair()
+    draft = draft_model if draft_kind == "model" else specref.load_draft(draft_kind, target)
+    ids = torch.tensor([[464, 3290, 318, 257, 1332, 286], [40, 716, 257, 1310, 1310, 1310]])
+    events: list[tuple[str, str]] = []
+    inside = {"depth": 0, "draft": None}
+    real_step = tree_mod.tree_step
+    steps = {"n": 0}
+
+    def profile(frame, event, arg):  # noqa: ANN001
+        if event not in ("call", "return"):
+            return
+        mine = frame.f_locals.get("self") is inside["draft"] and inside["draft"] is not None
+        if event == "call" and mine:
+            inside["depth"] += 1
+        if inside["depth"] == 0:
+            return  # the step's own work, between its calls on the draft
+        if event == "return" and mine:
+            inside["depth"] -= 1
+            if inside["depth"] == 0:
+                return  # back in the step
+        name = frame.f_globals.get("__name__", "")
+        if event == "return":  # the room we come back to is the caller's
+            caller = frame.f_back
+            name = caller.f_globals.get("__name__", "") if caller is not None else ""
+        room = room_of(name)
+        if room is not None:
+            events.append((room, event))
+
+    def traced_step(*args, **kwargs):  # noqa: ANN002, ANN003
+        steps["n"] += 1
+        if steps["n"] != 2:  # the second step: past the first one's set-up
+            return real_step(*args, **kwargs)
+        inside["draft"] = args[1]  # tree_step(target, draft, ...): the draft the step serves
+        sys.setprofile(profile)
+        try:
+            return real_step(*args, **kwargs)
+        finally:
+            sys.setprofile(None)
+
+    tree_mod.tree_step = traced_step
+    try:
+        specref.tree_generate(target, draft, ids, (2, 2, 1), max_new_tokens=12)
+    finally:
+        tree_mod.tree_step = real_step
+    return events
+
+
+def count(events: list[tuple[str, str]], floors: dict[str, int]) -> tuple[list[str], int, int]:
+    """(the walk, returns to rooms already left, climbs back up)."""
+    walk: list[tuple[str, str]] = []
+    for room, how in events:
+        if not walk or walk[-1][0] != room:
+            walk.append((room, how))
+    returns = climbs = 0
+    left: set[str] = set()
+    for (prev, _), (room, how) in zip(walk, walk[1:]):
+        left.add(prev)
+        if room in left:
+            returns += 1
+        if how == "call" and floors.get(room, 0) > floors.get(prev, 0):
+            climbs += 1
+    return [r for r, _ in walk], returns, climbs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--root", type=Path, default=REPO, help="the checkout whose specref/ to walk")
+    ap.add_argument("--draft", default="all", choices=["model", "eagle", "medusa", "all"])
+    ap.add_argument("--show", action="store_true", help="print the walk itself")
+    args = ap.parse_args()
+    sys.path.insert(0, str(args.root.resolve()))
+    import specref
+
+    if Path(specref.__file__).resolve().parent != (args.root / "specref").resolve():
+        raise SystemExit(f"specref came from {specref.__file__}, not from {args.root}")
+    floors = room_floors(args.root / "specref")
+    print(f"{args.root}: {len(floors)} rooms on {len(set(floors.values()))} floors: "
+          + ", ".join(f"{r} {f}" for r, f in sorted(floors.items(), key=lambda x: (x[1], x[0]))))
+    for kind in (["model", "eagle", "medusa"] if args.draft == "all" else [args.draft]):
+        walk, returns, climbs = count(walk_step(kind), floors)
+        print(f"{kind:7s} rooms entered {len(walk):4d}  returns to rooms already left {returns:4d}  "
+              f"climbs back up {climbs:3d}")
+        if args.show:
+            print("   " + " > ".join(walk))
+
+
+if __name__ == "__main__":
+    main()
