@@ -122,7 +122,7 @@ def speculative_step(
     # 2. One target pass over [last token, x_1..x_k]: p_1..p_{k+1} (and its features, for a draft that reads them).
     with timed(stats, "time_target", dev):
         ids = torch.cat([seqs.last_tokens(), drafts], 1)  # [B, k+1]
-        logits, features = target_pass(target, draft, ids, cache=cache)  # [B, k+1, V], None or ([B, k+1, C], ...)
+        logits, features = target_pass(target, draft.feature_layers, ids, cache=cache)  # [B, k+1, V], features
     stats.target_passes += 1
     # 3. Accept or reject left to right, then one token from the target: a correction or the bonus.
     with timed(stats, "time_verify", dev):

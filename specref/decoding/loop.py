@@ -301,14 +301,13 @@ def finish(
 
 
 def target_pass(
-    target: torch.nn.Module, draft: object, input_ids: torch.Tensor, **kwargs: object
+    target: torch.nn.Module, feature_layers: tuple[int, ...], input_ids: torch.Tensor, **kwargs: object
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:  # logits [B, T, V], features ([B, T, C], ...) or None
-    """One target pass; with the hidden states `draft.feature_layers` if the draft reads any, else None."""
-    layers = getattr(draft, "feature_layers", ())
-    if not layers:
+    """One target pass; with the hidden states `feature_layers` (a draft's) if there are any, else None."""
+    if not feature_layers:
         return target(input_ids, **kwargs), None
     out = target(input_ids, return_hidden=True, **kwargs)
-    return out.logits, tuple(out.hidden_states[i] for i in layers)
+    return out.logits, tuple(out.hidden_states[i] for i in feature_layers)
 
 
 def prefill(target: torch.nn.Module, input_ids: torch.Tensor, cache, stats: SpecStats,
@@ -321,7 +320,8 @@ def prefill(target: torch.nn.Module, input_ids: torch.Tensor, cache, stats: Spec
     with timed(stats, "time_target", target.device):
         if input_ids.shape[1] > 1:
             # Only the cache is needed (and the features, for a draft that reads them).
-            _, features = target_pass(target, draft, input_ids[:, :-1], cache=cache, logits_to_keep=1)
+            layers = getattr(draft, "feature_layers", ())
+            _, features = target_pass(target, layers, input_ids[:, :-1], cache=cache, logits_to_keep=1)
             stats.target_passes += 1
     if features is not None:
         draft.observe(features, torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device))

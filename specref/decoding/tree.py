@@ -198,7 +198,8 @@ def tree_step(
     with timed(stats, "time_target", dev):
         cache.make_room(1 + max(t.n_nodes for t in trees), limit=target.config.n_positions)  # root + nodes
         ids, pos, mask = tree_inputs(target, cache, seqs.last_tokens()[:, 0], trees)  # as `score_tree` does
-        logits, features = target_pass(target, draft, ids, cache=cache, position_ids=pos, attention_mask=mask)
+        logits, features = target_pass(target, draft.feature_layers, ids, cache=cache, position_ids=pos,
+                                       attention_mask=mask)
     stats.target_passes += 1
     # 3. Walk down each tree: keep one root-to-leaf path, then one token from the target.
     with timed(stats, "time_verify", dev):

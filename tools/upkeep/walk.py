@@ -1,6 +1,6 @@
 """Walk a tree draft through one tree step and count where it goes back: rooms already left, floors climbed.
 
-    python tools/upkeep/walk.py [--root DIR] [--draft model|eagle|medusa|all] [--show]
+    python tools/upkeep/walk.py [--root DIR] [--draft model|eagle|medusa|all] [--follow work|object] [--show]
 
 A room is a top-level entry of the package (`specref/drafts/` is one room, `specref/trees.py`
 another); its floor is its height in the package's import graph (a room that imports nothing of
@@ -8,6 +8,7 @@ specref is on floor 0, any other one floor above the highest room it imports). T
 sequence of rooms that Python code runs in while `tree_step` serves the draft: every frame of
 specref code entered or resumed, from the step's call of the draft to its end, consecutive
 repeats merged, the step's own room (decoding) left out between its calls on the draft.
+`--follow object` walks a coarser path: only the calls whose frame holds the draft object.
 
 - a return: the walk enters a room it had left before;
 - a climb back up: the walk enters a room on a higher floor than the one it leaves, other than
@@ -74,8 +75,14 @@ def room_floors(package: Path) -> dict[str, int]:
     return floors
 
 
-def walk_step(draft_kind: str) -> list[tuple[str, str]]:
-    """The rooms of one tree step's draft work, as (room, how it was entered: 'call' or 'return')."""
+def walk_step(draft_kind: str, follow: str = "work") -> list[tuple[str, str]]:
+    """The rooms of one tree step, as (room, how it was entered: 'call' or 'return').
+
+    follow="work": every frame of the draft's work (its methods and all they run);
+    follow="object": only the calls whose frame holds the draft object (self, an argument, a closure's).
+    """
+    if follow not in ("work", "object"):
+        raise ValueError(f"follow must be 'work' or 'object', got {follow!r}")
     import torch
 
     import specref
@@ -91,6 +98,12 @@ def walk_step(draft_kind: str) -> list[tuple[str, str]]:
 
     def profile(frame, event, arg):  # noqa: ANN001
         if event not in ("call", "return"):
+            return
+        if follow == "object":
+            if event == "call" and any(v is inside["draft"] for v in frame.f_locals.values()):
+                room = room_of(frame.f_globals.get("__name__", ""))
+                if room is not None:
+                    events.append((room, event))
             return
         mine = frame.f_locals.get("self") is inside["draft"] and inside["draft"] is not None
         if event == "call" and mine:
@@ -149,6 +162,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--root", type=Path, default=REPO, help="the checkout whose specref/ to walk")
     ap.add_argument("--draft", default="all", choices=["model", "eagle", "medusa", "all"])
+    ap.add_argument("--follow", default="work", choices=["work", "object"],
+                    help="work: all code the draft runs; object: only frames that hold the draft")
     ap.add_argument("--show", action="store_true", help="print the walk itself")
     args = ap.parse_args()
     sys.path.insert(0, str(args.root.resolve()))
@@ -160,7 +175,7 @@ def main() -> None:
     print(f"{args.root}: {len(floors)} rooms on {len(set(floors.values()))} floors: "
           + ", ".join(f"{r} {f}" for r, f in sorted(floors.items(), key=lambda x: (x[1], x[0]))))
     for kind in (["model", "eagle", "medusa"] if args.draft == "all" else [args.draft]):
-        walk, returns, climbs = count(walk_step(kind), floors)
+        walk, returns, climbs = count(walk_step(kind, args.follow), floors)
         print(f"{kind:7s} rooms entered {len(walk):4d}  returns to rooms already left {returns:4d}  "
               f"climbs back up {climbs:3d}")
         if args.show:
