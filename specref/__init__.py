@@ -22,7 +22,7 @@ models
     models.workloads    edit_prompts, edit_cases: the copy-heavy "apply an edit" workload  (nb 05)
 drafts
     drafts.base         the Draft (chain) and TreeDraft protocols, their base  (nb 04, 05)
-    drafts.cached       CachedDraft: a draft's own KV cache, catch-up and tree passes
+    drafts.cached       CachedDraft: a draft's own KV cache, its catch-up, feeding a tree's ancestors
     drafts.model        ModelDraft, TreeModelDraft                             (nb 04, 06)
     drafts.prompt_lookup  PromptLookupDraft: copy what followed the last n-gram
     drafts.features     FeatureDraft: the target's hidden states via the loop's observe hook
@@ -48,7 +48,7 @@ checks, perf
     perf.costs, perf.measure   timing and the roofline                         (nb 01, 04)
     perf.costmodel      PassModel, CostModel, choose_k, batch_steps, crossover, the H100 example  (nb 07)
     perf.draft_costs    a draft's parameters and KV cache; its step on a modelled GPU  (nb 05)
-    perf.domains        code / comment / docstring labels, acceptance along a text  (nb 08)
+    perf.domains        code / comment / docstring labels, acceptance along a text  (nb 08; old path models.domains)
 course
     course.grading.*, course.plots, course.widgets, course.doctor  (the exercises and views)
 """
