@@ -55,6 +55,7 @@ course
 
 import sys
 import warnings
+from importlib.machinery import ModuleSpec
 from types import ModuleType
 
 from .checks.exact import generation_distribution, one_step_distribution, step_distribution
@@ -79,28 +80,29 @@ from .typical import TypicalAcceptance, verify_chain_typical
 __version__ = "0.1.0"
 
 
-def _keep_old_path(old: str, new: ModuleType) -> None:
-    """Keep `old`, the path of a module that moved up a floor, importable: its names, each use warning.
+def _keep_old_path(old: str, new: ModuleType, names: tuple[str, ...]) -> None:
+    """Keep `old`, the path of a module that moved up a floor, importable: `names`, each use warning.
 
     The alias lives here, on the package floor, so the old floor imports nothing above it.
     """
-    shim = ModuleType(old, f"Deprecated path: the module moved to {new.__name__}.")
+    shim = ModuleType(old, f"Deprecated path: the module moved to {new.__name__}; import from there.")
+    shim.__spec__ = ModuleSpec(old, None)
+    shim.__all__ = list(names)  # type: ignore[attr-defined]
 
     def __getattr__(name: str) -> object:
-        if name.startswith("__"):  # inspect and the import system probe dunders of every module: not a use
-            raise AttributeError(f"module {old!r} has no attribute {name!r}")
-        value = getattr(new, name)
+        if name not in names:  # inspect and the import system probe dunders of every module: not a use
+            raise AttributeError(f"module {old!r} has no attribute {name!r} (it moved to {new.__name__})")
         warnings.warn(f"{old} moved to {new.__name__}; import it from there", DeprecationWarning, stacklevel=2)
-        return value
+        return getattr(new, name)
 
     shim.__getattr__ = __getattr__  # type: ignore[method-assign]
-    shim.__all__ = list(getattr(new, "__all__", ()))  # type: ignore[attr-defined]
+    shim.__dir__ = lambda: sorted(names)  # type: ignore[method-assign]
     parent, _, leaf = old.rpartition(".")
     sys.modules[old] = shim
     setattr(sys.modules[parent], leaf, shim)
 
 
-_keep_old_path("specref.models.domains", _domains)
+_keep_old_path("specref.models.domains", _domains, ("LABELS", "acceptance_along", "source_labels", "token_labels"))
 
 
 __all__ = [

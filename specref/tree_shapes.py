@@ -114,7 +114,8 @@ def as_tree_spec(spec: object) -> TreeSpec:
 class TreeGrower:
     """Grows one draft tree per row, a depth at a time: the caller hands it the draft's logits after the frontier.
 
-    `frontier[b]` lists the nodes of `trees[b]` to expand next (ROOT first); `grow(logits)`
+    `frontier[b]` lists the nodes of `trees[b]` to expand next (ROOT first), the same number in
+    every row, all at depth `grown` (the depths grown so far); `grow(logits)`
     takes the draft's logits after them, [B, n, V], and adds their children: the draft's top
     tokens by raw logits (deterministic shapes and dynamic trees) or i.i.d. draws from
     q = params.probs(logits) (sampled shapes). Every node stores the q it was chosen from.
@@ -149,7 +150,7 @@ class TreeGrower:
         self.trees = [Tree([], [], None, spec.mode) for _ in range(self.batch_size)]
         self.scores: list[list[float]] = [[] for _ in range(self.batch_size)]  # log path probability of each node
         self.frontier: list[list[int]] = [[ROOT] for _ in range(self.batch_size)]
-        self.depth = 0  # depths grown so far
+        self.grown = 0  # how many depths are grown (the next grow call adds depth grown + 1)
         self.done = self.max_depth == 0 or self.budget == 0
 
     def grow(self, logits: torch.Tensor) -> None:  # [B, n, V] after frontier[b][j]
@@ -160,37 +161,37 @@ class TreeGrower:
         if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != (B, n):
             raise ValueError(f"the draft's logits must be a [B, n, V] = [{B}, {n}, V] tensor, "
                              f"got {getattr(logits, 'shape', type(logits).__name__)}")
-        self.depth += 1
-        d = self.depth
+        d = self.grown + 1  # the depth this call grows
         q = self.params.probs(logits)  # [B, n, V]
         logp = torch.log_softmax(logits.to(torch.float64), -1)  # the draft's own confidence, for ranking
-        for b in range(B):
+        trees, scores, frontier = list(self.trees), [list(s) for s in self.scores], list(self.frontier)
+        for b in range(B):  # on new lists: a call that raises leaves the grower as it was
             parents, tokens, q_rows, new_scores = [], [], [], []
-            for j, node in enumerate(self.frontier[b]):
+            for j, node in enumerate(frontier[b]):
                 if isinstance(spec, TreeShape) and spec.sampled:
                     kids = [self.source.categorical(q[b, j]) for _ in range(spec.branching[d - 1])]
                 else:
                     width = spec.branching[d - 1] if isinstance(spec, TreeShape) else spec.top_k
                     kids = torch.topk(logits[b, j], min(width, logits.shape[-1])).indices.tolist()
-                base = 0.0 if node == ROOT else self.scores[b][node]
+                base = 0.0 if node == ROOT else scores[b][node]
                 for x in kids:
                     parents.append(node)
                     tokens.append(int(x))
                     q_rows.append(q[b, j])
                     new_scores.append(base + float(logp[b, j, x]))
-            first_new = len(self.scores[b])  # one score per node
-            self.trees[b] = self.trees[b].grow(parents, tokens, q_rows)
-            self.scores[b] += new_scores
-            new_nodes = list(range(first_new, len(self.scores[b])))
+            first_new = len(scores[b])  # one score per node
+            trees[b] = trees[b].grow(parents, tokens, q_rows)
+            scores[b] += new_scores
+            new_nodes = list(range(first_new, len(scores[b])))
             if isinstance(spec, DynamicTree):
-                self.frontier[b] = sorted(sorted(new_nodes, key=lambda i: (-self.scores[b][i], i))[: spec.beam])
+                frontier[b] = sorted(sorted(new_nodes, key=lambda i: (-scores[b][i], i))[: spec.beam])
             else:
-                self.frontier[b] = new_nodes
+                frontier[b] = new_nodes
+        self.trees, self.scores, self.frontier, self.grown = trees, scores, frontier, d
         if isinstance(spec, TreeShape):
-            self.done = d == self.max_depth or len(self.scores[0]) >= self.budget
+            self.done = d == self.max_depth or len(scores[0]) >= self.budget
         else:  # stop when no deeper node could make the final cut: save the remaining draft passes
-            self.done = d == self.max_depth or all(
-                _hopeless(self.scores[b], self.frontier[b], self.budget) for b in range(B))
+            self.done = d == self.max_depth or all(_hopeless(scores[b], frontier[b], self.budget) for b in range(B))
 
     def result(self) -> list[Tree]:
         """The trees, each cut to the node budget."""

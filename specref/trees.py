@@ -342,7 +342,6 @@ def stack_tree_masks(
     return mask, pos
 
 
-
 def ancestor_inputs(
     trees: Sequence[Tree], frontier: Sequence[Sequence[int]], starts: Sequence[int]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]], torch.Tensor]:
@@ -368,6 +367,7 @@ def ancestor_inputs(
     for b, s in enumerate(subtrees):
         ids[b, : s.n_nodes] = torch.tensor(s.tokens, dtype=torch.long)
     return ids, pos, mask, nodes, torch.tensor(index, dtype=torch.long)
+
 
 # -- verification ------------------------------------------------------------------------------
 

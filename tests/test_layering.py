@@ -185,7 +185,9 @@ def test_a_tree_step_never_calls_back_up_into_the_draft(draft):
     # The draft drives its tree's growth (a TreeGrower) and calls down only: no rule on a lower floor
     # calls the draft's code back, as a grow_trees callback once did every depth.
     walk = _walk()
-    rooms, _, climbs = walk.count(walk.walk_step(draft), walk.room_floors(PACKAGE))
+    floors, circles = walk.room_floors(PACKAGE)
+    assert circles == []
+    rooms, _, climbs = walk.count(walk.walk_step(draft), floors)
     assert "drafts" in rooms and "tree_shapes" in rooms
     assert climbs == 0, " > ".join(rooms)
 

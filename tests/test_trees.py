@@ -233,34 +233,88 @@ def test_node_cap_keeps_a_breadth_first_prefix():
     assert shapes.grow_trees((2, 2), lambda ts, nodes: torch.zeros(1, 1, 5), 1, max_nodes=0)[0].n_nodes == 0
 
 
+def _path_logits(trees, frontier):  # [B, n, V]: a deterministic draft whose logits depend on the node's path
+    rows = [[[float((sum(trees[b].path_tokens(n)) if n != ROOT else 0) * 7 % (v + 3)) + 0.01 * v for v in range(6)]
+             for n in f] for b, f in enumerate(frontier)]
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def test_a_static_top_k_tree_holds_every_path_of_top_tokens_in_breadth_first_order():
+    # An oracle apart from the grower: breadth-first, each node's children are the top-2 tokens after its path.
+    from specref.tree_shapes import TreeGrower
+
+    one = trees.Tree([], [], None, "deterministic")
+
+    def top(path):
+        t = trees.Tree([ROOT] + list(range(len(path) - 1)), list(path), None, "deterministic") if path else one
+        last = [len(path) - 1] if path else [ROOT]
+        return torch.topk(_path_logits([t], [last])[0, 0], 2).indices.tolist()
+
+    want_tokens, want_parents, level = [], [], [((), ROOT)]
+    for _ in range(2):
+        nxt = []
+        for path, node in level:
+            for x in top(path):
+                want_parents.append(node)
+                want_tokens.append(x)
+                nxt.append((path + (x,), len(want_tokens) - 1))
+        level = nxt
+    grower = TreeGrower((2, 2), 1)
+    while not grower.done:
+        grower.grow(_path_logits(grower.trees, grower.frontier))
+    (got,) = grower.result()
+    assert (list(got.parents), list(got.tokens)) == (want_parents, want_tokens)
+    assert grower.grown == 2
+
 
 @pytest.mark.parametrize("spec", [(2, 2), TreeShape((2, 1), sampled=True), DynamicTree(budget=5, max_depth=3)])
 def test_a_grower_driven_by_hand_grows_what_grow_trees_grows(spec):
     from specref.tree_shapes import TreeGrower
 
-    def logits(trees, frontier):  # [B, n, V]: a deterministic draft that depends on the node's path
-        rows = [[[float((sum(trees[b].path_tokens(n)) if n != ROOT else 0) * 7 % (v + 3)) for v in range(6)]
-                 for n in f] for b, f in enumerate(frontier)]
-        return torch.tensor(rows, dtype=torch.float64)
-
-    want = shapes.grow_trees(spec, logits, 2, SamplingParams(), torch.Generator().manual_seed(3))
+    want = shapes.grow_trees(spec, _path_logits, 2, SamplingParams(), torch.Generator().manual_seed(3))
     grower = TreeGrower(spec, 2, SamplingParams(), torch.Generator().manual_seed(3))
     while not grower.done:
-        grower.grow(logits(grower.trees, grower.frontier))
+        grower.grow(_path_logits(grower.trees, grower.frontier))
     got = grower.result()
     assert [(t.parents, t.tokens) for t in got] == [(t.parents, t.tokens) for t in want]
     assert all(torch.equal(a.q, b.q) for a, b in zip(got, want))
     with pytest.raises(RuntimeError, match="grown"):
-        grower.grow(logits(grower.trees, grower.frontier))
+        grower.grow(_path_logits(grower.trees, grower.frontier))
 
 
-def test_a_grower_refuses_logits_of_the_wrong_shape():
+def test_a_grower_refuses_bad_logits_and_stays_as_it_was():
     from specref.tree_shapes import TreeGrower
 
     grower = TreeGrower((2, 2), 2)
     with pytest.raises(ValueError, match=r"\[B, n, V\] = \[2, 1, V\]"):
         grower.grow(torch.zeros(1, 1, 5))
-    assert grower.depth == 0 and not grower.done
+    nan = torch.zeros(2, 1, 5)
+    nan[1, 0, 0] = float("nan")
+    with pytest.raises(ValueError):
+        grower.grow(nan)
+    assert grower.grown == 0 and [t.n_nodes for t in grower.trees] == [0, 0] and not grower.done
+
+
+def test_a_grow_that_fails_halfway_leaves_every_row_as_it_was():
+    from specref.tree_shapes import TreeGrower
+
+    class FailsOnThirdDraw:  # row 0 draws its two children, then row 1's first draw fails
+        calls = 0
+
+        def categorical(self, probs):
+            self.calls += 1
+            if self.calls == 3:
+                raise RuntimeError("the rng failed")
+            return 0
+
+        def uniform(self):
+            return 0.5
+
+    grower = TreeGrower(TreeShape((2, 2), sampled=True), 2, SamplingParams(), rng=FailsOnThirdDraw())
+    with pytest.raises(RuntimeError, match="rng failed"):
+        grower.grow(torch.zeros(2, 1, 5))
+    assert grower.grown == 0 and [t.n_nodes for t in grower.trees] == [0, 0]
+    assert grower.frontier == [[ROOT], [ROOT]] and grower.scores == [[], []]
 
 
 def test_ancestor_inputs_feed_each_frontier_with_its_ancestors_and_no_sibling():

@@ -92,6 +92,7 @@ class MedusaDraft(FeatureDraft, Draft, TreeDraft):
         if logits is None:
             return self.prompt_again_tree(tokens, spec.depth, max_depth, max_nodes)
         grower = TreeGrower(spec, B, params, generator, max_depth=max_depth, max_nodes=max_nodes)
-        while not grower.done:  # every frontier node lies at one depth d: its children come from head d
-            grower.grow(logits[:, grower.depth : grower.depth + 1].expand(B, len(grower.frontier[0]), -1))
+        while not grower.done:  # the frontier lies at depth d = grower.grown: its children come from head d
+            d = grower.grown
+            grower.grow(logits[:, d : d + 1].expand(B, len(grower.frontier[0]), -1))
         return grower.result()

@@ -112,7 +112,8 @@ class TreeModelDraft(ModelDraft, TreeDraft):
         while not grower.done:  # one masked pass per deeper depth
             ids, rows, mask, _, index = self.feed_ancestors(grower, context)
             self.passes += 1
-            grower.grow(pick(self.model(ids, cache=self.cache, position_ids=rows, attention_mask=mask), index))
+            logits = self.model(ids, cache=self.cache, position_ids=rows, attention_mask=mask)  # row s: position s
+            grower.grow(pick(logits, index))
         return self.tree_result(grower, context)
 
 

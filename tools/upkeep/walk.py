@@ -10,6 +10,12 @@ specref code entered or resumed, from the step's call of the draft to its end, c
 repeats merged, the step's own room (decoding) left out between its calls on the draft.
 `--follow object` walks a coarser path: only the calls whose frame holds the draft object.
 
+Read the two together. The work walk counts every call into a helper on another floor and the return
+from it (drafts > _validate > drafts is one return), so its returns mostly measure how many such calls
+a step makes; its climbs are callbacks, which a house of floors should not need. The object walk says
+where the draft object itself is handed. One step is walked: the second of a greedy `tree_generate`
+with the static shape (2, 2, 1) on a batch of two prompts.
+
 - a return: the walk enters a room it had left before;
 - a climb back up: the walk enters a room on a higher floor than the one it leaves, other than
   by a call returning (a callback: code on a lower floor calling code above it).
@@ -35,8 +41,11 @@ def room_of(module: str) -> str | None:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
-def room_floors(package: Path) -> dict[str, int]:
-    """{room: floor}: floor 0 imports no other room; otherwise 1 + the highest room it imports."""
+def room_floors(package: Path) -> tuple[dict[str, int], list[str]]:
+    """({room: floor}, the circles among the rooms): floor 0 imports no other room, any other 1 + the highest it imports.
+
+    An import that closes a circle is left out of the heights (so a house with a circle still gets floors).
+    """
     imports: dict[str, set[str]] = {}
     for path in package.rglob("*.py"):
         parts = list(path.relative_to(package.parent).with_suffix("").parts)
@@ -62,17 +71,20 @@ def room_floors(package: Path) -> dict[str, int]:
                 if other and other != room and other != "__init__":
                     imports.setdefault(room, set()).add(other)
     floors: dict[str, int] = {}
+    circles: list[str] = []
 
     def floor(r: str, seen: tuple[str, ...] = ()) -> int:
+        if r in seen:  # an import that closes a circle: counted, and left out of the heights
+            circles.append(" -> ".join(seen[seen.index(r):] + (r,)))
+            return -1
         if r not in floors:
-            if r in seen:
-                raise ValueError(f"rooms import in a circle: {' -> '.join(seen + (r,))}")
-            floors[r] = 1 + max((floor(o, seen + (r,)) for o in imports.get(r, ())), default=-1)
+            floors[r] = 1 + max((floor(o, seen + (r,)) for o in sorted(imports.get(r, ()))), default=-1)
         return floors[r]
 
-    for r in {room_of(".".join(["specref", *p.relative_to(package).with_suffix("").parts])) for p in package.rglob("*.py")}:
+    for r in sorted({room_of(".".join(["specref", *p.relative_to(package).with_suffix("").parts]))
+                     for p in package.rglob("*.py")}):
         floor(r)
-    return floors
+    return floors, sorted(set(circles))
 
 
 def walk_step(draft_kind: str, follow: str = "work") -> list[tuple[str, str]]:
@@ -127,11 +139,12 @@ def walk_step(draft_kind: str, follow: str = "work") -> list[tuple[str, str]]:
         if steps["n"] != 2:  # the second step: past the first one's set-up
             return real_step(*args, **kwargs)
         inside["draft"] = args[1]  # tree_step(target, draft, ...): the draft the step serves
+        before = sys.getprofile()
         sys.setprofile(profile)
         try:
             return real_step(*args, **kwargs)
         finally:
-            sys.setprofile(None)
+            sys.setprofile(before)
 
     tree_mod.tree_step = traced_step
     try:
@@ -171,9 +184,11 @@ def main() -> None:
 
     if Path(specref.__file__).resolve().parent != (args.root / "specref").resolve():
         raise SystemExit(f"specref came from {specref.__file__}, not from {args.root}")
-    floors = room_floors(args.root / "specref")
+    floors, circles = room_floors(args.root / "specref")
     print(f"{args.root}: {len(floors)} rooms on {len(set(floors.values()))} floors: "
           + ", ".join(f"{r} {f}" for r, f in sorted(floors.items(), key=lambda x: (x[1], x[0]))))
+    for c in circles:
+        print(f"a circle among the rooms: {c}")
     for kind in (["model", "eagle", "medusa"] if args.draft == "all" else [args.draft]):
         walk, returns, climbs = count(walk_step(kind, args.follow), floors)
         print(f"{kind:7s} rooms entered {len(walk):4d}  returns to rooms already left {returns:4d}  "
