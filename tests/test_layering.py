@@ -1,17 +1,19 @@
 """specref is a house with floors: a module imports only from its own floor or below, and nothing imports in a circle.
 
-The import graph is read from the source with `ast` (imports inside functions count;
-relative imports are resolved), so a lazy import cannot hide a cycle or a reach upwards.
+The import graph is read from the source with `ast` (`tools/upkeep/house.py`: imports inside
+functions count; relative imports are resolved), so a lazy import cannot hide a cycle or a reach upwards.
 """
 
 from __future__ import annotations
 
-import ast
+import sys
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specref"
+sys.path.insert(0, str(PACKAGE.parent / "tools" / "upkeep"))
+from house import cycles_in, import_graph, room_graph  # noqa: E402 - the one reader of the import graph
 
 # The floor order, written down once: lowest first. A module's floor is the first entry whose
 # prefix names it. checks and perf share a floor; the package's own __init__ gathers the public
@@ -30,51 +32,6 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
 COURSE = "course"
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
-
-
-def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
-    if node.level == 0:
-        return node.module or ""
-    base = module.split(".") if is_package else module.split(".")[:-1]
-    base = base[: len(base) - (node.level - 1)]
-    return ".".join(base + ([node.module] if node.module else []))
-
-
-def import_graph() -> dict[str, set[str]]:
-    """{module: the specref modules it imports}, from every import statement anywhere in its source."""
-    modules = _modules()
-    graph: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        is_package = path.name == "__init__.py"
-        edges: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = _resolve(name, is_package, node)
-                # `from pkg import mod` imports the module pkg.mod; `from mod import name` imports mod.
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
-            else:
-                continue
-            for t in targets:
-                # `import specref.trees.x` or a name inside a module: the longest known module prefix.
-                while t and t not in modules:
-                    t = t.rpartition(".")[0]
-                if t and t != name:
-                    edges.add(t)
-        graph[name] = edges
-    return graph
-
-
 def floor_of(module: str) -> int:
     best = None
     for i, (_, prefixes) in enumerate(FLOORS):
@@ -88,7 +45,7 @@ def floor_of(module: str) -> int:
     return best[0]
 
 
-GRAPH = import_graph()
+GRAPH = import_graph(PACKAGE)
 
 
 def test_the_graph_sees_lazy_and_relative_imports():
@@ -120,29 +77,6 @@ def test_only_the_course_imports_the_course():
     assert not outside, "\n".join(outside)
 
 
-def cycles_in(graph: dict[str, set[str]]) -> list[str]:
-    """Every circle a depth-first walk of `graph` meets, as 'a -> b -> a'."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    stack: list[str] = []
-    cycles: list[str] = []
-
-    def visit(m: str) -> None:
-        state[m] = 1
-        stack.append(m)
-        for t in sorted(graph.get(m, ())):
-            if state.get(t) == 1:
-                cycles.append(" -> ".join(stack[stack.index(t):] + [t]))
-            elif t not in state:
-                visit(t)
-        stack.pop()
-        state[m] = 2
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m)
-    return cycles
-
-
 def test_there_is_no_import_cycle():
     # A package's __init__ importing its own modules, which import a sibling through the package, is
     # still a cycle: import the sibling module directly.
@@ -150,17 +84,10 @@ def test_there_is_no_import_cycle():
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
-def room(module: str) -> str:
-    """The top-level entry of specref a module is in: specref.drafts.model -> drafts, specref.trees -> trees."""
-    return (module.split(".") + ["__init__"])[1]
-
-
 def test_the_rooms_import_in_no_circle():
     # Read a level up, as a newcomer reads the house: one room per top-level entry (a subpackage or a
     # module). A module kept at an old path that imports its new home on a higher floor would show here.
-    rooms: dict[str, set[str]] = {}
-    for m, targets in GRAPH.items():
-        rooms.setdefault(room(m), set()).update(room(t) for t in targets if room(t) != room(m))
+    rooms = room_graph(GRAPH)
     assert len(rooms) >= 14
     cycles = cycles_in(rooms)
     assert not cycles, "rooms that import each other:\n" + "\n".join(cycles)
@@ -172,10 +99,7 @@ def test_the_circle_check_sees_a_circle():
 
 
 def _walk():
-    import sys
-
-    sys.path.insert(0, str(PACKAGE.parent / "tools" / "upkeep"))
-    import walk
+    import walk  # tools/upkeep, on the path above
 
     return walk
 

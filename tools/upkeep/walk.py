@@ -26,65 +26,18 @@ with the static shape (2, 2, 1) on a batch of two prompts.
 from __future__ import annotations
 
 import argparse
-import ast
 import sys
 from pathlib import Path
+
+from house import cycles_in, heights, import_graph, room_graph, room_of
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def room_of(module: str) -> str | None:
-    """specref.drafts.model -> 'drafts'; specref.trees -> 'trees'; None outside the package."""
-    parts = module.split(".")
-    if parts[0] != "specref":
-        return None
-    return parts[1] if len(parts) > 1 else "__init__"
-
-
 def room_floors(package: Path) -> tuple[dict[str, int], list[str]]:
-    """({room: floor}, the circles among the rooms): floor 0 imports no other room, any other 1 + the highest it imports.
-
-    An import that closes a circle is left out of the heights (so a house with a circle still gets floors).
-    """
-    imports: dict[str, set[str]] = {}
-    for path in package.rglob("*.py"):
-        parts = list(path.relative_to(package.parent).with_suffix("").parts)
-        is_pkg = parts[-1] == "__init__"
-        if is_pkg:
-            parts.pop()
-        module = ".".join(parts)
-        room = room_of(module)
-        for node in ast.walk(ast.parse(path.read_text())):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = parts if is_pkg else parts[:-1]
-                    base = base[: len(base) - (node.level - 1)]
-                    stem = ".".join(base + ([node.module] if node.module else []))
-                    names = [stem] + ([f"{stem}.{a.name}" for a in node.names] if not node.module else [])
-                else:
-                    names = [node.module or ""]
-            for n in names:
-                other = room_of(n)
-                if other and other != room and other != "__init__":
-                    imports.setdefault(room, set()).add(other)
-    floors: dict[str, int] = {}
-    circles: list[str] = []
-
-    def floor(r: str, seen: tuple[str, ...] = ()) -> int:
-        if r in seen:  # an import that closes a circle: counted, and left out of the heights
-            circles.append(" -> ".join(seen[seen.index(r):] + (r,)))
-            return -1
-        if r not in floors:
-            floors[r] = 1 + max((floor(o, seen + (r,)) for o in sorted(imports.get(r, ()))), default=-1)
-        return floors[r]
-
-    for r in sorted({room_of(".".join(["specref", *p.relative_to(package).with_suffix("").parts]))
-                     for p in package.rglob("*.py")}):
-        floor(r)
-    return floors, sorted(set(circles))
+    """({room: floor}, the circles among the rooms) of the package at `package` (`house.py`)."""
+    rooms = room_graph(import_graph(package))
+    return heights(rooms), cycles_in(rooms)
 
 
 def walk_step(draft_kind: str, follow: str = "work") -> list[tuple[str, str]]:
@@ -113,9 +66,9 @@ def walk_step(draft_kind: str, follow: str = "work") -> list[tuple[str, str]]:
             return
         if follow == "object":
             if event == "call" and any(v is inside["draft"] for v in frame.f_locals.values()):
-                room = room_of(frame.f_globals.get("__name__", ""))
-                if room is not None:
-                    events.append((room, event))
+                name = frame.f_globals.get("__name__", "")
+                if name.split(".")[0] == "specref":
+                    events.append((room_of(name), event))
             return
         mine = frame.f_locals.get("self") is inside["draft"] and inside["draft"] is not None
         if event == "call" and mine:
@@ -130,9 +83,8 @@ def walk_step(draft_kind: str, follow: str = "work") -> list[tuple[str, str]]:
         if event == "return":  # the room we come back to is the caller's
             caller = frame.f_back
             name = caller.f_globals.get("__name__", "") if caller is not None else ""
-        room = room_of(name)
-        if room is not None:
-            events.append((room, event))
+        if name.split(".")[0] == "specref":
+            events.append((room_of(name), event))
 
     def traced_step(*args, **kwargs):  # noqa: ANN002, ANN003
         steps["n"] += 1
