@@ -3,7 +3,7 @@
 Most tests grade the toy exercise of tests/test_grade_security.py (pure Python: a kernel starts in a
 fraction of a second) with the same rule: the attacked task scores 0, or the submission is flagged
 (exit 3) or ungradable (exit 2). The others grade the course's own exercises, or call a grader of
-specref.course.grading directly, where the hole was in that exercise's check.
+specref_grading.checks directly, where the hole was in that exercise's check.
 
 GRADE_PY=path/to/another/grade.py runs the CLI tests against another grader, as in test_grade_security.
 """
@@ -121,7 +121,7 @@ def test_forging_results_through_torch_on_a_real_exercise_is_flagged(tmp_path):
 def _plain_decode_through_the_wrapped_model(target, draft, prompt, k, max_new_tokens, temperature=0.0, top_k=None,
                                             generator=None):
     """Plain greedy decoding, no speculation, on a model the pass counter does not see (the grader's own pair)."""
-    from specref.course.grading import gpt2_pair as G
+    from specref_grading.checks import gpt2_pair as G
 
     model = G._pair64()[0]
     cache, out = model.new_cache(1), []
@@ -135,7 +135,7 @@ def _plain_decode_through_the_wrapped_model(target, draft, prompt, k, max_new_to
 
 def test_plain_decoding_on_a_model_the_check_does_not_count_is_not_speculation():
     """Passes the wrapper does not see (its `.model`, or the notebook's own pair) gave plain decoding 3/3."""
-    from specref.course.grading import gpt2_pair as G
+    from specref_grading.checks import gpt2_pair as G
 
     with pytest.raises(AssertionError, match="called the target 0 times"):
         G.check_speculative_decode(_plain_decode_through_the_wrapped_model, n_prompts=1, ks=(1,))
@@ -144,7 +144,7 @@ def test_plain_decoding_on_a_model_the_check_does_not_count_is_not_speculation()
 def test_weights_the_learner_writes_never_reach_the_reference_of_later_checks():
     """A step that zeroes the models it is handed through .data (no version bump) must leave the graders'
     reference intact: it poisoned the expected answers of check_speculative_decode, which [c] * n then passed."""
-    from specref.course.grading import gpt2_pair as G
+    from specref_grading.checks import gpt2_pair as G
 
     reference = [p for m in G._pair64() for p in m.parameters()]
     saved = [p.detach().clone() for p in reference]
@@ -171,7 +171,7 @@ def test_weights_the_learner_writes_never_reach_the_reference_of_later_checks():
 @pytest.mark.parametrize("value", [float("nan"), torch.tensor(float("nan"))], ids=["float", "tensor"])
 def test_nan_is_not_the_hand_computed_expected_tokens(value):
     """`abs(v - want) > 0.005` is False for NaN: e_value = float("nan") got ex03_value_check's point."""
-    from specref.course.grading.speedup import check_expected_tokens_value
+    from specref_grading.checks.speedup import check_expected_tokens_value
 
     with pytest.raises(AssertionError, match="wrong value"):
         check_expected_tokens_value(value)

@@ -460,7 +460,7 @@ def test_a_cell_that_binds_names_unseen_is_charged_to_every_later_test(toy, sour
 # learner's fit with the reference's): building the plan reads every cell and runs none, so no name has to exist.
 def _given_cells_solution() -> dict:
     nb = toy_solution()
-    nb["cells"][1]["source"] = ("from specref.course.grading.load import check_fit, reference_fit, server_rows\n"
+    nb["cells"][1]["source"] = ("from specref_grading.checks.load import check_fit, reference_fit, server_rows\n"
                                 "ROWS = server_rows()\n" + SETUP)
     nb["cells"].insert(4, _code("print(double(2), reference_fit(ROWS))", cid="given"))
     return nb

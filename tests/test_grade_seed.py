@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specref.course.grading import batch as G
+from specref_grading.checks import batch as G
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "grading"))

@@ -9,8 +9,8 @@ import pytest
 import torch
 from scipy import stats
 
-from specref.course.grading import accept_reject
-from specref.course.grading import speedup as speedup_grading
+from specref_grading.checks import accept_reject
+from specref_grading.checks import speedup as speedup_grading
 from specref.checks.exact import step_distribution_formula
 from specref.checks.montecarlo import simulate
 from specref.checks.rng import TorchRNG, exact_distribution
@@ -18,7 +18,7 @@ from specref.rejection import acceptance_probability  # Task 6 measures with it 
 
 
 # The answers a learner writes. A task may not call the specref function it asks for (the reference rule,
-# specref.course.grading.rules), so the passing answers are written here, as the solutions write them.
+# specref_grading.checks.rules), so the passing answers are written here, as the solutions write them.
 def residual(p, q):
     diff = (p - q).clamp(min=0)
     mass = diff.sum(-1, keepdim=True)
@@ -445,16 +445,16 @@ def test_step_grader_rejects_typical_mistakes(wrong, message):
 def test_the_reference_rule_ignores_a_learner_name_that_a_grading_helper_also_has():
     # Every grader module holds the shared helpers (passed, close, ...) under their public names; a learner
     # function that reads the exercise's grader module and an attribute `.passed` of its own result uses neither.
-    from specref.course.grading.rules import reference_uses
+    from specref_grading.checks.rules import reference_uses
 
     def answer(result):
         assert accept_reject is not None  # the exercise's grader module, a global of the learner's notebook
         return result.passed or result.close
 
-    assert reference_uses(answer, ("specref.course.grading",)) == []
+    assert reference_uses(answer, ("specref_grading.checks",)) == []
     # The control: a check function of the same module is still a forbidden use.
-    assert reference_uses(lambda r: accept_reject.check_residual, ("specref.course.grading",)) == [
-        "specref.course.grading.accept_reject.check_residual"]
+    assert reference_uses(lambda r: accept_reject.check_residual, ("specref_grading.checks",)) == [
+        "specref_grading.checks.accept_reject.check_residual"]
 
 
 def test_the_broken_samplers_parts_make_a_correct_step_when_none_is_swapped(capsys):
@@ -626,7 +626,7 @@ def test_a_freshly_seeded_generator_shows_its_seed_so_the_probe_has_power():
 
 
 def test_derived_seeds_are_63_bit_deterministic_and_differ_by_purpose_and_case():
-    from specref.course.grading.report import derived_seed
+    from specref_grading.checks.report import derived_seed
     a = derived_seed(HIDDEN, "measure_toy", 1)
     assert a == derived_seed(HIDDEN, "measure_toy", 1) and 0 <= a < 2**63
     assert len({a, derived_seed(HIDDEN, "measure_toy", 2), derived_seed(HIDDEN, "step", 1),

@@ -1,4 +1,4 @@
-"""Exercise 1's graders (specref.course.grading.roofline): bytes, FLOPs, intensity, the ridge, pass time and v(k) of
+"""Exercise 1's graders (specref_grading.checks.roofline): bytes, FLOPs, intensity, the ridge, pass time and v(k) of
 a model on a machine, by value against specref.perf.
 
 The reference answers below are the solution's. Every wrong answer is one a learner could write: notebook 01's
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from specref.course.grading import roofline as R
+from specref_grading.checks import roofline as R
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from specref.course.grading import prompt_lookup as G
+from specref_grading.checks import prompt_lookup as G
 from specref.drafts.prompt_lookup import lookup
 
 
@@ -217,7 +217,7 @@ def test_the_distribution_test_has_power_against_a_smoothed_q_and_passes_the_one
 
 def test_one_line_library_calls_score_zero_with_a_message_that_says_why():
     """Each task's answer made of the reference it asks for fails at the visible check, and says why."""
-    from specref.course.grading.draft_positions import check_acceptance_counts
+    from specref_grading.checks.draft_positions import check_acceptance_counts
     from specref.decoding import record
     from specref.drafts import PromptLookupDraft
     from specref.drafts import prompt_lookup as pl
@@ -245,7 +245,7 @@ def test_one_line_library_calls_score_zero_with_a_message_that_says_why():
 
 def test_the_reference_rule_leaves_proxies_alone():
     """A grader's proxy of a learner function is not a Python function: the inspection does nothing to it."""
-    from specref.course.grading.rules import reference_uses
+    from specref_grading.checks.rules import reference_uses
 
     class Proxy:
         def __call__(self, *args):
@@ -319,7 +319,7 @@ def _scan(source: str) -> list[str]:
 
 @pytest.mark.parametrize("source", [
     "from specref.drafts.prompt_lookup import lookup\n\ndef lookup_proposal(c, k, a, b):\n    return lookup(c, k, a, b)\n",
-    "import specref.course.grading.prompt_lookup as g\ng.lookup = lambda *a: a[0][:a[1]]\n",
+    "import specref_grading.checks.prompt_lookup as g\ng.lookup = lambda *a: a[0][:a[1]]\n",
     "def lookup_proposal(c, k, a, b):\n    return [c[-1]] * k\n\ncheck_proposals.__globals__['lookup'] = lookup_proposal\n",
     "def lookup_proposal(c, k, a, b):\n    return list(edit_cases(1)[0].tokens[:k])\n",  # a setup name from specref
 ])

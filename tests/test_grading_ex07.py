@@ -1,4 +1,4 @@
-"""Exercise 7's graders (specref.course.grading.batch): a fitted pass-time model, its speedup and crossover, and a
+"""Exercise 7's graders (specref_grading.checks.batch): a fitted pass-time model, its speedup and crossover, and a
 load-aware k judged on the true costs.
 
 The reference answers below are the solution's; every wrong answer is one a learner could write (an unweighted
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specref.course.grading import batch as G
+from specref_grading.checks import batch as G
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ import torch
 from specref.checks.montecarlo import distribution_test
 from specref.checks.rng import exact_distribution
 from specref.checks.toy import MarkovChain
-from specref.course.grading import pitfalls as G
+from specref_grading.checks import pitfalls as G
 from specref.sampling import TorchRNG
 
 N = 2
@@ -267,7 +267,7 @@ def test_a_malformed_report_is_flagged(answer, message):
 
 
 def test_the_graders_own_verdicts_used_as_the_answer_score_zero_with_a_message_that_says_why():
-    from specref.course.grading.pitfalls import _evidence_of, _truth, hidden_specs  # noqa: F401
+    from specref_grading.checks.pitfalls import _evidence_of, _truth, hidden_specs  # noqa: F401
 
     def is_lossless(sampler):
         return _evidence_of(sampler, G.reference_cases())[1] < 1e-9

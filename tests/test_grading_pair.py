@@ -13,7 +13,7 @@ import torch
 
 from specref import process_logits, verify_chain
 from specref.checks.montecarlo import verify_skip_residual
-from specref.course.grading import gpt2_pair as G
+from specref_grading.checks import gpt2_pair as G
 from specref.models import heldout_prompts
 
 # --------------------------------------------------------------------------------------

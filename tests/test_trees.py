@@ -535,7 +535,7 @@ def _one_level(p, children, q, deterministic, rng, onehot=True, update=True):
 
 
 def test_mask_grader_passes_the_reference():
-    from specref.course.grading.trees import check_tree_mask
+    from specref_grading.checks.trees import check_tree_mask
 
     check_tree_mask(_mask_and_positions)
 
@@ -548,14 +548,14 @@ def test_mask_grader_passes_the_reference():
     (lambda parents, s: (_mask_and_positions(parents, s)[0], s + 1 + torch.arange(len(parents))), "chain positions"),
 ])
 def test_mask_grader_fails_wrong_answers_with_a_hint(wrong, hint):
-    from specref.course.grading.trees import check_tree_mask
+    from specref_grading.checks.trees import check_tree_mask
 
     with pytest.raises(AssertionError, match=hint):
         check_tree_mask(wrong)
 
 
 def test_multi_candidate_grader_passes_the_reference():
-    from specref.course.grading.trees import check_multi_candidate
+    from specref_grading.checks.trees import check_multi_candidate
 
     check_multi_candidate(_one_level, n_cases=15)
 
@@ -565,7 +565,7 @@ def test_multi_candidate_grader_passes_the_reference():
     ({"update": False}, "residual"),
 ])
 def test_multi_candidate_grader_fails_the_broken_rules(kwargs, hint):
-    from specref.course.grading.trees import check_multi_candidate
+    from specref_grading.checks.trees import check_multi_candidate
 
     with pytest.raises(AssertionError, match=hint):
         check_multi_candidate(lambda *a: _one_level(*a, **kwargs), n_cases=15)

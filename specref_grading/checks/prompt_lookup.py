@@ -17,7 +17,7 @@ stream: successive versions of a line, each a copy of the previous one with a fe
 reference rule copies from the latest version; the wrong rules (earliest occurrence, shortest n-gram
 first, one token only) fall well below the bar there. Passes are counted, never timed.
 
-The reference rule (`specref.course.grading.rules`): a task that calls the specref function it asks the
+The reference rule (`specref_grading.checks.rules`): a task that calls the specref function it asks the
 learner to write scores 0, with a message that says why.
 """
 
@@ -41,10 +41,10 @@ from .rules import graded
 Proposal = Callable[[list[int], int, int, int], object]
 
 # What the tasks must not call: the reference they ask the learner to write, and the graders' insides.
-ALLOWED = ("specref.course.grading.prompt_lookup.check_proposals", "specref.course.grading.prompt_lookup.check_draft",
-           "specref.course.grading.prompt_lookup.check_tokens_per_pass",
-           "specref.course.grading.draft_positions.check_acceptance_counts")
-FORBIDDEN = ("specref.drafts.prompt_lookup", "specref.course.grading")
+ALLOWED = ("specref_grading.checks.prompt_lookup.check_proposals", "specref_grading.checks.prompt_lookup.check_draft",
+           "specref_grading.checks.prompt_lookup.check_tokens_per_pass",
+           "specref_grading.checks.draft_positions.check_acceptance_counts")
+FORBIDDEN = ("specref.drafts.prompt_lookup", "specref_grading")
 
 
 def _as_proposal(out: object, k: int) -> list[int] | None:

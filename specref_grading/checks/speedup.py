@@ -23,9 +23,9 @@ from .rules import graded
 
 # The reference rule: Tasks 1-5 write the formulas of specref.theory; Task 6 measures with the course's simulator
 # (its setup imports), but not with the grader's own reference measurement.
-FORBIDDEN = ("specref.theory", "specref.checks.exact", "specref.course.grading")
-FORBIDDEN_MEASURE = ("specref.course.grading",)
-ALLOWED = tuple(f"specref.course.grading.speedup.{n}" for n in (
+FORBIDDEN = ("specref.theory", "specref.checks.exact", "specref_grading")
+FORBIDDEN_MEASURE = ("specref_grading",)
+ALLOWED = tuple(f"specref_grading.checks.speedup.{n}" for n in (
     "check_accepted_count_pmf", "check_expected_tokens", "check_expected_tokens_value", "check_optimal_k",
     "check_speedup", "check_toy_measurement"))
 

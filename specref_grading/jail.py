@@ -1,9 +1,9 @@
 """The jailed kernel: where a submission's code runs, and how it is locked in.
 
-tools/grading/grade.py starts, as root,
+specref_grading/wall.py starts, as root,
 
     unshare --mount --net --pid --ipc --uts --fork --kill-child --propagation private -- \\
-        python -I tools/grading/grade_jail.py launch CONFIG
+        python -I -m specref_grading.jail launch CONFIG
 
 `launch` (this file, still root, inside the new namespaces) builds a root folder of its own: a
 tmpfs holding read-only bind mounts of /usr, /etc and the interpreter, the virtual environment
@@ -13,13 +13,13 @@ into the run's cgroups (one CPU, one memory budget, a process count) where the h
 It changes root into it, drops every capability from the bounding set, takes the run's fresh
 unprivileged uid and gid (no groups), sets no_new_privs and the resource limits, and starts the
 kernel as its child (it stays the namespace's init, reaping orphans, and leaves with the kernel's
-status, 128 + N for signal N): `python -I -c <tools/grading/grade_rpc.py + KERNEL>`.
+status, 128 + N for signal N): `python -I -c <specref_grading/protocol.py + KERNEL>`.
 The network namespace has only a loopback interface, which is down: no network.
 
-The kernel serves calls from the trusted process (tools/grading/grade_trusted.py) over two pipes: `exec`
+The kernel serves calls from the trusted process (specref_grading/trusted.py) over two pipes: `exec`
 runs a cell's source in the kernel's namespace (the solution's setup cells, the learner's answer
 cells and the exercise's other cells; never a test cell), `get` hands out a name the cells bound,
-and every object it hands out can be called back (tools/grading/grade_rpc.py). It holds no key, no test,
+and every object it hands out can be called back (specref_grading/protocol.py). It holds no key, no test,
 no hidden seed and decides nothing: whatever it does to itself, the grade is decided elsewhere.
 """
 
@@ -75,7 +75,7 @@ finally:
 
 
 def kernel_source() -> str:
-    return (HERE / "grade_rpc.py").read_text(encoding="utf-8") + "\n" + KERNEL
+    return (HERE / "protocol.py").read_text(encoding="utf-8") + "\n" + KERNEL
 
 
 def read_only_paths() -> list[str]:
@@ -96,7 +96,7 @@ def read_only_paths() -> list[str]:
 def command(config: dict) -> list[str]:
     """The command that starts the jailed kernel (as root)."""
     return ["unshare", "--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child",
-            "--propagation", "private", "--", sys.executable, "-I", str(Path(__file__).resolve()), "launch",
+            "--propagation", "private", "--", sys.executable, "-I", "-m", "specref_grading.jail", "launch",
             json.dumps(config)]
 
 
@@ -161,7 +161,7 @@ def arm_parent_death() -> bool:
     """Ask Linux to SIGKILL this process when its parent dies (PR_SET_PDEATHSIG); False where it cannot.
 
     The jail's init calls it after its change of uid (which clears the setting); our death ends the
-    namespace, the kernel with it. tools/grading/grade.py's die_with_parent calls it in every child.
+    namespace, the kernel with it. specref_grading/wall.py's die_with_parent calls it in every child.
     """
     try:
         return ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0) == 0  # 1 = PR_SET_PDEATHSIG

@@ -47,8 +47,8 @@ MACHINES = {
 # Answers must not call the reference of what the tasks ask for.
 FORBIDDEN = ("specref.perf.costmodel", "specref.perf.costs.forward_flops", "specref.perf.costs.weight_bytes",
              "specref.perf.costs.arithmetic_intensity",
-             "specref.course.grading.roofline")
-ALLOWED = ("specref.course.grading.roofline.MODELS", "specref.course.grading.roofline.MACHINES")
+             "specref_grading.checks.roofline")
+ALLOWED = ("specref_grading.checks.roofline.MODELS", "specref_grading.checks.roofline.MACHINES")
 
 
 def _roofline(model: dict, machine: dict) -> PassModel:

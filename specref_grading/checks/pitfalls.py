@@ -348,9 +348,9 @@ def _specs(hidden: bool, seed: int | None) -> list[Spec]:
 
 
 # What the tasks must not call: the graders' insides (the exercise's own setup names stay allowed).
-ALLOWED = tuple(f"specref.course.grading.pitfalls.{n}" for n in (
+ALLOWED = tuple(f"specref_grading.checks.pitfalls.{n}" for n in (
     "reference_cases", "check_lossless_check", "check_evidence", "SAMPLERS", "TEMPERATURE"))
-FORBIDDEN = ("specref.course.grading",)
+FORBIDDEN = ("specref_grading",)
 
 _CHECK_HINT = ("lossless means the first N tokens have exactly the processed target's joint on every case, and a "
                "sampler that writes into its inputs is not lossless. Compare exact distributions (a tolerance like "

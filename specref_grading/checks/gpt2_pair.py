@@ -49,8 +49,8 @@ from .rules import graded
 
 # The reference rule: the tasks write the speculative loop, so specref's own drafts and decoding loop are out
 # of bounds; the rule itself (verify_chain), the models and process_logits stay allowed (the setup imports them).
-FORBIDDEN = ("specref.decoding", "specref.drafts", "specref.course.grading")
-ALLOWED = tuple(f"specref.course.grading.gpt2_pair.{n}" for n in (
+FORBIDDEN = ("specref.decoding", "specref.drafts", "specref_grading")
+ALLOWED = tuple(f"specref_grading.checks.gpt2_pair.{n}" for n in (
     "SAMPLING_HIDDEN", "check_first_two_tokens", "check_propose", "check_speculative_decode",
     "check_speculative_step", "sampling_power"))
 

@@ -48,8 +48,8 @@ from .rules import graded
 
 # The reference rule: the tasks write the rule, so its implementations in specref are out of bounds.
 FORBIDDEN = ("specref.rejection", "specref.checks.exact", "specref.checks.montecarlo", "specref.checks.broken",
-             "specref.checks.pitfalls", "specref.typical", "specref.trees", "specref.course.grading")
-ALLOWED = tuple(f"specref.course.grading.accept_reject.{n}" for n in
+             "specref.checks.pitfalls", "specref.typical", "specref.trees", "specref_grading")
+ALLOWED = tuple(f"specref_grading.checks.accept_reject.{n}" for n in
                 ("check_worked_example", "check_residual", "check_accept_reject_step"))
 
 

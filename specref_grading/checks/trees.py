@@ -19,8 +19,8 @@ from .rules import graded
 
 # The reference rule: the tasks write what specref.trees does; specref.residual stays allowed (the setup imports it).
 FORBIDDEN = ("specref.trees", "specref.rejection.verify_chain", "specref.rejection.verify_chain_unchecked",
-             "specref.course.grading")
-ALLOWED = ("specref.course.grading.trees.check_tree_mask", "specref.course.grading.trees.check_multi_candidate")
+             "specref_grading")
+ALLOWED = ("specref_grading.checks.trees.check_tree_mask", "specref_grading.checks.trees.check_multi_candidate")
 
 
 # --------------------------------------------------------------------------------------

@@ -22,8 +22,8 @@ from .rules import graded
 
 # Task 5 must not call the count it asks for, nor reach into the graders.
 FORBIDDEN = ("specref.decoding.record.acceptance_by_position", "specref.decoding.record.counts_from_histogram",
-             "specref.course.grading")
-ALLOWED = ("specref.course.grading.draft_positions.check_acceptance_counts",)
+             "specref_grading")
+ALLOWED = ("specref_grading.checks.draft_positions.check_acceptance_counts",)
 
 Counter = Callable[[list[RecordedStep], int], object]
 

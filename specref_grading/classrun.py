@@ -1,10 +1,10 @@
 """Grade a class: every submission in a folder, in parallel, resumable, with feedback and hand-grading sheets.
 
-    python tools/grading/grade_all.py grade submissions/ [--jobs N] [--csv book.csv] [--seed N|random]
-    python tools/grading/grade_all.py merge submissions/ [--csv book.csv]     # the instructor's hand marks
+    python -m specref_grading.classrun grade submissions/ [--jobs N] [--csv book.csv] [--seed N|random]
+    python -m specref_grading.classrun merge submissions/ [--csv book.csv]     # the instructor's hand marks
     make grade-all DIR=submissions/ JOBS=2      make grade-merge DIR=submissions/
 
-Each submission is graded by tools/grading/grade.py's ``grade()`` in one of N worker processes (default: one
+Each submission is graded by specref_grading.grade's ``grade()`` in one of N worker processes (default: one
 per core). Everything is written next to the gradebook (default DIR/gradebook.csv):
 
 - ``gradebook.csv``: one row per submission (the autograded points per task, the hand marks per
@@ -41,17 +41,18 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "upkeep"))  # make_exercises
-
-import grade as G  # noqa: E402
-from make_exercises import MarkerError, strip_regions  # noqa: E402
+from specref_grading.grade import CELL_TIMEOUT_S, ROOT, RUN_TIMEOUT_S, grade
+from specref_grading.notebook import GradeError, find_solution, nbgrader, read_notebook
+from specref_grading.plan import hidden_seed
+from specref_grading.processes import die_with_parent
+from specref_grading.report import (EXIT_FAILED, EXIT_FULL, EXIT_REVIEW, EXIT_UNGRADABLE, STATUS, Report, printable,
+                                    status_text)
+from specref_grading.version import grader_version
+from specref_grading.wall import MEMORY_MB
+from specref_grading.exercises import MarkerError, strip_regions
 
 STATE_VERSION = 1
 TRANSIENT = {"timeout", "died"}  # outcomes --retry regrades even when nothing changed
-GRADER_FILES = ("tools/grading/grade.py", "tools/grading/grade_runner.py",
-                "tools/grading/grade_scan.py", "tools/upkeep/make_exercises.py")
-GRADER_PACKAGE = "specref/course/grading"
 
 
 class MergeError(Exception):
@@ -97,23 +98,18 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def grader_version() -> str:
-    """A hash of the grader's code: a run graded by another grader is regraded."""
-    files = [G.ROOT / f for f in GRADER_FILES] + sorted((G.ROOT / GRADER_PACKAGE).rglob("*.py"))
-    h = hashlib.sha256()
-    for f in files:
-        if f.is_file():
-            h.update(str(f.relative_to(G.ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
+def solution_of(data: bytes, solutions_dir: Path) -> Path | None:
+    """The solution this submission is graded against (by its exercise id), or None when there is none."""
+    try:
+        sub = json.loads(data)
+        return find_solution(sub, solutions_dir) if isinstance(sub, dict) else None
+    except (ValueError, RecursionError, GradeError):
+        return None
 
 
 def solution_version(data: bytes, solutions_dir: Path) -> str:
-    """The solution this submission is graded against (by its exercise id) and the hash of its bytes."""
-    try:
-        sub = json.loads(data)
-        path = G.find_solution(sub, solutions_dir) if isinstance(sub, dict) else None
-    except (ValueError, RecursionError, G.GradeError):
-        path = None
+    """The solution this submission is graded against and the hash of its bytes."""
+    path = solution_of(data, solutions_dir)
     if path is None:  # ungradable as it is; regraded if the set of solutions changes
         names = ",".join(p.name for p in sorted(solutions_dir.glob("*.ipynb")))
         return "none:" + sha256(names.encode())[:16]
@@ -141,9 +137,9 @@ def load_state(path: Path) -> dict | None:
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise G.GradeError(f"cannot read the run's state {path}: {e}; --fresh starts a new run") from e
+        raise GradeError(f"cannot read the run's state {path}: {e}; --fresh starts a new run") from e
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-        raise G.GradeError(f"{path} is not a state file of this grader; --fresh starts a new run")
+        raise GradeError(f"{path} is not a state file of this grader; --fresh starts a new run")
     return state
 
 
@@ -155,11 +151,11 @@ def _grade_one(path: str, solutions_dir: str, seed: int, cell_timeout: float, ru
     """One submission in a worker: (its report as a dict, seconds, whether the grader itself failed)."""
     start = time.monotonic()
     try:
-        rep = G.grade(Path(path), solutions_dir=Path(solutions_dir), cell_timeout=cell_timeout,
+        rep = grade(Path(path), solutions_dir=Path(solutions_dir), cell_timeout=cell_timeout,
                       run_timeout=run_timeout, seed=seed, memory_mb=memory_mb)
         return rep.as_dict(), time.monotonic() - start, False
     except Exception as e:  # a bug of the grader, not of the submission: reported, never cached
-        rep = G.Report(path, error=f"the grader failed on this notebook: {type(e).__name__}: {e}")
+        rep = Report(path, error=f"the grader failed on this notebook: {type(e).__name__}: {e}")
         return rep.as_dict(), time.monotonic() - start, True
 
 
@@ -172,7 +168,7 @@ def default_jobs() -> int:
 
 def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, seed: str | int | None = None,
         fresh: bool = False, retry: bool = False, solutions_dir: Path | None = None,
-        cell_timeout: float = G.CELL_TIMEOUT_S, run_timeout: float = G.RUN_TIMEOUT_S, memory_mb: int = G.MEMORY_MB,
+        cell_timeout: float = CELL_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S, memory_mb: int = MEMORY_MB,
         echo=print, progress: bool = False) -> dict:
     """Grade every submission under `folder` that is new or changed; write the gradebook, feedback and sheets.
 
@@ -181,24 +177,24 @@ def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, 
     """
     folder = Path(folder)
     if not folder.is_dir():
-        raise G.GradeError(f"no such folder: {folder}")
+        raise GradeError(f"no such folder: {folder}")
     out = outputs(Path(csv_path) if csv_path else folder / "gradebook.csv")
-    solutions_dir = Path(solutions_dir or G.ROOT / "solutions")
+    solutions_dir = Path(solutions_dir or ROOT / "solutions")
     jobs = default_jobs() if jobs is None else jobs
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise G.GradeError(f"--jobs must be an integer >= 1, got {jobs!r}")
+        raise GradeError(f"--jobs must be an integer >= 1, got {jobs!r}")
     state = None if fresh else load_state(out["state"])
     if seed is not None:
-        run_seed = G.hidden_seed(seed)
+        run_seed = hidden_seed(seed)
     elif state is not None:
         run_seed = int(state["seed"])
     else:
-        run_seed = G.hidden_seed("random")
+        run_seed = hidden_seed("random")
     if state is None:
         state = {"version": STATE_VERSION, "entries": {}, "hand": {}}
     state["seed"] = run_seed
     state["solutions_dir"] = str(solutions_dir.resolve())
-    grader = grader_version()
+    graders: dict[Path | None, str] = {}  # the grader's version key, per solution (the modules it reaches)
 
     files = submissions(folder)
     keys: dict[str, dict] = {}
@@ -207,12 +203,15 @@ def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, 
         rel = path.relative_to(folder).as_posix()
         if linked(folder, path):  # never read, never graded: recorded as it is, on every run
             keys[rel] = {"linked": True}
-            state["entries"][rel] = {"key": None, "report": {**G.Report(rel, error=LINKED).as_dict(), "path": rel},
+            state["entries"][rel] = {"key": None, "report": {**Report(rel, error=LINKED).as_dict(), "path": rel},
                                      "seconds": 0.0}
-            echo(G.printable(console_line(rel, state["entries"][rel]["report"], {})))
+            echo(printable(console_line(rel, state["entries"][rel]["report"], {})))
             continue
         data = path.read_bytes()
-        key = {"submission": sha256(data), "solution": solution_version(data, solutions_dir), "grader": grader,
+        sol = solution_of(data, solutions_dir)
+        if sol not in graders:
+            graders[sol] = grader_version(sol)
+        key = {"submission": sha256(data), "solution": solution_version(data, solutions_dir), "grader": graders[sol],
                "seed": run_seed}
         keys[rel] = key
         old = state["entries"].get(rel)
@@ -242,7 +241,7 @@ def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, 
         entry = {"key": None if failed else keys[rel], "report": report, "seconds": round(secs, 3)}
         state["entries"][rel] = entry
         _write_private(out["state"], json.dumps(state, indent=1))  # a run stopped half-way resumes from here
-        echo(G.printable(console_line(rel, report, _hand(state, rel, report))))
+        echo(printable(console_line(rel, report, _hand(state, rel, report))))
         if bar is not None:
             bar.update(1)
 
@@ -252,7 +251,7 @@ def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, 
     elif todo:
         with ProcessPoolExecutor(max_workers=min(jobs, len(todo)),
                                  mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=G.die_with_parent,  # a stopped run stops its workers
+                                 initializer=die_with_parent,  # a stopped run stops its workers
                                  initargs=(os.getpid(),)) as pool:
             futures = {pool.submit(_grade_one, str(path), *args): rel for rel, path in todo}
             for fut in as_completed(futures):
@@ -263,7 +262,7 @@ def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, 
     _write_private(out["state"], json.dumps(state, indent=1))
     rows = write_outputs(state, out)
     codes = [r["exit_code"] for r in rows]
-    worst = next((c for c in (G.EXIT_UNGRADABLE, G.EXIT_REVIEW, G.EXIT_FAILED) if c in codes), G.EXIT_FULL)
+    worst = next((c for c in (EXIT_UNGRADABLE, EXIT_REVIEW, EXIT_FAILED) if c in codes), EXIT_FULL)
     return {"seed": run_seed, "files": len(files), "graded": len(todo), "reused": len(files) - len(todo),
             "wall_s": wall, "per_minute": 60 * len(todo) / wall if todo and wall > 0 else None,
             "mean_s": sum(seconds) / len(seconds) if seconds else None, "jobs": jobs, "exit_code": worst,
@@ -291,9 +290,9 @@ def _pending(report: dict, hand: dict) -> float:
 
 def _status(report: dict, hand: dict) -> str:
     """grade.status_text, and "full marks" only when the hand marks are full too."""
-    text = G.status_text(report["exit_code"], _pending(report, hand))
+    text = status_text(report["exit_code"], _pending(report, hand))
     got, possible = sum(h["marks"] for h in hand.values()), sum(m["points"] for m in report.get("manual", []))
-    if text == G.STATUS[G.EXIT_FULL] and got < possible:
+    if text == STATUS[EXIT_FULL] and got < possible:
         return f"autograded checks passed, {got:g}/{possible:g} by hand"
     return text
 
@@ -372,12 +371,12 @@ def _fenced(text: str) -> list[str]:
     """Text shown verbatim in Markdown: a fence longer than any run of backticks in it."""
     longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
     fence = "`" * max(3, longest + 1)
-    return [fence + "text", G.printable(text.rstrip("\n")), fence]
+    return [fence + "text", printable(text.rstrip("\n")), fence]
 
 
 def feedback(rel: str, report: dict, hand: dict) -> str:
     """The learner's feedback file: per task the points, what failed and why, the notes and flags."""
-    name = G.printable(rel).replace("`", "'")
+    name = printable(rel).replace("`", "'")
     lines = [f"# Feedback on `{name}`", ""]
     if report.get("error"):
         lines += ["This notebook could not be graded:", "", *_fenced(report["error"]), ""]
@@ -458,13 +457,13 @@ def stubs(solutions_dir: Path) -> dict[tuple[str, str], str]:
     out = {}
     for path in sorted(solutions_dir.glob("*.ipynb")):
         try:
-            for i, cell in enumerate(G.read_notebook(path)["cells"]):
-                meta = G.nbgrader(cell)
+            for i, cell in enumerate(read_notebook(path)["cells"]):
+                meta = nbgrader(cell)
                 if meta.get("solution") and meta.get("grade"):
                     src = cell.get("source", "")
                     out[(path.stem, meta.get("grade_id", f"cell-{i}"))] = strip_regions(
                         "".join(src) if isinstance(src, list) else src, cell["cell_type"], path.name).strip()
-        except (G.GradeError, MarkerError):
+        except (GradeError, MarkerError):
             continue
     return out
 
@@ -568,7 +567,7 @@ def merge(folder: Path, csv_path: Path | None = None) -> dict:
 # The command line
 # --------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Grade a folder of submissions (a class), or merge hand marks.")
+    ap = argparse.ArgumentParser(prog="python -m specref_grading.classrun", description="Grade a folder of submissions (a class), or merge hand marks.")
     sub = ap.add_subparsers(dest="command", required=True)
     g = sub.add_parser("grade", help="grade every new or changed submission under DIR")
     g.add_argument("dir", type=Path)
@@ -578,10 +577,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="hidden seed (default: the resumed run's, else a fresh random one)")
     g.add_argument("--fresh", action="store_true", help="start a new run: a new seed, every submission regraded")
     g.add_argument("--retry", action="store_true", help="also regrade unchanged submissions that timed out or died")
-    g.add_argument("--solutions-dir", type=Path, default=G.ROOT / "solutions")
-    g.add_argument("--cell-timeout", type=float, default=G.CELL_TIMEOUT_S)
-    g.add_argument("--timeout", type=float, default=G.RUN_TIMEOUT_S, help="seconds for one submission, all tests")
-    g.add_argument("--memory", type=int, default=G.MEMORY_MB, metavar="MB")
+    g.add_argument("--solutions-dir", type=Path, default=ROOT / "solutions")
+    g.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S)
+    g.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds for one submission, all tests")
+    g.add_argument("--memory", type=int, default=MEMORY_MB, metavar="MB")
     m = sub.add_parser("merge", help="merge the hand-grading sheets' marks into the gradebook")
     m.add_argument("dir", type=Path)
     m.add_argument("--csv", type=Path)
@@ -589,9 +588,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "merge":
         try:
             done = merge(args.dir, args.csv)
-        except (MergeError, G.GradeError) as e:
+        except (MergeError, GradeError) as e:
             print(f"nothing merged:\n{e}", file=sys.stderr)
-            return G.EXIT_UNGRADABLE
+            return EXIT_UNGRADABLE
         print(f"merged {done['marks']} hand marks from {done['sheets']} sheets; {done['pending']:g} points still await "
               f"hand grading; gradebook: {done['outputs']['csv']}")
         return 0
@@ -599,9 +598,9 @@ def main(argv: list[str] | None = None) -> int:
         s = run(args.dir, args.csv, jobs=args.jobs, seed=args.seed, fresh=args.fresh, retry=args.retry,
                 solutions_dir=args.solutions_dir, cell_timeout=args.cell_timeout, run_timeout=args.timeout,
                 memory_mb=args.memory, progress=True)
-    except G.GradeError as e:
+    except GradeError as e:
         print(f"error: {e}", file=sys.stderr)
-        return G.EXIT_UNGRADABLE
+        return EXIT_UNGRADABLE
     out = s["outputs"]
     pending = sum(float(r["hand_pending"]) for r in s["rows"])
     rate = (f"{s['per_minute']:.1f} submissions per minute, {s['mean_s']:.1f} s each in a worker"
@@ -609,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"graded {s['graded']} of {s['files']} submissions in {s['wall_s']:.1f} s with {s['jobs']} workers ({rate}); "
           f"{s['reused']} unchanged, not regraded; hidden seed {s['seed']}")
     print(f"gradebook: {out['csv']}; feedback: {out['feedback']}/; hand grading: {out['sheets']}/ "
-          f"({pending:g} points await hand grading; then: python tools/grading/grade_all.py merge {args.dir}"
+          f"({pending:g} points await hand grading; then: python -m specref_grading.classrun merge {args.dir}"
           + (f" --csv {args.csv}" if args.csv else "") + ")")
     return s["exit_code"]
 

@@ -51,8 +51,8 @@ POLICY_NOISE = (0.1, 0.25)  # the policy's tables: a quick measurement, 10-25 % 
 POLICY_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 # Answers must not call the reference of what the tasks ask for: the cost model and the theory.
-FORBIDDEN = ("specref.perf", "specref.theory", "specref.course.grading.batch")
-ALLOWED = ("specref.course.grading.batch.server_rows",)  # the setup's own import
+FORBIDDEN = ("specref.perf", "specref.theory", "specref_grading.checks.batch")
+ALLOWED = ("specref_grading.checks.batch.server_rows",)  # the setup's own import
 
 
 # -- the true model and its tables ------------------------------------------------------------------

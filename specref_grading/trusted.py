@@ -1,7 +1,7 @@
 """The trusted side of the grading wall: runs the solution's tests, never the learner's code.
 
-tools/grading/grade.py starts this file (``python -I tools/grading/grade_trusted.py``) next to a jailed kernel
-(tools/grading/grade_jail.py) and writes the plan to its stdin:
+specref_grading/wall.py starts this file (``python -I specref_grading/trusted.py``) next to a jailed kernel
+(specref_grading/jail.py) and writes the plan to its stdin:
 
     {"cells": [{"n", "role": "setup" | "answer" | "other" | "test", "grade_id", "source"}, ...],
      "rfd": n, "wfd": n, "events": n, "call_timeout": seconds}
@@ -11,13 +11,13 @@ tools/grading/grade.py starts this file (``python -I tools/grading/grade_trusted
 * answer and other cells run only in the kernel;
 * test cells (hidden tests and the HIDDEN_SEED line included) run only here. A name a test reads
   that the setup did not bind is asked of the kernel: plain data arrives as a copy, a function or
-  other object as a `Remote` handle (tools/grading/grade_rpc.py) whose calls run in the kernel, under a
+  other object as a `Remote` handle (specref_grading/protocol.py) whose calls run in the kernel, under a
   per-call time limit. What the checks hand to the learner's functions (models, samplers,
   generators' states, caches) is served from here.
 
 The outcome of each test is decided here, from whether its cell raised, and written as a JSON
 line to the `events` pipe, which the kernel cannot reach. When a call into the kernel times out
-or the kernel dies, the test says so and this process stops; tools/grading/grade.py starts a fresh pair
+or the kernel dies, the test says so and this process stops; specref_grading/wall.py starts a fresh pair
 for the tests that remain.
 """
 
@@ -28,14 +28,10 @@ import builtins
 import json
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from specref_grading.protocol import CallTimeout, ChannelClosed, Peer, Remote, _message, describe_error
 
-from grade_rpc import CallTimeout, ChannelClosed, Peer, Remote, _message, describe_error  # noqa: E402
-
-_plan = json.loads(sys.stdin.buffer.read().decode("utf-8"))
-_EVENTS = int(_plan["events"])
+_EVENTS = -1  # the events pipe, from the plan (main)
 
 
 def emit(event: dict) -> None:
@@ -128,7 +124,9 @@ def run_test(cell: dict, ns: dict, peer: Peer, answer_errors: list[str]) -> bool
     return True
 
 
-def main() -> None:
+def main(_plan: dict) -> None:
+    global _EVENTS
+    _EVENTS = int(_plan["events"])
     cells = _plan["cells"]
     peer = Peer(int(_plan["rfd"]), int(_plan["wfd"]), "trusted", timeout=float(_plan["call_timeout"]), trusted=True)
     ns = {"__name__": "__main__", "__builtins__": builtins, "display": print}
@@ -168,13 +166,15 @@ def main() -> None:
     emit({"ev": "done"})
 
 
-try:
-    main()
-except BaseException as _e:  # noqa: BLE001
+
+if __name__ == "__main__":
     try:
-        emit({"ev": "internal_error", "message": describe_error(_e, "")})
-    except BaseException:  # noqa: BLE001
-        pass
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(0)
+        main(json.loads(sys.stdin.buffer.read().decode("utf-8")))
+    except BaseException as _e:  # noqa: BLE001
+        try:
+            emit({"ev": "internal_error", "message": describe_error(_e, "")})
+        except BaseException:  # noqa: BLE001
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

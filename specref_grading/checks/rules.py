@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 _COURSE_OWN = ("specref.", "grade_runner", "grade_scan", "grade", "tools.")  # modules whose code is the course's
 # The graders' shared helpers (calling, messages, number reading) answer no task. Every grader module holds
 # them under their public names, so a learner's `result.passed` reads a name such a module has too: never a use.
-_NEVER_AN_ANSWER = ("specref.course.grading.report",)
+_NEVER_AN_ANSWER = ("specref_grading.checks.report",)
 _FUNCTIONS = (types.FunctionType, types.MethodType, functools.partial, staticmethod, classmethod, property)
 
 

@@ -22,13 +22,10 @@ from pathlib import Path
 
 import nbformat
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "upkeep"))  # make_exercises
+from specref_grading.exercises import make_exercise, notebooks_in
+from specref_grading.grade import GradeError, build_plan, grade_plan
 
-from grade import GradeError, build_plan, grade_plan  # noqa: E402
-from make_exercises import make_exercise, notebooks_in  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _plain(nb) -> dict:

@@ -1,0 +1,161 @@
+"""The grader's processes on the host: a fresh uid, resource limits, dying with the grader, killing what is left.
+
+Also whether this host can jail the learner's kernel at all (root and namespaces), and what the report says
+when it cannot.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from specref_grading import jail as grade_jail
+
+MARKER_ENV = "SPECREF_GRADING_RUN"
+
+
+def _as_root() -> bool:
+    return os.geteuid() == 0 and shutil.which("setpriv") is not None
+
+
+def _free_uid() -> int:
+    while True:
+        uid = random.randrange(200_000, 2_000_000_000)
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            return uid
+
+
+def _drop_cmd(uid: int) -> list[str]:
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--pdeathsig", "KILL"]
+
+
+def _hub_cache() -> str:
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.path.expanduser(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "hub")
+    return os.path.expanduser("~/.cache/huggingface/hub")
+
+
+def _environment(home: str, marker: str) -> dict[str, str]:
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
+           "MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "HF_HUB_OFFLINE": "1",
+           "HF_HUB_CACHE": _hub_cache(), MARKER_ENV: marker}
+    for k, v in os.environ.items():
+        if k.startswith("SPECREF_") and k != MARKER_ENV or k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                                                 "CUDA_VISIBLE_DEVICES"):
+            env[k] = v
+    return env
+
+
+def _limits(memory_mb: int) -> None:  # runs in the child before exec
+    """The kernel's limits: no core files, files of at most 256 MB, `memory_mb` of private memory (a memory bomb
+    meets MemoryError instead of taking the host's memory), and as root at most 1024 processes."""
+    limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, 256 << 20), (resource.RLIMIT_DATA, memory_mb << 20)]
+    if _as_root():  # counted per uid: only the run's own fresh uid may be capped (fork bombs)
+        limits.append((resource.RLIMIT_NPROC, 1024))
+    for lim, value in limits:
+        try:
+            resource.setrlimit(lim, (value, value))
+        except (ValueError, OSError):
+            pass
+    os.umask(0o077)
+
+
+def die_with_parent(parent: int) -> None:  # runs in a child before exec, or first thing in a worker
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux's PR_SET_PDEATHSIG).
+
+    A grader stopped by SIGTERM or SIGKILL then takes its kernels, jails and trusted processes with it
+    (unshare's --kill-child passes the signal on into the jail's namespace) instead of leaving them to run.
+    """
+    if not grade_jail.arm_parent_death():
+        return  # not Linux: the process-group kill in _kill_all still applies
+    if os.getppid() != parent:  # the parent died before the request took (`parent` as the parent read it)
+        os._exit(1)
+
+
+def _child_setup(memory_mb: int | None, parent: int) -> None:  # runs in the child before exec
+    die_with_parent(parent)
+    if memory_mb is not None:
+        _limits(memory_mb)
+
+
+def processes_with(marker: str) -> list[int]:
+    """Live processes whose environment carries `marker` (what a grading run leaves behind)."""
+    found = []
+    needle = f"{MARKER_ENV}={marker}".encode()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if needle in (d / "environ").read_bytes().split(b"\0"):
+                found.append(int(d.name))
+        except OSError:
+            continue
+    return found
+
+
+def _kill_all(proc: subprocess.Popen, uid: int | None, marker: str) -> None:
+    for _ in range(5):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if uid is not None:  # every process of the run's own uid, whatever group or session it moved to
+            subprocess.run(_drop_cmd(uid) + ["kill", "-KILL", "-1"], capture_output=True, timeout=30)
+        for pid in processes_with(marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            continue
+        time.sleep(0.02)
+        if not processes_with(marker):
+            return
+
+
+_JAIL: dict[int, bool] = {}
+
+
+UNJAILED_NOTE = ("the answers ran in a kernel of their own but not in a jail (the grader was not run as root, or "
+                 "this host has no namespaces): the tests still ran apart from them, but that kernel could read "
+                 "whatever the grading user can read")
+
+
+def can_jail() -> bool:
+    """Whether the learner's kernel can be jailed here: root, with mount, network and pid namespaces."""
+    if 0 not in _JAIL:
+        ok = os.geteuid() == 0 and shutil.which("unshare") is not None and shutil.which("mount") is not None
+        if ok:
+            try:
+                ok = subprocess.run(["unshare", "--mount", "--net", "--pid", "--fork", "--propagation", "private",
+                                     "true"], capture_output=True, timeout=60).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                ok = False
+        _JAIL[0] = ok
+    return _JAIL[0]
+
+
+def jail_problem(read_only: list[str]) -> str:
+    """Why the jail cannot run this interpreter, or "": a path it must mount read-only (the Python environment,
+    specref) lies under /tmp, which the jail covers with the kernel's own empty /tmp (a venv made in /tmp)."""
+    for path in read_only:
+        if any(p == "/tmp" or p.startswith("/tmp/") for p in (os.path.normpath(path), os.path.realpath(path))):
+            return (f"the grading kernel cannot be jailed: {path} (the Python environment or specref) lies under /tmp, "
+                    "which the jail replaces with the kernel's own empty /tmp; install them outside /tmp "
+                    "(e.g. make venv in the repository) and grade with that interpreter")
+    return ""
+
+

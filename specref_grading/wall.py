@@ -1,0 +1,267 @@
+"""Run a plan's cells across the wall: tests in a trusted process, everything else in a jailed kernel.
+
+The kernel (specref_grading/jail.py) gets the setup, answer and other cells, never a test cell; the trusted
+process (specref_grading/trusted.py) gets the plan, runs the setup and the tests, calls into the kernel
+through two pipes and reports each test's outcome on a third pipe the kernel cannot reach. This module
+starts both, reads that third pipe and turns what it says into a `KernelRun`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specref_grading import jail as grade_jail
+from specref_grading.processes import MARKER_ENV, _child_setup, _environment, _free_uid, _kill_all, can_jail, jail_problem
+
+CALL_TIMEOUT_S = 60  # one call of the checks into the submission's code (the cell's own limit still applies)
+WALL_TEST_FACTOR = 3  # a test cell across the wall may take this many cell limits (thousands of calls: ex04)
+MEMORY_MB = 8192  # one kernel's private memory (RLIMIT_DATA)
+MAX_EVENT_BYTES = 1 << 20  # an event is a short JSON line; a longer "line" is a flood, never an event
+
+
+@dataclass
+class RunOutcome:
+    outcome: str  # passed, failed, error, timeout, died, not run
+    message: str = ""
+    flags: list[str] = field(default_factory=list)
+    answer_errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class KernelRun:
+    """What one kernel reported: a result per test cell it got to, and why it stopped early, if it did."""
+    results: dict[int, RunOutcome] = field(default_factory=dict)
+    stopped_at: dict | None = None  # the cell it was running when it timed out or died
+    stop: RunOutcome | None = None
+    setup_error: str = ""
+
+
+
+def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb: int = MEMORY_MB,
+              call_timeout: float = CALL_TIMEOUT_S) -> KernelRun:
+    """Run the cells across the wall: tests in a trusted process, everything else in a jailed kernel.
+
+    Without a jail (no root, or no namespaces: `can_jail`) the kernel is a plain child process of the
+    grading user, and only the wall holds.
+    """
+    jailed = can_jail()
+    problem = jailed and jail_problem(grade_jail.read_only_paths())
+    if problem:  # every kernel would die at start, unexplained
+        return KernelRun(setup_error=problem)
+    marker = secrets.token_hex(8)
+    me = os.getpid()  # the children's parent, for die_with_parent
+    base = Path(tempfile.mkdtemp(prefix="specref-grade-"))
+    uid = _free_uid() if jailed else None
+    work = base / "work"
+    work.mkdir()
+    t2j_r, t2j_w = os.pipe()
+    j2t_r, j2t_w = os.pipe()
+    ev_r, ev_w = os.pipe()
+    fds = [t2j_r, t2j_w, j2t_r, j2t_w, ev_r, ev_w]
+    log = open(base / "output.log", "wb")
+    tlog = open(base / "trusted.log", "wb")
+    procs: list[subprocess.Popen] = []
+    try:
+        os.chmod(base, 0o711)
+        os.chmod(work, 0o700)  # the unjailed kernel's home; a jailed one has a tmpfs of its own
+        env = _environment("/tmp" if jailed else str(work), marker)
+        env["MPLCONFIGDIR"] = env["HOME"]
+        source = grade_jail.kernel_source()
+        if jailed:
+            config = {"root": str(base / "root"), "uid": uid, "memory_mb": memory_mb,
+                      "read_only": grade_jail.read_only_paths(), "rfd": t2j_r, "wfd": j2t_w,
+                      "python": sys.executable, "source": source, "env": env, "cgroup": f"run-{marker}"}
+            cmd = grade_jail.command(config)
+            pre = lambda: _child_setup(None, me)  # noqa: E731  # the jail sets its own limits
+        else:
+            cmd = [sys.executable, "-I", "-c", source, str(t2j_r), str(j2t_w)]
+            pre = lambda: _child_setup(memory_mb, me)  # noqa: E731
+        try:
+            procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          cwd=work, env=env, pass_fds=(t2j_r, j2t_w), start_new_session=True,
+                                          preexec_fn=pre))
+            tenv = {k: v for k, v in _environment(str(base), marker).items() if k != MARKER_ENV}
+            tenv["MPLCONFIGDIR"] = str(base)
+            procs.append(subprocess.Popen([sys.executable, "-I", "-m", "specref_grading.trusted"], stdin=subprocess.PIPE, stdout=tlog,
+                                          stderr=subprocess.STDOUT, cwd=base, env=tenv,
+                                          pass_fds=(t2j_w, j2t_r, ev_w), start_new_session=True,
+                                          preexec_fn=lambda: _child_setup(memory_mb, me)))
+        except OSError as e:
+            return KernelRun(setup_error=f"could not start the grading kernel: {e}")
+        for fd in (t2j_r, t2j_w, j2t_r, j2t_w, ev_w):
+            os.close(fd)
+        fds = [ev_r]
+        plan = json.dumps({"cells": cells, "rfd": j2t_r, "wfd": t2j_w, "events": ev_w,
+                           "call_timeout": min(call_timeout, cell_timeout)}).encode()
+        try:
+            return _collect(procs[1], plan, ev_r, cells, cell_timeout, deadline, base / "output.log", procs[0])
+        finally:
+            for proc in procs:
+                _kill_all(proc, uid if proc is procs[0] else None, marker)
+            if jailed:
+                grade_jail.remove_cgroups(f"run-{marker}")
+    finally:
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        log.close()
+        tlog.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _feed(proc: subprocess.Popen, data: bytes) -> None:
+    try:
+        proc.stdin.write(data)
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass
+
+
+def _split_events(buf: bytes, chunk: bytes, skipping: bool,
+                  max_bytes: int = MAX_EVENT_BYTES) -> tuple[list[bytes], bytes, bool, int]:
+    """Whole lines of the result channel in buf + chunk; the rest stays buffered, but never more than max_bytes.
+
+    A line that grows past max_bytes is dropped as it arrives (counted once in `overlong`) and the channel
+    skips to its end, so a kernel that writes one endless line cannot grow the grader's memory.
+    Returns (lines, rest, skipping, overlong).
+    """
+    buf += chunk
+    lines, overlong = [], 0
+    while True:
+        if skipping:
+            end = buf.find(b"\n")
+            if end < 0:
+                return lines, b"", True, overlong
+            buf, skipping = buf[end + 1:], False
+        end = buf.find(b"\n")
+        if end < 0:
+            break
+        lines.append(buf[:end])
+        buf = buf[end + 1:]
+    if len(buf) > max_bytes:
+        return lines, b"", True, overlong + 1
+    return lines, buf, False, overlong
+
+
+def _kernel_end(kernel: subprocess.Popen, log: Path) -> str:
+    """' (signal 9)' or ' (exit status 1)' of the jailed kernel, and its last output."""
+    try:
+        code = kernel.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        return ""
+    how = f"signal {code - 128}" if code > 128 else f"signal {-code}" if code < 0 else f"exit status {code}"
+    tail = log.read_bytes()[-1500:].decode("utf-8", "replace").strip() if log.is_file() else ""
+    return f" ({how})" + (f"; its last output:\n{tail}" if tail else "")
+
+
+def _collect(proc, plan: bytes, r: int, cells: list[dict], cell_timeout: float, deadline: float, log: Path,
+             kernel: subprocess.Popen | None = None) -> KernelRun:
+    """Read the trusted process's events until it is done, a cell runs past its limit, or it dies."""
+    threading.Thread(target=_feed, args=(proc, plan), daemon=True).start()
+    roles = {c["n"]: c for c in cells}
+    run = KernelRun()
+    buf, skipping, current, started = b"", False, None, time.monotonic()
+    errors: list[str] = []
+    malformed = 0  # lines of the trusted process's channel that are not events: a fault of the grader
+    done = False
+    while not done:
+        now = time.monotonic()
+        # Across the wall a test cell's calls into the kernel are limited one by one (CALL_TIMEOUT_S); the cell
+        # as a whole gets WALL_TEST_FACTOR times the cell limit, for the round trips of checks that call a lot.
+        span = cell_timeout * (WALL_TEST_FACTOR if roles.get(current, {}).get("role") == "test" else 1)
+        limit = min(deadline, started + span)
+        if now >= limit:
+            cell = roles.get(current, {})
+            why = "the whole grading run" if deadline <= started + span else "one cell"
+            run.stopped_at = cell
+            run.stop = RunOutcome("timeout", f"timed out: {_cell_words(cell)} was still running after "
+                                  f"{min(span, deadline - started):.0f} s (the limit for {why}); an endless "
+                                  "loop, or far too slow", answer_errors=list(errors))
+            return run
+        ready, _, _ = select.select([r], [], [], max(0.0, min(limit - now, 1.0)))
+        if not ready:
+            continue
+        chunk = os.read(r, 1 << 16)
+        if not chunk:
+            break
+        lines, buf, skipping, overlong = _split_events(buf, chunk, skipping)
+        malformed += overlong
+        for line in lines:
+            event = _event(line)
+            if event is None:
+                malformed += 1
+                continue
+            ev = event.get("ev")
+            if ev == "start":
+                current, started = event.get("n"), time.monotonic()
+            elif ev == "cell_error":
+                if event.get("role") == "setup":
+                    run.setup_error = f"the exercise's setup cell {event.get('n')} failed: {event.get('message')}"
+                    return run
+                errors.append(f"{_cell_words(roles.get(event.get('n'), {}))} raised {event.get('message')}")
+            elif ev == "result":
+                run.results[event.get("n")] = RunOutcome(event.get("outcome", "error"), event.get("message", ""),
+                                                         list(event.get("flags", [])), list(errors))
+                current = None
+            elif ev == "stop":  # the wall's trusted process: the kernel hung or died in this cell
+                run.stopped_at = roles.get(event.get("n"), {})
+                message = str(event.get("message", ""))
+                if event.get("kernel") and kernel is not None:
+                    message += _kernel_end(kernel, log)
+                run.stop = RunOutcome(str(event.get("outcome", "died")), message, answer_errors=list(errors))
+                return run
+            elif ev == "internal_error":
+                errors.append(f"the grading kernel failed: {event.get('message')}")
+            elif ev == "done":
+                done = True
+    if malformed:
+        errors.append(f"{malformed} malformed line(s) on the grader's result channel (a fault of the grader)")
+    if done:
+        return run
+    try:
+        code = proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        code = None
+    cell = roles.get(current, {})
+    how = f"exit status {code}" if code is not None and code >= 0 else (
+        f"signal {-code}" if code is not None else "no exit")
+    tail = log.read_bytes()[-1500:].decode("utf-8", "replace").strip() if log.is_file() else ""
+    run.stopped_at = cell
+    what = _cell_words(cell) if cell else "its start-up or between cells"
+    run.stop = RunOutcome("died", f"the kernel died while running {what} ({how}) before reporting a result"
+                          + (f"; its last output:\n{tail}" if tail else ""), answer_errors=list(errors))
+    return run
+
+
+def _cell_words(cell: dict) -> str:
+    role = cell.get("role")
+    if role == "answer":
+        return f"answer cell {cell.get('grade_id')!r}"
+    if role == "test":
+        return f"test cell {cell.get('grade_id')!r}"
+    if role in ("setup", "other"):
+        return f"the exercise's cell {cell.get('n')}"
+    return "the kernel's start-up"
+
+
+def _event(line: bytes) -> dict | None:
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
