@@ -132,15 +132,15 @@ unexport NB DIR CSV SOLUTION SEED
 _grade_q = '$(subst ','\'',$(value $(1)))'
 grade: venv
 	@test -n $(call _grade_q,NB) || { echo "usage: make grade NB=path/to/notebook.ipynb [SOLUTION=solutions/<name>.ipynb] [SEED=N|random]"; exit 2; }
-	$(VPY) -m specref_grading.grade $(if $(value SOLUTION),--solution $(call _grade_q,SOLUTION)) $(if $(value SEED),--seed $(call _grade_q,SEED)) -- $(call _grade_q,NB)
+	$(VPY) -I -m specref_grading.grade $(if $(value SOLUTION),--solution $(call _grade_q,SOLUTION)) $(if $(value SEED),--seed $(call _grade_q,SEED)) -- $(call _grade_q,NB)
 
 grade-all: venv
 	@test -n $(call _grade_q,DIR) || { echo "usage: make grade-all DIR=submissions/ [JOBS=N] [CSV=gradebook.csv] [SEED=N|random] [FRESH=1]"; exit 2; }
-	$(VPY) -m specref_grading.classrun grade $(if $(value JOBS),--jobs $(call _grade_q,JOBS)) $(if $(value CSV),--csv $(call _grade_q,CSV)) $(if $(value SEED),--seed $(call _grade_q,SEED)) $(if $(filter 1,$(FRESH)),--fresh) -- $(call _grade_q,DIR)
+	$(VPY) -I -m specref_grading.classrun grade $(if $(value JOBS),--jobs $(call _grade_q,JOBS)) $(if $(value CSV),--csv $(call _grade_q,CSV)) $(if $(value SEED),--seed $(call _grade_q,SEED)) $(if $(filter 1,$(FRESH)),--fresh) -- $(call _grade_q,DIR)
 
 grade-merge: venv
 	@test -n $(call _grade_q,DIR) || { echo "usage: make grade-merge DIR=submissions/ [CSV=gradebook.csv]"; exit 2; }
-	$(VPY) -m specref_grading.classrun merge $(if $(value CSV),--csv $(call _grade_q,CSV)) -- $(call _grade_q,DIR)
+	$(VPY) -I -m specref_grading.classrun merge $(if $(value CSV),--csv $(call _grade_q,CSV)) -- $(call _grade_q,DIR)
 
 execute: venv
 	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \

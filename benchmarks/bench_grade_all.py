@@ -1,6 +1,6 @@
 """How fast `make grade-all` grades a class: N submissions of a mix of exercises, JOBS workers.
 
-The class is made here, from solutions/ and exercises/ (tools/upkeep/make_exercises.py's output), for
+The class is made here, from solutions/ and exercises/ (specref_grading.exercises' output), for
 every exercise in turn (ex01, ex02, ... ex08, ex01, ...), each round of them starting one kind further
 (so that every exercise meets every kind within four rounds):
 
@@ -10,7 +10,7 @@ every exercise in turn (ex01, ex02, ... ex08, ex01, ...), each round of them sta
 - ``partial``: the solution with its last code answer put back to the exercise's stub.
 
 The last of the N is a solved notebook saved under the next exercise's file name (the console line
-must name the exercise graded). Then tools/grading/grade_all.py grades the folder (a fresh seed), and grades it again
+must name the exercise graded). Then specref_grading.classrun grades the folder (a fresh seed), and grades it again
 (every submission unchanged: the resumed run must regrade none). Printed: the wall time, submissions
 per minute, the mean seconds one submission takes in a worker, per exercise, and the host's load
 average before and after (other work on the host slows every figure).
@@ -36,13 +36,9 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools" / "grading"))
-sys.path.insert(0, str(ROOT / "tools" / "upkeep"))
-
-import grade_all as GA  # noqa: E402
-from make_exercises import strip_regions  # noqa: E402
-
-from specref.perf.machine import machine_name  # noqa: E402
+from specref.perf.machine import machine_name
+from specref_grading import classrun as GA
+from specref_grading.exercises import strip_regions
 
 KINDS = ("solved", "stub", "broken", "partial")
 

@@ -53,56 +53,114 @@ course
     course.grading.*, course.plots, course.widgets, course.doctor  (the exercises and views)
 """
 
+import importlib
 import sys
 import warnings
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 
-from .checks.exact import generation_distribution, one_step_distribution, step_distribution
-from .checks.montecarlo import DistributionTest, distribution_test, simulate
-from .checks.toy import MarkovChain, mixture, random_chain, toy_pair
-from .decoding.chain import generate, speculative_generate
-from .decoding.lookahead import lookahead_generate
-from .decoding.loop import SpecStats
-from .decoding.tree import tree_generate
-from .drafts import Draft, DynamicTree, MedusaDraft, ModelDraft, MTPDraft, PromptLookupDraft, TreeShape, build_tree
-from .drafts import EagleDraft, FeatureDraft, load_draft
-from .models.pair import load_pair
-from .models.workloads import edit_prompts
-from .perf import domains as _domains
-from .perf.costmodel import CostModel, PassModel, batch_steps, choose_k, crossover_batch, h100_worked_example
-from .rejection import acceptance_probability, residual, verify_chain, verify_chain_greedy
-from .sampling import SamplingParams, process_logits, sample
-from .theory import estimate_alpha, expected_tokens_per_step, optimal_k, speedup
-from .trees import Tree, tree_attention_mask, tree_position_ids, verify_tree, verify_tree_greedy
-from .typical import TypicalAcceptance, verify_chain_typical
+# name -> the module that defines it, imported on first use (PEP 562): importing one module of specref never
+# imports another as a side effect, and a kernel given a copy of specref without some modules imports the rest.
+_LAZY: dict[str, str] = {
+    "acceptance_probability": "specref.rejection",
+    "batch_steps": "specref.perf.costmodel",
+    "build_tree": "specref.tree_shapes",
+    "choose_k": "specref.perf.costmodel",
+    "CostModel": "specref.perf.costmodel",
+    "crossover_batch": "specref.perf.costmodel",
+    "distribution_test": "specref.checks.montecarlo",
+    "DistributionTest": "specref.checks.montecarlo",
+    "Draft": "specref.drafts.base",
+    "DynamicTree": "specref.tree_shapes",
+    "EagleDraft": "specref.drafts.eagle",
+    "edit_prompts": "specref.models.workloads",
+    "estimate_alpha": "specref.theory",
+    "expected_tokens_per_step": "specref.theory",
+    "FeatureDraft": "specref.drafts.features",
+    "generate": "specref.decoding.chain",
+    "generation_distribution": "specref.checks.exact",
+    "h100_worked_example": "specref.perf.costmodel",
+    "load_draft": "specref.drafts.load",
+    "load_pair": "specref.models.pair",
+    "lookahead_generate": "specref.decoding.lookahead",
+    "MarkovChain": "specref.checks.toy",
+    "MedusaDraft": "specref.drafts.medusa",
+    "mixture": "specref.checks.toy",
+    "ModelDraft": "specref.drafts.model",
+    "MTPDraft": "specref.drafts.mtp",
+    "one_step_distribution": "specref.checks.exact",
+    "optimal_k": "specref.theory",
+    "PassModel": "specref.perf.costmodel",
+    "process_logits": "specref.sampling",
+    "PromptLookupDraft": "specref.drafts.prompt_lookup",
+    "random_chain": "specref.checks.toy",
+    "residual": "specref.rejection",
+    "sample": "specref.sampling",
+    "SamplingParams": "specref.sampling",
+    "simulate": "specref.checks.montecarlo",
+    "SpecStats": "specref.decoding.loop",
+    "speculative_generate": "specref.decoding.chain",
+    "speedup": "specref.theory",
+    "step_distribution": "specref.checks.exact",
+    "toy_pair": "specref.checks.toy",
+    "Tree": "specref.trees",
+    "tree_attention_mask": "specref.trees",
+    "tree_generate": "specref.decoding.tree",
+    "tree_position_ids": "specref.trees",
+    "TreeShape": "specref.tree_shapes",
+    "TypicalAcceptance": "specref.typical",
+    "verify_chain": "specref.rejection",
+    "verify_chain_greedy": "specref.rejection",
+    "verify_chain_typical": "specref.typical",
+    "verify_tree": "specref.trees",
+    "verify_tree_greedy": "specref.trees",
+}
+_SUBPACKAGES = ("checks", "course", "decoding", "drafts", "models", "perf")
+
 
 __version__ = "0.1.0"
 
 
-def _keep_old_path(old: str, new: ModuleType, names: tuple[str, ...]) -> None:
-    """Keep `old`, the path of a module that moved up a floor, importable: `names`, each use warning.
+def _keep_old_path(old: str, new: str, names: tuple[str, ...]) -> None:
+    """Keep `old`, the path of a module that moved up a floor to `new`, importable: `names`, each use warning.
 
-    The alias lives here, on the package floor, so the old floor imports nothing above it.
+    The alias lives here, on the package floor, so the old floor imports nothing above it; `new` is imported
+    on the first use of one of its names, not before.
     """
-    shim = ModuleType(old, f"Deprecated path: the module moved to {new.__name__}; import from there.")
+    shim = ModuleType(old, f"Deprecated path: the module moved to {new}; import from there.")
     shim.__spec__ = ModuleSpec(old, None)
     shim.__all__ = list(names)  # type: ignore[attr-defined]
 
     def __getattr__(name: str) -> object:
         if name not in names:  # inspect and the import system probe dunders of every module: not a use
-            raise AttributeError(f"module {old!r} has no attribute {name!r} (it moved to {new.__name__})")
-        warnings.warn(f"{old} moved to {new.__name__}; import it from there", DeprecationWarning, stacklevel=2)
-        return getattr(new, name)
+            raise AttributeError(f"module {old!r} has no attribute {name!r} (it moved to {new})")
+        warnings.warn(f"{old} moved to {new}; import it from there", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(new), name)
 
     shim.__getattr__ = __getattr__  # type: ignore[method-assign]
     shim.__dir__ = lambda: sorted(names)  # type: ignore[method-assign]
     parent, _, leaf = old.rpartition(".")
     sys.modules[old] = shim
-    setattr(sys.modules[parent], leaf, shim)
+    setattr(importlib.import_module(parent), leaf, shim)
 
 
-_keep_old_path("specref.models.domains", _domains, ("LABELS", "acceptance_along", "source_labels", "token_labels"))
+_keep_old_path("specref.models.domains", "specref.perf.domains",
+               ("LABELS", "acceptance_along", "source_labels", "token_labels"))
+
+
+def __getattr__(name: str) -> object:
+    """A public name (or subpackage) of specref, imported from its module on first use (see `_LAZY`)."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBPACKAGES))
 
 
 __all__ = [

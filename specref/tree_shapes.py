@@ -10,14 +10,215 @@ The trees it returns are verified by `specref.trees.verify_tree` / `verify_tree_
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
-from ._validate import as_int_tuple, check_int
+from ._validate import as_int_tuple, check_int, check_probs
 from .sampling import SamplingParams, as_rng
-from .trees import ROOT, Tree
+
+CHILD_MODES = ("sampled", "deterministic")
+ROOT = -1  # the parent of depth-1 nodes: the last token of the context
+
+
+def _check_parents(parents: tuple[int, ...]) -> None:
+    """Raise unless parents describe a tree listed parents-first, in breadth-first order."""
+    N = len(parents)
+    for i, par in enumerate(parents):
+        if par < ROOT or par >= N:
+            raise ValueError(f"parents[{i}] = {par} is not a node: parents must be -1 (the root) or in [0, {N})")
+    for i, par in enumerate(parents):
+        if par == i:
+            raise ValueError(f"parents[{i}] = {i}: node {i} is its own parent (a cycle), so this is not a tree")
+        if par > i:
+            # Walk up from i: a return to i is a cycle, otherwise the list is out of order.
+            seen, j = [i], par
+            while j != ROOT and j not in seen and len(seen) <= N:
+                seen.append(j)
+                j = parents[j]
+            if j == i:
+                raise ValueError(f"parents form a cycle {' -> '.join(map(str, seen + [i]))}: this is not a tree")
+            raise ValueError(
+                f"parents[{i}] = {par} is a forward reference: a node's parent must come before it "
+                "(flatten the tree in breadth-first order)"
+            )
+        if i > 0 and par < parents[i - 1]:
+            raise ValueError(
+                f"nodes are not in breadth-first order: node {i} (parent {par}) comes after node {i - 1} "
+                f"(parent {parents[i - 1]}); in breadth-first order parents never decrease"
+            )
+
+
+@dataclass(frozen=True, eq=False)
+class Tree:
+    """A draft tree, flattened breadth-first: node i has parent `parents[i]` (-1: the root) and token `tokens[i]`.
+
+    q[i] is the draft distribution node i was chosen from: the draft's q after the
+    context and node i's ancestors (siblings share it). `mode` says how children
+    were made: "sampled" (i.i.d. from q, with replacement) or "deterministic"
+    (distinct tokens, e.g. the draft's top-k); `verify_tree` needs q only for
+    "sampled" trees. depths[i] is 1 for a child of the root.
+    """
+
+    parents: tuple[int, ...]  # [N]
+    tokens: tuple[int, ...]  # [N]
+    q: torch.Tensor | None = None  # [N, V]
+    mode: str = "deterministic"
+    depths: tuple[int, ...] = field(init=False)  # [N]
+    _children: tuple[tuple[int, ...], ...] = field(init=False, repr=False)  # [N + 1]: root first
+
+    def __post_init__(self) -> None:
+        parents = as_int_tuple("parents", self.parents)
+        tokens = as_int_tuple("tokens", self.tokens)
+        N = len(parents)
+        if len(tokens) != N:
+            raise ValueError(f"parents and tokens must have one entry per node, got {N} and {len(tokens)}")
+        _check_parents(parents)
+        if self.mode not in CHILD_MODES:
+            raise ValueError(f"mode must be one of {CHILD_MODES}, got {self.mode!r}")
+        if any(t < 0 for t in tokens):
+            raise ValueError(f"tokens must be ids >= 0, got {list(tokens)}")
+        depths: list[int] = []
+        children: list[list[int]] = [[] for _ in range(N + 1)]
+        for i, par in enumerate(parents):
+            depths.append(1 if par == ROOT else depths[par] + 1)
+            children[par + 1].append(i)
+        q = self.q
+        if q is not None:
+            q = check_probs("q", q, min_dim=2)
+            if q.dim() != 2 or q.shape[0] != N:
+                raise ValueError(f"q must have shape [N, V] = [{N}, V] (one row per node), got {tuple(q.shape)}")
+            V = q.shape[1]
+            if any(t >= V for t in tokens):
+                raise ValueError(f"tokens must lie in [0, V={V}), got {list(tokens)}")
+            q = q.detach().clone()  # the tree owns its q: later edits of the caller's tensor cannot reach it
+            for kids in children:
+                for c in kids[1:]:
+                    if not torch.equal(q[c], q[kids[0]]):
+                        raise ValueError(
+                            f"siblings {kids[0]} and {c} have different q rows: children of one node are drawn "
+                            "from the one distribution the draft gives after their parent"
+                        )
+        if self.mode == "sampled" and N:
+            if q is None:
+                raise ValueError("a 'sampled' tree needs q: its children were drawn from q, and verify_tree uses it")
+            drawn = q[torch.arange(N, device=q.device), torch.tensor(tokens, dtype=torch.long, device=q.device)]
+            if bool((drawn <= 0).any()):
+                bad = int(torch.nonzero(drawn <= 0)[0])
+                raise ValueError(f"node {bad} has q(token) = 0: a sampled child must be drawn from q (q(x) > 0)")
+        else:
+            for kids in children:
+                toks = [tokens[c] for c in kids]
+                if len(set(toks)) != len(toks):
+                    raise ValueError(
+                        f"siblings {list(kids)} repeat a token ({toks}): deterministic children are distinct "
+                        "(use mode='sampled' for children drawn with replacement)"
+                    )
+        object.__setattr__(self, "parents", parents)
+        object.__setattr__(self, "tokens", tokens)
+        object.__setattr__(self, "q", q)
+        object.__setattr__(self, "depths", tuple(depths))
+        object.__setattr__(self, "_children", tuple(tuple(k) for k in children))
+
+    # -- structure ---------------------------------------------------------------------
+    @property
+    def n_nodes(self) -> int:
+        return len(self.parents)
+
+    def __len__(self) -> int:
+        return len(self.parents)
+
+    @property
+    def depth(self) -> int:
+        """The deepest node's depth (0 for an empty tree): the most drafts one step can accept."""
+        return max(self.depths, default=0)
+
+    @property
+    def vocab_size(self) -> int | None:
+        return None if self.q is None else self.q.shape[1]
+
+    def children(self, node: int = ROOT) -> tuple[int, ...]:
+        """The children of `node` (-1: the root), in the order they are tried."""
+        if not ROOT <= node < self.n_nodes:
+            raise ValueError(f"node must be -1 (the root) or in [0, {self.n_nodes}), got {node}")
+        return self._children[node + 1]
+
+    def path(self, node: int) -> list[int]:
+        """Node indices from depth 1 down to `node`."""
+        if not 0 <= node < self.n_nodes:
+            raise ValueError(f"node must be in [0, {self.n_nodes}), got {node}")
+        out = []
+        while node != ROOT:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
+
+    def path_tokens(self, node: int) -> list[int]:
+        """The tokens from depth 1 down to `node`: what this branch would append to the context."""
+        return [self.tokens[i] for i in self.path(node)]
+
+    def subtree(self, keep: Sequence[int]) -> Tree:
+        """The tree restricted to `keep` (which must contain every kept node's parent), renumbered in order."""
+        kept = sorted(set(as_int_tuple("keep", keep)))
+        if kept and not (0 <= kept[0] and kept[-1] < self.n_nodes):
+            raise ValueError(f"keep must hold node indices in [0, {self.n_nodes}), got {kept}")
+        new_index = {old: new for new, old in enumerate(kept)}
+        parents = []
+        for old in kept:
+            par = self.parents[old]
+            if par != ROOT and par not in new_index:
+                raise ValueError(f"keep holds node {old} but not its parent {par}: a subtree keeps whole paths")
+            parents.append(ROOT if par == ROOT else new_index[par])
+        q = None if self.q is None else self.q[torch.tensor(kept, dtype=torch.long, device=self.q.device)]
+        return _trusted_tree(parents, [self.tokens[i] for i in kept], q, self.mode)
+
+    def grow(self, parents: Sequence[int], tokens: Sequence[int], q_rows: Sequence[torch.Tensor]) -> Tree:
+        """This tree with new nodes appended (a whole depth, breadth-first), each with its q row [V].
+
+        Not re-validated: a draft growing a tree builds one per depth, and checking q's
+        rows (V floats each) every time would cost more than its own pass on a small model.
+        """
+        q_new = torch.stack(list(q_rows)) if len(q_rows) else None
+        q = q_new if self.q is None else (self.q if q_new is None else torch.cat([self.q, q_new.to(self.q)]))
+        return _trusted_tree(list(self.parents) + list(parents), list(self.tokens) + list(tokens), q, self.mode)
+
+    def describe(self, token_str: Callable[[int], str] | None = None) -> str:
+        """One line per node, indented by depth: `[i] token` (children in the order they are tried)."""
+        show = token_str or str
+        lines = ["(root)"]
+
+        def walk(node: int) -> None:
+            for c in self.children(node):
+                lines.append(f"{'  ' * self.depths[c]}[{c}] {show(self.tokens[c])}")
+                walk(c)
+
+        walk(ROOT)
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"Tree(n_nodes={self.n_nodes}, depth={self.depth}, mode={self.mode!r}, parents={list(self.parents)}, tokens={list(self.tokens)})"
+
+
+def _trusted_tree(parents: Sequence[int], tokens: Sequence[int], q: torch.Tensor | None, mode: str) -> Tree:
+    """A Tree built by this module from a valid one (appending children, taking a subtree): no re-validation.
+
+    Growing a tree builds a new Tree per depth; checking q's rows (V floats each) every
+    time would cost more than the draft's own pass on a small model.
+    """
+    tree = object.__new__(Tree)
+    parents, tokens = tuple(parents), tuple(tokens)
+    depths: list[int] = []
+    children: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for i, par in enumerate(parents):
+        depths.append(1 if par == ROOT else depths[par] + 1)
+        children[par + 1].append(i)
+    for name, value in (("parents", parents), ("tokens", tokens), ("q", q), ("mode", mode), ("depths", tuple(depths)),
+                        ("_children", tuple(tuple(k) for k in children))):
+        object.__setattr__(tree, name, value)
+    return tree
+
+
 
 # draft_logits(trees, nodes): for each row b, the draft's logits after node nodes[b][j] of
 # trees[b] (-1: after the context), as a [B, n, V] tensor. A model draft runs one forward

@@ -1,17 +1,18 @@
 """Grade a class: every submission in a folder, in parallel, resumable, with feedback and hand-grading sheets.
 
-    python -m specref_grading.classrun grade submissions/ [--jobs N] [--csv book.csv] [--seed N|random]
-    python -m specref_grading.classrun merge submissions/ [--csv book.csv]     # the instructor's hand marks
+    python -I -m specref_grading.classrun grade submissions/ [--jobs N] [--csv book.csv] [--seed N|random]
+    python -I -m specref_grading.classrun merge submissions/ [--csv book.csv]     # the instructor's hand marks
     make grade-all DIR=submissions/ JOBS=2      make grade-merge DIR=submissions/
 
 Each submission is graded by specref_grading.grade's ``grade()`` in one of N worker processes (default: one
-per core). Everything is written next to the gradebook (default DIR/gradebook.csv):
+per core, fewer where the available memory holds fewer submissions at their peak: `default_jobs`).
+Everything is written next to the gradebook (default DIR/gradebook.csv):
 
 - ``gradebook.csv``: one row per submission (the autograded points per task, the hand marks per
-  question, what awaits hand grading, flags, reasons, the run's hidden seed);
-- ``gradebook.state.json``: the run's hidden seed and, per submission, what its grade depends on (the
-  hash of its bytes, of its solution and of the grader's code, the seed) with its report, and the
-  merged hand marks. A later ``grade`` of the same folder regrades only what changed;
+  question, what awaits hand grading, flags, reasons, the hidden seed the row was graded with);
+- ``gradebook.state.json``: per submission, what its grade depends on (the hash of its bytes, of its
+  solution and of the grader's code), the hidden seed it was graded with and its report, and the merged
+  hand marks. A later ``grade`` of the same folder regrades only what changed;
 - ``gradebook-feedback/<file>.md``: one per submission, for the learner: per task the points, what
   failed and why (the report's own words, never an expected answer it does not give); no seed;
 - ``gradebook-handgrading/<exercise>.<question>.csv``: one per hand-graded question, every learner's
@@ -19,9 +20,12 @@ per core). Everything is written next to the gradebook (default DIR/gradebook.cs
   reads the marks back, all or nothing: a mark must be a number in 0..points, and a sheet row must
   name a graded submission and one of its hand-graded questions.
 
-The hidden seed: a fresh random one per run unless ``--seed N`` fixes it; a resumed run reuses the
-seed in its state file (``--fresh`` starts a new run: new seed, everything regraded). The seed is in
-the gradebook and the state, never in the learners' feedback. The outputs are readable by their
+The hidden seed: a fresh random one for every submission graded, each time it is graded: a new or
+changed submission in a resumed run draws a new one, so handing in again and again within a run shows a
+new hidden case each time, never the same one more closely (a failing hidden case prints its inputs).
+An unchanged submission keeps its grade and its seed. ``--seed N`` grades everything with N (and regrades
+what was graded with another seed); ``--fresh`` starts a new run, everything regraded. The seeds are in the
+gradebook (per row) and the state, never in the learners' feedback. The outputs are readable by their
 owner only: the state and the sheets hold every learner's answers.
 """
 
@@ -44,7 +48,7 @@ from pathlib import Path
 from specref_grading.grade import CELL_TIMEOUT_S, ROOT, RUN_TIMEOUT_S, grade
 from specref_grading.notebook import GradeError, find_solution, nbgrader, read_notebook
 from specref_grading.plan import hidden_seed
-from specref_grading.processes import die_with_parent
+from specref_grading.processes import SUBMISSION_PEAK_MB, die_with_parent
 from specref_grading.report import (EXIT_FAILED, EXIT_FULL, EXIT_REVIEW, EXIT_UNGRADABLE, STATUS, Report, printable,
                                     status_text)
 from specref_grading.version import grader_version
@@ -146,7 +150,7 @@ def load_state(path: Path) -> dict | None:
 # --------------------------------------------------------------------------------------
 # Grading, in parallel
 # --------------------------------------------------------------------------------------
-def _grade_one(path: str, solutions_dir: str, seed: int, cell_timeout: float, run_timeout: float,
+def _grade_one(path: str, seed: int, solutions_dir: str, cell_timeout: float, run_timeout: float,
                memory_mb: int) -> tuple[dict, float, bool]:
     """One submission in a worker: (its report as a dict, seconds, whether the grader itself failed)."""
     start = time.monotonic()
@@ -159,11 +163,38 @@ def _grade_one(path: str, solutions_dir: str, seed: int, cell_timeout: float, ru
         return rep.as_dict(), time.monotonic() - start, True
 
 
-def default_jobs() -> int:
+def _cores() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
+
+
+def _memory_available_mb() -> int | None:
+    """The host's available memory (MemAvailable of /proc/meminfo), in MB; None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def default_jobs() -> int:
+    """Workers for a class: min(cores, available memory / one submission's peak), at least 1.
+
+    One core per worker (each kernel and its trusted process get one CPU's time), and no more workers than the
+    memory available now (MemAvailable) holds at the measured peak of one submission, its kernel and its trusted
+    process together (processes.SUBMISSION_PEAK_MB: ex04, the GPT-2 pair). Where the memory cannot be read, one
+    per core.
+    """
+    cores = _cores()
+    memory = _memory_available_mb()
+    if memory is None:
+        return cores
+    return max(1, min(cores, memory // SUBMISSION_PEAK_MB))
 
 
 def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, seed: str | int | None = None,
@@ -173,7 +204,10 @@ def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, 
     """Grade every submission under `folder` that is new or changed; write the gradebook, feedback and sheets.
 
     `echo` gets each graded submission's console line; `progress` shows a progress bar (tqdm, on stderr).
-    Returns a summary: seed, files, graded, reused, wall_s, per_minute, mean_s, exit_code, rows, outputs.
+    Each submission graded here gets a fresh hidden seed of its own (`hidden_seed("random")`), unless `seed`
+    fixes one for all; an unchanged one keeps its report and its seed (the state's entry holds both).
+    Returns a summary: seed (the fixed seed, or None: one per submission, see `seeds`), seeds (per file, of
+    the submissions graded now), files, graded, reused, wall_s, per_minute, mean_s, exit_code, rows, outputs.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -184,21 +218,17 @@ def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, 
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise GradeError(f"--jobs must be an integer >= 1, got {jobs!r}")
     state = None if fresh else load_state(out["state"])
-    if seed is not None:
-        run_seed = hidden_seed(seed)
-    elif state is not None:
-        run_seed = int(state["seed"])
-    else:
-        run_seed = hidden_seed("random")
+    fixed = hidden_seed(seed) if seed is not None else None  # None: a fresh seed per submission graded
     if state is None:
         state = {"version": STATE_VERSION, "entries": {}, "hand": {}}
-    state["seed"] = run_seed
+    state.pop("seed", None)  # a state of the one-seed-per-run grader: each entry has its own now
     state["solutions_dir"] = str(solutions_dir.resolve())
     graders: dict[Path | None, str] = {}  # the grader's version key, per solution (the modules it reaches)
 
     files = submissions(folder)
     keys: dict[str, dict] = {}
     todo: list[tuple[str, Path]] = []
+    seeds: dict[str, int] = {}  # the seed each submission graded now is graded with
     for path in files:
         rel = path.relative_to(folder).as_posix()
         if linked(folder, path):  # never read, never graded: recorded as it is, on every run
@@ -211,19 +241,26 @@ def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, 
         sol = solution_of(data, solutions_dir)
         if sol not in graders:
             graders[sol] = grader_version(sol)
-        key = {"submission": sha256(data), "solution": solution_version(data, solutions_dir), "grader": graders[sol],
-               "seed": run_seed}
+        key = {"submission": sha256(data), "solution": solution_version(data, solutions_dir), "grader": graders[sol]}
         keys[rel] = key
         old = state["entries"].get(rel)
-        stale = old is None or old.get("key") != key
+        old_key = dict(old.get("key") or {}) if old else {}
+        old_seed = old.get("seed", old_key.pop("seed", None)) if old else None  # a key of old held the seed
+        stale = old is None or old.get("key") is None or old_key != key
+        if not stale and fixed is not None:
+            stale = old_seed != fixed
         if not stale and retry:
             stale = any(t.get("outcome") in TRANSIENT for t in old["report"].get("tests", []))
         if stale:
             todo.append((rel, path))
+            # A fresh seed for every grading: what a failing hidden case printed last time is no use this time.
+            seeds[rel] = fixed if fixed is not None else hidden_seed("random")
+        elif "seed" not in old:
+            old["seed"] = old_seed
     state["entries"] = {rel: e for rel, e in state["entries"].items() if rel in keys}  # deleted files leave
 
     start = time.monotonic()
-    args = (str(solutions_dir), run_seed, cell_timeout, run_timeout, memory_mb)
+    args = (str(solutions_dir), cell_timeout, run_timeout, memory_mb)
     seconds: list[float] = []
     bar = None
     if progress and todo:
@@ -238,7 +275,7 @@ def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, 
         report["path"] = rel
         if report.get("error"):  # the learner's feedback names their file, not the instructor's folders
             report["error"] = report["error"].replace(str(folder / rel), rel)
-        entry = {"key": None if failed else keys[rel], "report": report, "seconds": round(secs, 3)}
+        entry = {"key": None if failed else keys[rel], "seed": seeds[rel], "report": report, "seconds": round(secs, 3)}
         state["entries"][rel] = entry
         _write_private(out["state"], json.dumps(state, indent=1))  # a run stopped half-way resumes from here
         echo(printable(console_line(rel, report, _hand(state, rel, report))))
@@ -247,13 +284,13 @@ def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, 
 
     if todo and jobs == 1:
         for rel, path in todo:
-            done(rel, _grade_one(str(path), *args))
+            done(rel, _grade_one(str(path), seeds[rel], *args))
     elif todo:
         with ProcessPoolExecutor(max_workers=min(jobs, len(todo)),
                                  mp_context=multiprocessing.get_context("spawn"),
                                  initializer=die_with_parent,  # a stopped run stops its workers
                                  initargs=(os.getpid(),)) as pool:
-            futures = {pool.submit(_grade_one, str(path), *args): rel for rel, path in todo}
+            futures = {pool.submit(_grade_one, str(path), seeds[rel], *args): rel for rel, path in todo}
             for fut in as_completed(futures):
                 done(futures[fut], fut.result())
     wall = time.monotonic() - start
@@ -263,7 +300,7 @@ def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, 
     rows = write_outputs(state, out)
     codes = [r["exit_code"] for r in rows]
     worst = next((c for c in (EXIT_UNGRADABLE, EXIT_REVIEW, EXIT_FAILED) if c in codes), EXIT_FULL)
-    return {"seed": run_seed, "files": len(files), "graded": len(todo), "reused": len(files) - len(todo),
+    return {"seed": fixed, "seeds": seeds, "files": len(files), "graded": len(todo), "reused": len(files) - len(todo),
             "wall_s": wall, "per_minute": 60 * len(todo) / wall if todo and wall > 0 else None,
             "mean_s": sum(seconds) / len(seconds) if seconds else None, "jobs": jobs, "exit_code": worst,
             "rows": rows, "outputs": out}
@@ -567,15 +604,19 @@ def merge(folder: Path, csv_path: Path | None = None) -> dict:
 # The command line
 # --------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specref_grading.classrun", description="Grade a folder of submissions (a class), or merge hand marks.")
+    ap = argparse.ArgumentParser(prog="python -I -m specref_grading.classrun",
+                                 description="Grade a folder of submissions (a class), or merge hand marks.")
     sub = ap.add_subparsers(dest="command", required=True)
     g = sub.add_parser("grade", help="grade every new or changed submission under DIR")
     g.add_argument("dir", type=Path)
     g.add_argument("--csv", type=Path, help="the gradebook (default DIR/gradebook.csv); the other outputs go beside it")
-    g.add_argument("--jobs", type=int, default=None, help="worker processes (default: one per core)")
+    g.add_argument("--jobs", type=int, default=None,
+                   help="worker processes (default: one per core, fewer where the available memory holds fewer "
+                        "submissions at their peak)")
     g.add_argument("--seed", default=None, metavar="N|random",
-                   help="hidden seed (default: the resumed run's, else a fresh random one)")
-    g.add_argument("--fresh", action="store_true", help="start a new run: a new seed, every submission regraded")
+                   help="one hidden seed for every submission (default: a fresh random one for each submission "
+                        "graded, each time it is graded)")
+    g.add_argument("--fresh", action="store_true", help="start a new run: every submission regraded, with new seeds")
     g.add_argument("--retry", action="store_true", help="also regrade unchanged submissions that timed out or died")
     g.add_argument("--solutions-dir", type=Path, default=ROOT / "solutions")
     g.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S)
@@ -606,9 +647,11 @@ def main(argv: list[str] | None = None) -> int:
     rate = (f"{s['per_minute']:.1f} submissions per minute, {s['mean_s']:.1f} s each in a worker"
             if s["per_minute"] else "nothing to grade")
     print(f"graded {s['graded']} of {s['files']} submissions in {s['wall_s']:.1f} s with {s['jobs']} workers ({rate}); "
-          f"{s['reused']} unchanged, not regraded; hidden seed {s['seed']}")
+          f"{s['reused']} unchanged, not regraded; "
+          + (f"hidden seed {s['seed']}" if s["seed"] is not None else "a fresh hidden seed for each graded submission "
+             "(the gradebook's hidden_seed column)"))
     print(f"gradebook: {out['csv']}; feedback: {out['feedback']}/; hand grading: {out['sheets']}/ "
-          f"({pending:g} points await hand grading; then: python -m specref_grading.classrun merge {args.dir}"
+          f"({pending:g} points await hand grading; then: python -I -m specref_grading.classrun merge {args.dir}"
           + (f" --csv {args.csv}" if args.csv else "") + ")")
     return s["exit_code"]
 

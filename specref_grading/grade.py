@@ -1,8 +1,11 @@
 """Grade one exercise notebook: the solution decides what runs, the learner supplies only the answers.
 
-    python -m specref_grading.grade submissions/alice/ex02.ipynb                      # make grade NB=...
-    python -m specref_grading.grade alice.ipynb --solution solutions/ex02_accept_reject.ipynb --seed 7
-    python -m specref_grading.classrun grade submissions/                              # make grade-all DIR=...
+    python -I -m specref_grading.grade submissions/alice/ex02.ipynb                      # make grade NB=...
+    python -I -m specref_grading.grade alice.ipynb --solution solutions/ex02_accept_reject.ipynb --seed 7
+    python -I -m specref_grading.classrun grade submissions/                              # make grade-all DIR=...
+
+(-I: isolated, so that nothing in the working directory, such as a folder of submissions, is imported in the
+grader's place.)
 
 How one submission is graded:
 
@@ -31,7 +34,8 @@ Hidden tests draw their cases from ``HIDDEN_SEED``: a fresh seed for every gradi
 for a given one (the report names the seed, so a grade can be reproduced; 0 draws the visible cases).
 
 Exit status: 0 full marks; 1 some check failed; 2 could not be graded (unreadable notebook, no matching
-solution, the kernel died, a report is missing); 3 needs review.
+solution, the kernel died, a report is missing); 3 needs review (a flag raised by the trusted side, e.g. a
+function that modified its inputs; what the scanner notices in an answer is only a note).
 """
 
 from __future__ import annotations
@@ -127,20 +131,18 @@ def grade_plan(plan: Plan, cell_timeout: float = CELL_TIMEOUT_S, run_timeout: fl
     results: list[TestResult] = []
     for t in plan.tests:
         out = outcomes[t.n]
-        flags = [f for i, fs in plan.flags.items() if i < t.n for f in fs]
-        flags += [f for i, fs in plan.reference.items() if i in t.depends for f in fs]
         message = out.message
         syntax = [plan.syntax[i] for i in sorted(plan.syntax) if i in t.depends or (i < t.n and not t.depends)]
         context = syntax + [e for e in out.answer_errors
                             if not any(f"answer cell {s.split(chr(39))[1]!r}" in e for s in syntax if chr(39) in s)]
         if out.outcome != "passed" and context:
             message = (message + "\n" if message else "") + "\n".join(f"(earlier: {c})" for c in context)
-        results.append(TestResult(t.grade_id, t.points, out.outcome, message, flags + out.flags))
+        results.append(TestResult(t.grade_id, t.points, out.outcome, message, out.flags))  # the trusted side's flags
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specref_grading.grade",
+    ap = argparse.ArgumentParser(prog="python -I -m specref_grading.grade",
                                  description="Grade one exercise notebook against its solution.")
     ap.add_argument("notebook", type=Path, help="the submission to grade")
     ap.add_argument("--solution", type=Path, help="grade against this solution, whatever the notebook's exercise id")

@@ -8,8 +8,10 @@ specref_grading/wall.py starts, as root,
 `launch` (this file, still root, inside the new namespaces) builds a root folder of its own: a
 tmpfs holding read-only bind mounts of /usr, /etc and the interpreter, the virtual environment
 and the specref package (nothing else of the repository: no solutions/, no tools/, no other
-submission), a few device nodes, a fresh /proc, and a tmpfs of its own (TMP_MB) as /tmp. It moves
-into the run's cgroups (one CPU, one memory budget, a process count) where the host has cgroup v1.
+submission), a few device nodes, a fresh /proc, and a tmpfs of its own (TMP_MB) as /tmp, mounted before
+those binds: a venv or checkout under /tmp is bound at its own path inside it, and nothing else of the host's
+/tmp (no other submission, no grader's work folder) is there. It moves into the run's cgroup (one CPU, one memory
+budget, a process count) where the host has writable cgroups, v1 or v2 (`join_cgroups`).
 It changes root into it, drops every capability from the bounding set, takes the run's fresh
 unprivileged uid and gid (no groups), sets no_new_privs and the resource limits, and starts the
 kernel as its child (it stays the namespace's init, reaping orphans, and leaves with the kernel's
@@ -41,6 +43,9 @@ KERNEL = r'''
 def _jail_main():
     import builtins
     rfd, wfd = int(sys.argv[1]), int(sys.argv[2])
+    # The grader is not on the kernel's filesystem (its specref is kernel_tree's copy), but an editable install's
+    # namespace finder would still make an empty package of the name: importing it fails instead.
+    sys.modules["specref_grading"] = None
     ns = {"__name__": "__main__", "__builtins__": builtins, "display": print}
 
     def op_exec(source, filename):
@@ -62,7 +67,12 @@ def _jail_main():
             raise NameError(f"name {name!r} is not defined")
         return ns[name]
 
-    Peer(rfd, wfd, "jail", ops={"exec": op_exec, "get": op_get}).serve_forever()
+    def op_bind(values):  # what the trusted process serves the setup (specref_grading/kernel_tree.py)
+        if type(values) is not dict or any(type(k) is not str or not k.isidentifier() for k in values):
+            raise TypeError("bind takes a dict of names")
+        ns.update(values)
+
+    Peer(rfd, wfd, "jail", ops={"exec": op_exec, "get": op_get, "bind": op_bind}).serve_forever()
 
 
 import sys  # noqa: E402
@@ -78,13 +88,17 @@ def kernel_source() -> str:
     return (HERE / "protocol.py").read_text(encoding="utf-8") + "\n" + KERNEL
 
 
-def read_only_paths() -> list[str]:
-    """What the kernel may read: the system, the interpreter, the environment, the specref package."""
+def read_only_paths(with_specref: bool = True) -> list[str]:
+    """What the kernel may read: the system, the interpreter, the environment, the specref package.
+
+    `with_specref=False` leaves the package out: the exercise's copy of it (specref_grading/kernel_tree.py, no
+    answer key) is bound at its path instead (`launch`'s config "specref": [copy, package path]).
+    """
     import importlib.util
     paths = ["/usr", "/etc", os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), sys.prefix,
              os.path.dirname(os.path.realpath(sys.executable))]
     spec = importlib.util.find_spec("specref")
-    if spec is not None and spec.origin:
+    if with_specref and spec is not None and spec.origin:
         paths.append(os.path.dirname(os.path.realpath(spec.origin)))
     out: list[str] = []
     for p in paths:
@@ -105,56 +119,142 @@ CGROUP_PARENT = "specref-grade"
 TMP_MB = 512  # the kernel's /tmp: a tmpfs of this size, charged to its memory
 
 
-def cgroup_limits(memory_mb: int, pids: int = 128) -> dict[str, dict[str, str]]:
-    """The limits of one submission's cgroup, per cgroup-v1 controller: at most one CPU's time, `memory_mb`
-    of memory for all its processes together (its /tmp included), at most `pids` processes and threads."""
+CONTROLLERS = ("cpu", "memory", "pids")
+
+
+def cgroup_version(root: str | None = None) -> int:
+    """2 where `root` is the unified hierarchy (cgroup v2: one tree, a cgroup.controllers file at its top), 1 where
+    it holds cgroup-v1 controllers (a folder per controller: cpu/, memory/, pids/; a hybrid host's v2 tree under
+    unified/ has none of them), 0 where neither."""
+    root = root or CGROUP_ROOT
+    if os.path.isfile(os.path.join(root, "cgroup.controllers")):
+        return 2
+    return 1 if any(os.path.isdir(os.path.join(root, c)) for c in CONTROLLERS) else 0
+
+
+def cgroup_limits(memory_mb: int, pids: int = 128, version: int = 1) -> dict[str, dict[str, str]]:
+    """The limits of one run's cgroup, per controller: at most one CPU's time, `memory_mb` of memory for all its
+    processes together (a jail's /tmp included), at most `pids` processes and threads; in the files of cgroup v1
+    (`version` 1) or v2."""
+    if version == 2:
+        return {"cpu": {"cpu.max": "100000 100000"}, "memory": {"memory.max": str(memory_mb << 20)},
+                "pids": {"pids.max": str(pids)}}
     return {"cpu": {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "100000"},
             "memory": {"memory.limit_in_bytes": str(memory_mb << 20)},
             "pids": {"pids.max": str(pids)}}
 
 
-def cgroup_dirs(name: str) -> dict[str, str]:
-    """{controller: the folder of the run's cgroup} on a cgroup-v1 host (one folder per controller)."""
-    return {ctrl: os.path.join(CGROUP_ROOT, ctrl, CGROUP_PARENT, name) for ctrl in ("cpu", "memory", "pids")}
+def cgroup_dirs(name: str, root: str | None = None, version: int | None = None) -> dict[str, str]:
+    """{controller: the folder of the run's cgroup}: one folder per controller on a cgroup-v1 host
+    (ROOT/cpu/specref-grade/NAME, ...), the same leaf ROOT/specref-grade/NAME for all three on cgroup v2."""
+    root = root or CGROUP_ROOT
+    version = cgroup_version(root) if version is None else version
+    if version == 2:
+        return {ctrl: os.path.join(root, CGROUP_PARENT, name) for ctrl in CONTROLLERS}
+    return {ctrl: os.path.join(root, ctrl, CGROUP_PARENT, name) for ctrl in CONTROLLERS}
 
 
-def join_cgroups(name: str, memory_mb: int) -> list[str]:
-    """Make the run's cgroups, set their limits and move this process into them; the controllers joined.
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
 
-    Rlimits bound each process; a cgroup bounds the submission: its processes together get one CPU (a
-    kernel that forks spinners, each in a session of its own, cannot starve the submission graded beside it),
-    one memory budget and a process count. A host without writable cgroup-v1 controllers keeps the rlimits.
+
+def _sweep(parent: str) -> None:
+    for old in os.listdir(parent) if os.path.isdir(parent) else []:
+        if old.startswith("run-"):  # left by a grader that was killed: rmdir removes only an empty cgroup
+            try:  # (and only an old one: a run starting beside this one has made its cgroup but not joined it)
+                if time.time() - os.stat(os.path.join(parent, old)).st_mtime > 600:
+                    os.rmdir(os.path.join(parent, old))
+            except OSError:
+                pass
+
+
+def _enable_controllers(folder: str) -> None:
+    """cgroup v2: let `folder`'s children use cpu, memory and pids (those the folder has), one at a time."""
+    try:
+        with open(os.path.join(folder, "cgroup.controllers")) as f:
+            have = f.read().split()
+    except OSError:
+        have = list(CONTROLLERS)
+    for ctrl in CONTROLLERS:
+        if ctrl in have:
+            try:
+                _write(os.path.join(folder, "cgroup.subtree_control"), f"+{ctrl}")
+            except OSError:
+                pass
+
+
+def join_cgroups(name: str, memory_mb: int, root: str | None = None, pid: int | None = None,
+                 pids: int = 128) -> list[str]:
+    """Make the run's cgroup(s), set their limits and move process `pid` (default: this one) in; the controllers
+    whose limits took.
+
+    Rlimits bound each process; a cgroup bounds the run: its processes together get one CPU (a kernel that forks
+    spinners, each in a session of its own, cannot starve the submission graded beside it), one memory budget and
+    a process count. cgroup v1 (a hierarchy per controller) and v2 (the unified hierarchy: the controllers are
+    enabled in ROOT's and ROOT/specref-grade's cgroup.subtree_control, and the processes sit only in the leaves
+    ROOT/specref-grade/run-*, v2's rule of no processes in a cgroup whose children have controllers) are both
+    handled, whichever `cgroup_version` finds. A host without writable cgroups keeps the rlimits alone (returns []).
     """
+    root = root or CGROUP_ROOT
+    version = cgroup_version(root)
+    if version == 0:
+        return []
+    pid = os.getpid() if pid is None else pid
+    limits = cgroup_limits(memory_mb, pids, version)
+    folders = cgroup_dirs(name, root, version)
+    if version == 2:
+        parent = os.path.join(root, CGROUP_PARENT)
+        _sweep(parent)
+        try:
+            _enable_controllers(root)
+            os.makedirs(parent, exist_ok=True)
+            _enable_controllers(parent)
+            os.makedirs(folders["cpu"], exist_ok=True)
+        except OSError:
+            return []
+        took = []
+        for ctrl in CONTROLLERS:
+            try:
+                for key, value in limits[ctrl].items():
+                    _write(os.path.join(folders[ctrl], key), value)
+                took.append(ctrl)
+            except OSError:
+                pass
+        try:
+            _write(os.path.join(folders["cpu"], "cgroup.procs"), str(pid))
+        except OSError:
+            return []
+        return took
     joined = []
-    for ctrl, folder in cgroup_dirs(name).items():
-        parent = os.path.dirname(folder)
-        for old in os.listdir(parent) if os.path.isdir(parent) else []:
-            if old.startswith("run-"):  # left by a grader that was killed: rmdir removes only an empty cgroup
-                try:  # (and only an old one: a run starting beside this one has made its cgroup but not joined it)
-                    if time.time() - os.stat(os.path.join(parent, old)).st_mtime > 600:
-                        os.rmdir(os.path.join(parent, old))
-                except OSError:
-                    pass
+    for ctrl, folder in folders.items():
+        _sweep(os.path.dirname(folder))
         try:
             os.makedirs(folder, exist_ok=True)
-            for key, value in cgroup_limits(memory_mb)[ctrl].items():
-                with open(os.path.join(folder, key), "w") as f:
-                    f.write(value)
-            with open(os.path.join(folder, "cgroup.procs"), "w") as f:
-                f.write(str(os.getpid()))
+            for key, value in limits[ctrl].items():
+                _write(os.path.join(folder, key), value)
+            _write(os.path.join(folder, "cgroup.procs"), str(pid))
             joined.append(ctrl)
         except OSError:
             pass
     return joined
 
 
-def remove_cgroups(name: str) -> None:
-    """Remove the run's cgroups (after its processes are gone; an empty cgroup is removed with rmdir)."""
-    for folder in cgroup_dirs(name).values():
-        try:
-            os.rmdir(folder)
-        except OSError:
-            pass
+def remove_cgroups(name: str, root: str | None = None) -> None:
+    """Remove the run's cgroups (after its processes are gone; an empty cgroup is removed with rmdir). A process
+    just killed may leave its cgroup busy for a moment: tried for up to a second, then left to `_sweep`."""
+    for folder in set(cgroup_dirs(name, root).values()):
+        for _ in range(20):
+            try:
+                os.rmdir(folder)
+            except FileNotFoundError:
+                break
+            except OSError as e:
+                if e.errno != 16:  # EBUSY: still has a process
+                    break
+                time.sleep(0.05)
+                continue
+            break
 
 
 def arm_parent_death() -> bool:
@@ -173,8 +273,8 @@ def _mount(*args: str) -> None:
     subprocess.run(["mount", *args], check=True, capture_output=True)
 
 
-def _bind(src: str, root: str, read_only: bool = True) -> None:
-    dst = os.path.join(root, src.lstrip("/"))
+def _bind(src: str, root: str, read_only: bool = True, at: str | None = None) -> None:
+    dst = os.path.join(root, (at or src).lstrip("/"))
     if os.path.isdir(src):
         os.makedirs(dst, exist_ok=True)
     else:
@@ -188,21 +288,30 @@ def _bind(src: str, root: str, read_only: bool = True) -> None:
 def launch(config: dict) -> None:
     """Build the root, lock this process in it, drop to the run's uid and become the kernel."""
     root, uid = config["root"], int(config["uid"])
+    exposed = [p for p in config["read_only"] if os.path.commonpath([os.path.realpath(p), os.path.realpath(root)])
+               == os.path.realpath(p)]
+    if exposed:  # the grader's work folder (its logs, the trusted process's output) would be readable inside
+        raise SystemExit(f"the jail's root {root} lies inside {exposed[0]}, which the kernel would read")
     os.makedirs(root, exist_ok=True)
     _mount("-t", "tmpfs", "-o", "size=16m,mode=755,nosuid,nodev", "tmpfs", root)
     for link in ("/bin", "/lib", "/lib64", "/lib32", "/sbin", "/libx32"):
         if os.path.islink(link):
             os.symlink(os.readlink(link), os.path.join(root, link.lstrip("/")))
+    # The kernel's /tmp first: its own bounded tmpfs (it cannot fill the host's disk, and sees none of the host's
+    # /tmp: no other submission, no grader's work folder); the read-only binds below may then lie under /tmp
+    # (a checkout or a venv in /tmp), each at its own path inside that empty tmpfs.
+    os.makedirs(os.path.join(root, "tmp"), exist_ok=True)
+    _mount("-t", "tmpfs", "-o", f"size={TMP_MB}m,mode=700,uid={uid},gid={uid},nosuid,nodev", "tmpfs",
+           os.path.join(root, "tmp"))
     for path in config["read_only"]:
         _bind(path, root)
+    if config.get("specref"):  # the exercise's copy of specref (kernel_tree: no answer key), at the package's path
+        _bind(config["specref"][0], root, at=config["specref"][1])
     for dev in ("null", "zero", "full", "random", "urandom"):
         if os.path.exists(f"/dev/{dev}"):
             _bind(f"/dev/{dev}", root, read_only=False)
     os.makedirs(os.path.join(root, "proc"), exist_ok=True)
     _mount("-t", "proc", "-o", "nosuid,nodev,noexec", "proc", os.path.join(root, "proc"))
-    os.makedirs(os.path.join(root, "tmp"), exist_ok=True)  # its own bounded tmpfs: it cannot fill the host's disk
-    _mount("-t", "tmpfs", "-o", f"size={TMP_MB}m,mode=700,uid={uid},gid={uid},nosuid,nodev", "tmpfs",
-           os.path.join(root, "tmp"))
     if config.get("cgroup"):
         join_cgroups(config["cgroup"], int(config["memory_mb"]))
     _mount("-o", "remount,ro,nosuid,nodev", root)

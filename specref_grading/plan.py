@@ -2,7 +2,9 @@
 
 The solution decides the cells, their order and the tests (hidden tests included); from the submission only
 the source of each answer cell is taken, found by grade_id (or cell id). Everything else in the submission is
-ignored and listed in the notes. Hidden tests draw their cases from ``HIDDEN_SEED``, which the grader binds at
+ignored and listed in the notes. What the scanner (`scan`) notices in an answer cell is listed in the notes too,
+for the instructor: it never withholds points, since the answers run in a kernel apart from the tests. Hidden
+tests draw their cases from ``HIDDEN_SEED``, which the grader binds at
 the top of every test cell that reads it; test cells run only in the trusted process.
 """
 
@@ -12,6 +14,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specref_grading import kernel_tree
 from specref_grading.exercises import MarkerError, strip_regions, tests_version
 from specref_grading.notebook import GradeError, exercise_id, is_answer, is_test, nbgrader, source, stamp
 from specref_grading.scan import (UNREADABLE, binds_unknown, helper_names, imported_specref_names, names_bound,
@@ -34,12 +37,11 @@ class TestSpec:
 class Plan:
     exercise: str
     version: str
-    cells: list[dict]  # {"n", "role", "grade_id", "source"} in the solution's order; tests included
+    cells: list[dict]  # {"n", "role", "grade_id", "source"} in the solution's order; tests included; role: checks,
+    # setup (with "kernel_source" and "serve": kernel_tree.prepare), answer, other or test
     tests: list[TestSpec]
     manual: list[tuple[str, float, str]]  # (grade_id, points, the learner's text)
-    notes: list[str]
-    flags: dict[int, list[str]]  # answer cell index -> findings (interference applies to all later tests)
-    reference: dict[int, list[str]]  # answer cell index -> uses of specref (applies to dependent tests)
+    notes: list[str]  # what was ignored or changed in the submission, and the scanner's notes on the answers
     syntax: dict[int, str]
     seed: int = DEFAULT_HIDDEN_SEED  # HIDDEN_SEED in the test cells
 
@@ -66,6 +68,13 @@ def _saved_output_passing(cell: dict) -> bool | None:
     if not isinstance(outs, list) or not outs:
         return None if cell.get("execution_count") is None else True
     return not any(isinstance(o, dict) and o.get("output_type") == "error" for o in outs)
+
+
+def checks_cell(cell: dict) -> bool:
+    """A setup cell of the checks' imports (``metadata.specref.side == "checks"``): it runs in the trusted process
+    only, never in the learner's kernel (the learner's own Jupyter runs it as usual)."""
+    meta = cell.get("metadata", {}).get("specref")
+    return cell.get("cell_type") == "code" and isinstance(meta, dict) and meta.get("side") == "checks"
 
 
 def hidden_seed(value: str | int) -> int:
@@ -108,8 +117,6 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
     cells: list[dict] = []
     tests: list[TestSpec] = []
     manual: list[tuple[str, float, str]] = []
-    flags: dict[int, list[str]] = {}
-    reference: dict[int, list[str]] = {}
     syntax: dict[int, str] = {}
     used_ids: set[int] = set()
     bound: dict[int, set[str]] = {}
@@ -138,16 +145,15 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
                     continue
             try:
                 shown = set().union(*(names_used(src) for j, src in given if j < i)) & specref_names
-                findings = scan(text, specref_names, (names_used(source(ref)) & specref_names) | helpers | shown, wall=True)
+                findings = scan(text, specref_names, (names_used(source(ref)) & specref_names) | helpers | shown)
             except SyntaxError as e:
                 syntax[i] = f"syntax error in answer cell {gid!r}, line {e.lineno}: {e.msg}"
                 findings = []
             except UNREADABLE as e:  # null bytes, or nested too deeply for the parser (RecursionError, MemoryError)
                 syntax[i] = f"answer cell {gid!r} cannot be read as Python: {str(e) or 'it is nested too deeply'}"
                 findings = []
-            for f in findings:
-                (reference if f.kind == "reference" else flags).setdefault(i, []).append(
-                    f"answer cell {gid!r}, line {f.line}: {f.text}")
+            # Notes only: across the wall an answer changes nothing but its own kernel (module docstring).
+            notes.extend(f"answer cell {gid!r}, line {f.line}: {f.text}" for f in findings)
             bound[i], uses[i] = names_bound(text), names_used(text)
             if binds_unknown(text):
                 unknown.add(i)
@@ -171,7 +177,8 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
                 text = strip_regions(source(ref), "code", f"{solution_name}: cell {i}")
             except MarkerError as e:
                 raise GradeError(f"the solution is broken: {e}") from e
-            cells.append({"n": i, "role": "setup" if i < first_answer else "other", "grade_id": None, "source": text})
+            role = "other" if i >= first_answer else "checks" if checks_cell(ref) else "setup"
+            cells.append({"n": i, "role": role, "grade_id": None, "source": text})
     # What the submission has that the exercise does not.
     sol_gids = {nbgrader(c).get("grade_id") for c in sol_cells if nbgrader(c)}
     for j, c in enumerate(sub_cells):
@@ -202,7 +209,11 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
         t.depends = seen
     if not tests and not manual:
         raise GradeError(f"{solution_name} has no graded cells (metadata.nbgrader.grade)")
-    return Plan(eid or exercise_id(Path(solution_name)), version, cells, tests, manual, notes, flags, reference, syntax,
-                seed)
+    # What the kernel runs of the setup, and what the trusted process serves it (kernel_tree.prepare): the names
+    # the exercise's own kernel code uses (setup, given cells, the solution's answers), never the learner's choice.
+    kernel_uses = set().union(*(names_used(src) for _, src in given), *(
+        names_used(source(c)) for c in sol_cells if is_answer(c) and c.get("cell_type") == "code"))
+    kernel_tree.prepare(cells, kernel_uses)
+    return Plan(eid or exercise_id(Path(solution_name)), version, cells, tests, manual, notes, syntax, seed)
 
 

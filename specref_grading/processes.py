@@ -20,6 +20,30 @@ from specref_grading import jail as grade_jail
 
 MARKER_ENV = "SPECREF_GRADING_RUN"
 
+# The trusted process (specref_grading/trusted.py: the solution's setup and test cells) is limited per run like
+# the kernel: a CPU-time rlimit, a memory rlimit and, as root where the host has writable cgroups, a cgroup of its
+# own (one CPU, TRUSTED_MEMORY_MB, a process count). Measured by grading each solution against itself (seed 1,
+# full marks each, 2-core host, no cgroup; the peak RSS (VmHWM) of each process read from /proc):
+#
+#   exercise   trusted RSS   its CPU   kernel RSS   most calls in one test (either way)
+#   ex01          320 MB       2.5 s     323 MB        145
+#   ex02          242 MB       5.3 s     232 MB     25 933   (ex02_step_check)
+#   ex03          433 MB       4.9 s     311 MB        261
+#   ex04        3 312 MB      23 s       383 MB     57 188   (ex04_step_check; the GPT-2 pair is loaded here:
+#                                                             its VmData, what RLIMIT_DATA counts, 3 341 MB)
+#   ex05          365 MB       3.7 s     302 MB        551
+#   ex06          237 MB       4.0 s     233 MB     12 802
+#   ex07          283 MB       2.0 s     285 MB         62
+#   ex08          302 MB       8.0 s     307 MB     51 805   (ex08_check_check)
+#
+# The limits leave a wide margin over the largest (ex04): about 1.8x its memory, 13x its CPU time (a slower host,
+# torch's threads); trusted.MAX_CALLS_PER_TEST is 3.5x its calls.
+TRUSTED_MEMORY_MB = 6144
+TRUSTED_CPU_S = 300
+# One submission's peak, kernel and trusted process together (ex04's: 3 312 MB + 383 MB), what
+# classrun.default_jobs sizes the number of workers by.
+SUBMISSION_PEAK_MB = 3700
+
 
 def _as_root() -> bool:
     return os.geteuid() == 0 and shutil.which("setpriv") is not None
@@ -57,15 +81,18 @@ def _environment(home: str, marker: str) -> dict[str, str]:
     return env
 
 
-def _limits(memory_mb: int) -> None:  # runs in the child before exec
-    """The kernel's limits: no core files, files of at most 256 MB, `memory_mb` of private memory (a memory bomb
-    meets MemoryError instead of taking the host's memory), and as root at most 1024 processes."""
+def _limits(memory_mb: int, cpu_s: int | None = None) -> None:  # runs in the child before exec
+    """A child's limits: no core files, files of at most 256 MB, `memory_mb` of private memory (a memory bomb
+    meets MemoryError instead of taking the host's memory), as root at most 1024 processes, and where `cpu_s` is
+    given that many seconds of CPU time (SIGXCPU then, SIGKILL 15 s later)."""
     limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, 256 << 20), (resource.RLIMIT_DATA, memory_mb << 20)]
+    if cpu_s is not None:
+        limits.append((resource.RLIMIT_CPU, (cpu_s, cpu_s + 15)))
     if _as_root():  # counted per uid: only the run's own fresh uid may be capped (fork bombs)
         limits.append((resource.RLIMIT_NPROC, 1024))
     for lim, value in limits:
         try:
-            resource.setrlimit(lim, (value, value))
+            resource.setrlimit(lim, value if isinstance(value, tuple) else (value, value))
         except (ValueError, OSError):
             pass
     os.umask(0o077)
@@ -87,6 +114,16 @@ def _child_setup(memory_mb: int | None, parent: int) -> None:  # runs in the chi
     die_with_parent(parent)
     if memory_mb is not None:
         _limits(memory_mb)
+
+
+def trusted_setup(parent: int, cgroup: str | None = None) -> None:  # runs in the trusted child before exec
+    """The trusted process's limits: it dies with the grader, joins cgroup `cgroup` (as root, where the host has
+    writable cgroups: one CPU, TRUSTED_MEMORY_MB, a process count) and gets TRUSTED_CPU_S of CPU time and
+    TRUSTED_MEMORY_MB of private memory."""
+    die_with_parent(parent)
+    if cgroup and os.geteuid() == 0:
+        grade_jail.join_cgroups(cgroup, TRUSTED_MEMORY_MB, pids=512)  # torch's threads count as processes
+    _limits(TRUSTED_MEMORY_MB, TRUSTED_CPU_S)
 
 
 def processes_with(marker: str) -> list[int]:
@@ -129,9 +166,15 @@ def _kill_all(proc: subprocess.Popen, uid: int | None, marker: str) -> None:
 _JAIL: dict[int, bool] = {}
 
 
-UNJAILED_NOTE = ("the answers ran in a kernel of their own but not in a jail (the grader was not run as root, or "
-                 "this host has no namespaces): the tests still ran apart from them, but that kernel could read "
-                 "whatever the grading user can read")
+UNJAILED_NOTE = (
+    "not jailed (the grader did not run as root, or this host has no namespaces): the answers ran in a kernel of "
+    "their own, a plain process of the grading user, so this grading cannot promise that they did not read what that "
+    "user can read: the solutions (the reference answers and the hidden tests), the checks (specref_grading) and the "
+    "code that draws the hidden seed, the other submissions, and the network. The results were still decided by the "
+    "separate trusted process, which the kernel cannot trace (it is not dumpable); the kernel could only stop it, "
+    "which fails the tests and scores nothing. Where the host lets a user's processes trace each other (no Yama "
+    "ptrace_scope >= 1), it could also have tampered with the grading process itself. For grades that matter, "
+    "grade as root")
 
 
 def can_jail() -> bool:
@@ -146,16 +189,3 @@ def can_jail() -> bool:
                 ok = False
         _JAIL[0] = ok
     return _JAIL[0]
-
-
-def jail_problem(read_only: list[str]) -> str:
-    """Why the jail cannot run this interpreter, or "": a path it must mount read-only (the Python environment,
-    specref) lies under /tmp, which the jail covers with the kernel's own empty /tmp (a venv made in /tmp)."""
-    for path in read_only:
-        if any(p == "/tmp" or p.startswith("/tmp/") for p in (os.path.normpath(path), os.path.realpath(path))):
-            return (f"the grading kernel cannot be jailed: {path} (the Python environment or specref) lies under /tmp, "
-                    "which the jail replaces with the kernel's own empty /tmp; install them outside /tmp "
-                    "(e.g. make venv in the repository) and grade with that interpreter")
-    return ""
-
-

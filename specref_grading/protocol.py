@@ -28,6 +28,7 @@ from __future__ import annotations
 import builtins
 import json
 import os
+import re
 import select
 import struct
 import time
@@ -36,6 +37,15 @@ import types
 MAX_MESSAGE = 1 << 28  # bytes of one message (header and blobs); a longer one breaks the channel
 MAX_ITEMS = 1 << 20  # items of one container, or of one iteration
 MAX_DEPTH = 64
+# One message's JSON header: at most this many bytes and this many items (values and containers, counted across
+# all its nested containers together), checked on the raw bytes BEFORE they are parsed: a reply of a million
+# tiny lists costs the receiver a scan of its bytes, never the million lists. Tensors and arrays travel as blobs
+# and count one item each. The honest solutions graded against themselves (seed 1) send at most 529 items in one
+# message (ex07) and receive at most 51, in headers of at most a few hundred bytes: the limits leave room for
+# learners' lists of many thousands of values.
+MAX_HEADER = 1 << 26
+MAX_MESSAGE_ITEMS = 1 << 18
+_JSON_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
 
 
 class ChannelClosed(BaseException):
@@ -46,6 +56,14 @@ class CallTimeout(BaseException):
     """The other process did not answer within the per-call time limit."""
 
 
+class MessageRefused(ChannelClosed):
+    """The other process sent a message past this side's limits (bytes, items): the channel is broken."""
+
+
+class CallLimit(BaseException):
+    """More calls across the wall than `Peer.call_limit` allows (the trusted side's cap per test cell)."""
+
+
 class RemoteError(Exception):
     """An exception raised on the other side whose type is not a builtin one."""
 
@@ -53,7 +71,7 @@ class RemoteError(Exception):
 _BUILTIN_ERRORS = {n: getattr(builtins, n) for n in dir(builtins)
                    if isinstance(getattr(builtins, n), type) and issubclass(getattr(builtins, n), Exception)
                    and n not in ("StopIteration", "StopAsyncIteration", "GeneratorExit")}
-_TRUSTED_ATTR_MODULES = ("specref", "torch")
+_TRUSTED_ATTR_MODULES = ("specref", "specref_grading", "torch")  # specref_grading: the checks' model wrappers
 _MODULE_MUTATORS = {"add_module", "apply", "to", "to_empty", "cuda", "cpu", "xpu", "ipu", "mtia", "type", "float",
                     "double", "half", "bfloat16", "train", "requires_grad_", "zero_grad", "share_memory",
                     "compile"}
@@ -200,6 +218,7 @@ class _Frame:
 
     def __init__(self, blobs: list[bytes] | None = None):
         self.blobs = blobs if blobs is not None else []
+        self.items = 0  # values encoded or decoded in this message so far (MAX_MESSAGE_ITEMS)
         self.arrays: list = []  # tensors / arrays in the order they were encoded or decoded
         self.array_bytes: list[bytes] = []
         self.gens: list[str] = []
@@ -218,7 +237,11 @@ class Peer:
         self.counter = 0
         self.ops = dict(ops or {})
         self.broken: str = ""
-        self.calls = 0
+        self.calls = 0  # calls this side made
+        self.served = 0  # calls this side answered
+        self.call_limit: int | None = None  # calls + served past which a call raises CallLimit (None: no cap)
+        self.serving: set[int] = set()  # ids of what the trusted side serves the kernel by name (a class too)
+        self.peak_head = self.peak_items = self.peak_sent = 0  # the largest messages: received (bytes, items), sent
 
     # ---- encoding -------------------------------------------------------------------
     def _new_id(self) -> int:
@@ -228,6 +251,10 @@ class Peer:
     def encode(self, x, frame: _Frame, depth: int = 0):
         if depth > MAX_DEPTH:
             raise ValueError("the value is nested too deeply to be passed between processes")
+        frame.items += 1
+        if frame.items > MAX_MESSAGE_ITEMS:
+            raise ValueError(f"a value of more than {MAX_MESSAGE_ITEMS} items (counted across its nested lists, "
+                             "tuples, dicts and sets) is too large to be passed between processes")
         t = type(x)
         if x is None or t is bool or t is str:
             return x
@@ -284,7 +311,7 @@ class Peer:
         return self._export(x)
 
     def _export(self, x) -> dict:
-        if self.trusted:
+        if self.trusted and id(x) not in self.serving:
             if isinstance(x, (types.ModuleType, type)):
                 raise TypeError("the grader passes no modules or classes to the submission")
             mod = getattr(type(x), "__module__", "") or ""
@@ -342,6 +369,9 @@ class Peer:
     def decode(self, x, frame: _Frame, depth: int = 0):
         if depth > MAX_DEPTH:
             raise ValueError("nested too deeply")
+        frame.items += 1
+        if frame.items > MAX_MESSAGE_ITEMS:
+            raise ValueError("too many items in one message")
         t = type(x)
         if x is None or t in (bool, int, float, str):
             return x
@@ -446,6 +476,7 @@ class Peer:
     # ---- messages -------------------------------------------------------------------
     def _send(self, header: dict, frame: _Frame, deadline: float | None) -> None:
         header["blobs"] = [len(b) for b in frame.blobs]
+        self.peak_sent = max(self.peak_sent, frame.items)
         head = json.dumps(header, ensure_ascii=True, allow_nan=False).encode("ascii")
         if len(head) + sum(header["blobs"]) > MAX_MESSAGE:
             raise ValueError("a value too large to be passed between processes")
@@ -454,10 +485,17 @@ class Peer:
 
     def _recv(self, deadline: float | None) -> tuple[dict, _Frame]:
         (n,) = struct.unpack(">I", _read_exact(self.rfd, 4, deadline))
-        if n > MAX_MESSAGE:
-            raise ChannelClosed("the other process sent a message too large")
+        if n > MAX_MESSAGE or n > MAX_HEADER:
+            raise MessageRefused(f"a message of more than {min(MAX_MESSAGE, MAX_HEADER) >> 20} MB of plain values "
+                                 f"({n >> 20} MB)")
+        head = _read_exact(self.rfd, n, deadline)
+        items = json_items(head)
+        self.peak_head, self.peak_items = max(self.peak_head, n), max(self.peak_items, items)
+        if items > MAX_MESSAGE_ITEMS:
+            raise MessageRefused(f"a message of more than {MAX_MESSAGE_ITEMS} values (about {items}, counted across "
+                                 "its nested lists, tuples, dicts and sets)")
         try:
-            header = json.loads(_read_exact(self.rfd, n, deadline))
+            header = json.loads(head)
             sizes = header["blobs"]
             if type(sizes) is not list or any(type(s) is not int or s < 0 for s in sizes) or \
                     sum(sizes) + n > MAX_MESSAGE:
@@ -474,6 +512,7 @@ class Peer:
         if self.broken:
             raise ChannelClosed(self.broken)
         self.calls += 1
+        self._count()
         rid = self._new_id()
         frame = _Frame()
         try:
@@ -526,7 +565,14 @@ class Peer:
             if g is not None:
                 self._set_state(g, rframe.blobs[int(blob)])
 
+    def _count(self) -> None:
+        if self.call_limit is not None and self.calls + self.served > self.call_limit:
+            self.broken = self.broken or "the cap on calls across the wall was reached"
+            raise CallLimit(self.broken)
+
     def _serve(self, msg: dict, frame: _Frame) -> None:
+        self.served += 1
+        self._count()
         rid = msg.get("id")
         out = _Frame()
         reply: dict = {"re": rid}
@@ -632,6 +678,13 @@ class Peer:
             if "op" not in msg:
                 return
             self._serve(msg, frame)
+
+
+def json_items(head: bytes) -> int:
+    """An upper bound on the values in a JSON text (its commas, brackets and braces outside strings, plus one),
+    read from its bytes without parsing them."""
+    bare = _JSON_STRINGS.sub(b'""', head) if b'"' in head else head
+    return bare.count(b",") + bare.count(b"[") + bare.count(b"{") + 1
 
 
 def _frozen_specref_dataclass(t: type) -> str:

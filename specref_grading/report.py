@@ -1,4 +1,9 @@
-"""What a grading found: each test's outcome and points, the notes, the status and the exit code."""
+"""What a grading found: each test's outcome and points, the notes, the status and the exit code.
+
+A test's flags come from the trusted side only (e.g. a function that modified the objects a check passed in):
+a flagged test scores 0 and the grading "needs review" (exit 3). What the scanner noticed in an answer's source
+is a note (`Report.notes`), for the instructor: it never withholds a point nor changes the exit status.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ class TestResult:
     points: float
     outcome: str
     message: str = ""
-    flags: list[str] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)  # raised by the trusted side: the points wait for review
 
     @property
     def score(self) -> float:
@@ -43,7 +48,7 @@ class Report:
     version: str = ""
     tests: list[TestResult] = field(default_factory=list)
     manual: list[tuple[str, float, str]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # ignored or changed parts of the submission, scanner notes
     error: str = ""
     seed: int | None = None  # the hidden tests' seed (None: not graded)
 

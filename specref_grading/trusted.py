@@ -27,11 +27,43 @@ import ast
 import builtins
 import json
 import os
+import resource
+import signal
 import sys
 
-from specref_grading.protocol import CallTimeout, ChannelClosed, Peer, Remote, _message, describe_error
+from specref_grading.protocol import (CallLimit, CallTimeout, ChannelClosed, MessageRefused, Peer, Remote, _message,
+                                      describe_error)
 
 _EVENTS = -1  # the events pipe, from the plan (main)
+
+# Calls across the wall in one test cell, either way (the checks' calls into the kernel and the kernel's calls
+# back into what the checks passed it). Measured on the honest solutions graded against themselves (seed 1;
+# the table in specref_grading/processes.py): the most is ex04_step_check's 57 188, then ex08's 51 805 and ex02's
+# 25 933. The cap is 3.5x that; a check looping over a handle without end (a len() of 10**12, or a kernel calling
+# back forever) stops at it after about 30 s of round trips (about 150 us each), before the CPU limit.
+MAX_CALLS_PER_TEST = 200_000
+
+
+class CpuLimit(BaseException):
+    """This process used up its CPU time (RLIMIT_CPU's soft limit: SIGXCPU; the hard limit kills it soon after)."""
+
+
+def _on_sigxcpu(signum, frame) -> None:
+    signal.signal(signal.SIGXCPU, signal.SIG_IGN)  # once: the hard limit ends the process if this is ignored
+    raise CpuLimit(f"the checks' process used up its CPU time ({resource.getrlimit(resource.RLIMIT_CPU)[0]} s)")
+
+
+def _usage() -> dict:
+    """This process's peak memory (MB: VmHWM, its own; getrusage's ru_maxrss also counts the grader's RSS at the
+    fork that made it) and CPU time (s) so far, reported with each test's result."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    peak = r.ru_maxrss
+    try:
+        with open("/proc/self/status") as f:
+            peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass
+    return {"maxrss_mb": round(peak / 1024, 1), "cpu_s": round(r.ru_utime + r.ru_stime, 2)}
 
 
 def emit(event: dict) -> None:
@@ -89,6 +121,8 @@ def run_test(cell: dict, ns: dict, peer: Peer, answer_errors: list[str]) -> bool
     tns = dict(ns)
     flags: list[str] = []
     filename = f"<test cell {n}>"
+    first = peer.calls + peer.served
+    peer.call_limit = first + MAX_CALLS_PER_TEST
     try:
         for name in names_loaded(cell["source"]):
             if name in tns or hasattr(builtins, name):
@@ -102,6 +136,28 @@ def run_test(cell: dict, ns: dict, peer: Peer, answer_errors: list[str]) -> bool
         code = compile(cell["source"], filename, "exec", dont_inherit=True)
         exec(code, tns)  # noqa: S102 - the solution's own test cell
         outcome, message = "passed", ""
+    except CallLimit:
+        emit({"ev": "stop", "n": n, "outcome": "failed",
+              "message": f"stopped: this test made more than {MAX_CALLS_PER_TEST} calls between the checks and the "
+                         "submission's code (a value the checks loop over without end, or code that calls back "
+                         "without end)", "answer_errors": answer_errors, **_usage()})
+        return False
+    except CpuLimit:
+        emit({"ev": "stop", "n": n, "outcome": "timeout",
+              "message": "stopped: the checks' process used up its CPU time for this submission "
+                         f"({resource.getrlimit(resource.RLIMIT_CPU)[0]} s) in this test (an endless loop over "
+                         "the submission's values, or far too slow)", "answer_errors": answer_errors, **_usage()})
+        return False
+    except MessageRefused as e:
+        emit({"ev": "stop", "n": n, "outcome": "error",
+              "message": f"the submission's code sent a value the grader refuses: {e}", "answer_errors": answer_errors,
+              **_usage()})
+        return False
+    except MemoryError:
+        emit({"ev": "stop", "n": n, "outcome": "error",
+              "message": "the checks' process ran out of memory in this test (a value from the submission's code "
+                         "too large to check)", "answer_errors": answer_errors, **_usage()})
+        return False
     except CallTimeout:
         emit({"ev": "stop", "n": n, "outcome": "timeout",
               "message": f"timed out: a call to the submission's code did not return within {peer.timeout:.0f} s "
@@ -119,14 +175,23 @@ def run_test(cell: dict, ns: dict, peer: Peer, answer_errors: list[str]) -> bool
             f" ({_message(e)})" if _message(e) else "")
     except Exception as e:  # noqa: BLE001
         outcome, message = "error", describe_error(e, filename)
+    finally:
+        peer.call_limit = None
     emit({"ev": "result", "n": n, "grade_id": cell.get("grade_id"), "outcome": outcome, "message": message,
-          "flags": flags, "answer_errors": list(answer_errors)})
+          "flags": flags, "answer_errors": list(answer_errors), "calls": peer.calls + peer.served - first,
+          "peak_items": [peer.peak_items, peer.peak_sent], "peak_head": peer.peak_head, **_usage()})
     return True
 
 
 def main(_plan: dict) -> None:
     global _EVENTS
     _EVENTS = int(_plan["events"])
+    signal.signal(signal.SIGXCPU, _on_sigxcpu)
+    try:  # not dumpable: an unjailed kernel of the same user cannot ptrace this process or open its /proc/PID/fd
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # 4 = PR_SET_DUMPABLE
+    except (OSError, AttributeError):
+        pass
     cells = _plan["cells"]
     peer = Peer(int(_plan["rfd"]), int(_plan["wfd"]), "trusted", timeout=float(_plan["call_timeout"]), trusted=True)
     ns = {"__name__": "__main__", "__builtins__": builtins, "display": print}
@@ -139,6 +204,27 @@ def main(_plan: dict) -> None:
             continue
         emit({"ev": "start", "n": n, "role": role})
         filename = f"<{role} cell {n}>"
+        if role in ("checks", "setup"):  # here first: what the kernel's specref lacks is then served from here
+            try:
+                exec(compile(source, filename, "exec", dont_inherit=True), ns)  # noqa: S102
+                serve = {name: ns[name] for name in cell.get("serve", []) if name in ns}
+                if serve:
+                    peer.serving.update(id(v) for v in serve.values())
+                    peer.request("bind", serve)
+                error = None
+            except (ChannelClosed, CallTimeout):
+                emit({"ev": "stop", "n": n, "outcome": "died", "message": f"the kernel died while cell {n} was "
+                      "served", "answer_errors": answer_errors, "kernel": True})
+                return
+            except BaseException as e:  # noqa: BLE001
+                error = "in the grader: " + describe_error(e, filename)
+            if error is not None:
+                emit({"ev": "cell_error", "n": n, "role": "setup", "grade_id": None, "message": str(error)})
+                return
+            if role == "checks":  # the checks' imports: never in the kernel
+                emit({"ev": "end", "n": n})
+                continue
+            source = cell.get("kernel_source", source)
         try:
             saved, peer.timeout = peer.timeout, None  # a cell's time is limited by the grader, per cell
             try:
@@ -151,11 +237,6 @@ def main(_plan: dict) -> None:
                   "answer_errors": answer_errors, "kernel": True})
             return
         if role == "setup":
-            if error is None:
-                try:
-                    exec(compile(source, filename, "exec", dont_inherit=True), ns)  # noqa: S102
-                except BaseException as e:  # noqa: BLE001
-                    error = "in the grader: " + describe_error(e, filename)
             if error is not None:
                 emit({"ev": "cell_error", "n": n, "role": role, "grade_id": None, "message": str(error)})
                 return

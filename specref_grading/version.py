@@ -17,12 +17,12 @@ PACKAGE = Path(__file__).resolve().parent
 ROOT = PACKAGE.parent
 
 
-def _module_file(name: str) -> Path | None:
-    """The source file of a module of specref or of this package, by dotted name, or None."""
+def _module_file(name: str, root: Path) -> Path | None:
+    """The source file of a module of specref or of this package under `root`, by dotted name, or None."""
     top = name.split(".")[0]
     if top not in ("specref", "specref_grading"):
         return None
-    base = ROOT.joinpath(*name.split("."))
+    base = root.joinpath(*name.split("."))
     for path in (base.with_suffix(".py"), base / "__init__.py"):
         if path.is_file():
             return path
@@ -51,15 +51,16 @@ def _imports(source: str, module: str, is_package: bool) -> set[str]:
     return out
 
 
-def reachable(sources: list[str]) -> list[Path]:
-    """The files of specref and of this package that `sources` (code cells) import, directly or in turn."""
+def reachable(sources: list[str], root: Path = ROOT) -> list[Path]:
+    """The files of specref and of this package under `root` that `sources` (code cells) import, directly or in
+    turn."""
     todo = [(name, None) for src in sources for name in _imports(src, "__main__", False)]
     seen: dict[Path, None] = {}
     while todo:
         name, _ = todo.pop()
         parts = name.split(".")
         for n in range(1, len(parts) + 1):  # importing a.b.c runs a/__init__ and a/b/__init__ too
-            path = _module_file(".".join(parts[:n]))
+            path = _module_file(".".join(parts[:n]), root)
             if path is None or path in seen:
                 continue
             seen[path] = None
@@ -78,17 +79,20 @@ def _code_cells(solution: Path) -> list[str]:
             for c in cells if isinstance(c, dict) and c.get("cell_type") == "code"]
 
 
-def grader_files(solution: Path | None = None) -> list[Path]:
+def grader_files(solution: Path | None = None, root: Path = ROOT) -> list[Path]:
     """Every file the key hashes: this package, and the specref modules `solution`'s cells can reach."""
-    files = set(PACKAGE.rglob("*.py"))
+    files = set((root / PACKAGE.name).rglob("*.py"))
     if solution is not None:
-        files.update(reachable(_code_cells(Path(solution))))
+        files.update(reachable(_code_cells(Path(solution)), root))
     return sorted(f for f in files if "__pycache__" not in f.parts)
 
 
-def grader_version(solution: Path | None = None) -> str:
-    """A hash of the grader's code for grading against `solution`: a run graded by another grader is regraded."""
+def grader_version(solution: Path | None = None, root: Path = ROOT) -> str:
+    """A hash of the grader's code for grading against `solution`: a run graded by another grader is regraded.
+
+    `root` is the folder that holds specref/ and specref_grading/ (this checkout's, unless a test names another).
+    """
     h = hashlib.sha256()
-    for f in grader_files(solution):
-        h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
+    for f in grader_files(solution, root):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()[:16]

@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specref_grading import jail as grade_jail
-from specref_grading.processes import MARKER_ENV, _child_setup, _environment, _free_uid, _kill_all, can_jail, jail_problem
+from specref_grading import kernel_tree
+from specref_grading.processes import (MARKER_ENV, _child_setup, _environment, _free_uid, _kill_all, can_jail,
+                                       trusted_setup)
 
 CALL_TIMEOUT_S = 60  # one call of the checks into the submission's code (the cell's own limit still applies)
 WALL_TEST_FACTOR = 3  # a test cell across the wall may take this many cell limits (thousands of calls: ex04)
@@ -56,9 +58,6 @@ def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb
     grading user, and only the wall holds.
     """
     jailed = can_jail()
-    problem = jailed and jail_problem(grade_jail.read_only_paths())
-    if problem:  # every kernel would die at start, unexplained
-        return KernelRun(setup_error=problem)
     marker = secrets.token_hex(8)
     me = os.getpid()  # the children's parent, for die_with_parent
     base = Path(tempfile.mkdtemp(prefix="specref-grade-"))
@@ -79,9 +78,15 @@ def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb
         env["MPLCONFIGDIR"] = env["HOME"]
         source = grade_jail.kernel_source()
         if jailed:
+            try:  # the exercise's specref: a copy without its answer key, bound where the package lies
+                tree = kernel_tree.build(kernel_tree.forbidden_for(
+                    [c["source"] for c in cells if c.get("role") in ("checks", "setup")]))
+            except (OSError, RuntimeError, SyntaxError, ValueError) as e:
+                return KernelRun(setup_error=f"could not build the grading kernel's specref: {e}")
             config = {"root": str(base / "root"), "uid": uid, "memory_mb": memory_mb,
-                      "read_only": grade_jail.read_only_paths(), "rfd": t2j_r, "wfd": j2t_w,
-                      "python": sys.executable, "source": source, "env": env, "cgroup": f"run-{marker}"}
+                      "read_only": grade_jail.read_only_paths(with_specref=False), "rfd": t2j_r, "wfd": j2t_w,
+                      "python": sys.executable, "source": source, "env": env, "cgroup": f"run-{marker}",
+                      "specref": [str(tree), str(kernel_tree.specref_dir())]}
             cmd = grade_jail.command(config)
             pre = lambda: _child_setup(None, me)  # noqa: E731  # the jail sets its own limits
         else:
@@ -96,7 +101,7 @@ def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb
             procs.append(subprocess.Popen([sys.executable, "-I", "-m", "specref_grading.trusted"], stdin=subprocess.PIPE, stdout=tlog,
                                           stderr=subprocess.STDOUT, cwd=base, env=tenv,
                                           pass_fds=(t2j_w, j2t_r, ev_w), start_new_session=True,
-                                          preexec_fn=lambda: _child_setup(memory_mb, me)))
+                                          preexec_fn=lambda: trusted_setup(me, f"run-{marker}-trusted")))
         except OSError as e:
             return KernelRun(setup_error=f"could not start the grading kernel: {e}")
         for fd in (t2j_r, t2j_w, j2t_r, j2t_w, ev_w):
@@ -111,6 +116,7 @@ def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb
                 _kill_all(proc, uid if proc is procs[0] else None, marker)
             if jailed:
                 grade_jail.remove_cgroups(f"run-{marker}")
+            grade_jail.remove_cgroups(f"run-{marker}-trusted")
     finally:
         for fd in fds:
             try:
@@ -241,7 +247,9 @@ def _collect(proc, plan: bytes, r: int, cells: list[dict], cell_timeout: float, 
     tail = log.read_bytes()[-1500:].decode("utf-8", "replace").strip() if log.is_file() else ""
     run.stopped_at = cell
     what = _cell_words(cell) if cell else "its start-up or between cells"
-    run.stop = RunOutcome("died", f"the kernel died while running {what} ({how}) before reporting a result"
+    limits = ("; the checks' process (trusted.py) was killed: over its CPU time or memory limit (a loop over the "
+              "submission's values, or a value from it too large to check)") if code in (-9, -24) else ""
+    run.stop = RunOutcome("died", f"the kernel died while running {what} ({how}) before reporting a result" + limits
                           + (f"; its last output:\n{tail}" if tail else ""), answer_errors=list(errors))
     return run
 

@@ -1,7 +1,7 @@
 """exercises/ is generated from solutions/, and the graders cannot pass on an unsolved stub.
 
-The first half specifies tools/upkeep/make_exercises.py on throwaway notebooks; the second
-runs the real pipeline (tools/grading/grade.py's sandboxed kernels) on a toy exercise, including a
+The first half specifies specref_grading/exercises.py on throwaway notebooks; the second
+runs the real pipeline (specref_grading's jailed kernels) on a toy exercise, including a
 leaky one that the self-check must flag; the last tests hold the committed
 exercises/ to the solutions/ they come from.
 """
@@ -18,13 +18,11 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools" / "grading"))
-sys.path.insert(0, str(REPO / "tools" / "upkeep"))
-
-import grade  # noqa: E402
-import grading_selfcheck  # noqa: E402
-import make_exercises  # noqa: E402
-from make_exercises import MarkerError, make_exercise, notebooks_in, to_bytes  # noqa: E402
+from specref_grading import exercises as make_exercises
+from specref_grading import grade
+from specref_grading import plan as grade_plan
+from specref_grading import selfcheck as grading_selfcheck
+from specref_grading.exercises import MarkerError, make_exercise, notebooks_in, to_bytes
 
 SOLUTIONS = notebooks_in(REPO / "solutions")
 
@@ -216,7 +214,7 @@ def test_grading_runs_the_solutions_test_cells_and_only_the_learners_answers():
     submission = make_exercise(sol, "ex_toy.ipynb")
     cell(submission, "test_double").source = "pass  # the learner emptied the test"
     cell(submission, "double").source = "def double(x):\n    return x + x"
-    plan = grade.build_plan(grading_selfcheck._plain(sol), grading_selfcheck._plain(submission))
+    plan = grade_plan.build_plan(grading_selfcheck._plain(sol), grading_selfcheck._plain(submission))
     by_id = {c["grade_id"]: c for c in plan.cells if c["grade_id"]}
     assert by_id["test_double"]["source"] == cell(sol, "test_double").source  # hidden tests included
     assert by_id["double"]["source"] == "def double(x):\n    return x + x"  # answers stay the learner's
@@ -230,7 +228,7 @@ def test_grading_follows_the_solutions_order_whatever_the_learner_did_to_the_cel
     submission = make_exercise(sol, "ex_toy.ipynb")
     submission.cells = [c for c in submission.cells if c.metadata.get("nbgrader", {}).get("grade_id") != "test_double"]
     submission.cells.reverse()
-    plan = grade.build_plan(grading_selfcheck._plain(sol), grading_selfcheck._plain(submission))
+    plan = grade_plan.build_plan(grading_selfcheck._plain(sol), grading_selfcheck._plain(submission))
     code_ids = [i for i, c in enumerate(sol.cells) if c.cell_type == "code"]
     assert [c["n"] for c in plan.cells] == code_ids
 
@@ -248,7 +246,7 @@ def test_grader_scores_each_graded_cell_by_its_own_result():
         new_code_cell("assert y == 3, 'y is not 3'", metadata=nbgrader("fails", 2, False)),
     ]
     plain = grading_selfcheck._plain(nb)
-    results = {r.grade_id: r for r in grade.grade_plan(grade.build_plan(plain, plain))}
+    results = {r.grade_id: r for r in grade.grade_plan(grade_plan.build_plan(plain, plain))}
     assert {k: r.outcome for k, r in results.items()} == {"passes": "passed", "fails": "failed"}
     assert results["fails"].message.startswith("y is not 3\n")  # then what failed before it, in plain words
     assert "cell 4 raised RuntimeError" in results["fails"].message
@@ -369,5 +367,5 @@ def test_every_name_an_exercise_reads_is_defined_by_then_without_the_solutions(s
     assert unbound_reads(make_exercise(sol, solution.name), sol) == []
 
 
-# Grades in kernels whose environment tools/grading/grade.py sets itself: tools/upkeep/portable.py leaves these out.
+# Grades in kernels whose environment specref_grading sets itself: tools/upkeep/portable.py leaves these out.
 pytestmark = pytest.mark.grader

@@ -94,3 +94,32 @@ def test_second_setup_has_nothing_to_do(clone):
     dest, env = clone
     proc = subprocess.run(["make", "-q", "venv"], cwd=dest, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, "make venv would run again: the stamp does not make set-up idempotent"
+
+
+def test_the_clone_grades_wherever_it_lies(clone, tmp_path):
+    # The clone lies under pytest's temporary folder (/tmp on Linux), where learners and CI systems clone too:
+    # the jail binds the clone's venv and its specref copy inside the kernel's own empty /tmp.
+    dest, env = clone
+    assert str(dest.resolve()).startswith(tempfile_root()), dest
+    solution = "solutions/ex02_accept_reject.ipynb"
+    proc = run(["make", "grade", f"NB={solution}", f"SOLUTION={solution}", "SEED=3"], dest, env, timeout=600)
+    status = proc.stdout.rstrip().splitlines()[-1]
+    assert "hidden seed 3" in proc.stdout, proc.stdout
+    assert status == "status: full marks" or status.startswith("status: autograded checks passed, "), proc.stdout
+    assert "could not be graded" not in proc.stdout, proc.stdout
+    if os.geteuid() == 0:  # as root the kernel is jailed; without root the report says what it cannot promise
+        assert "not in a jail" not in proc.stdout, proc.stdout
+    folder = tmp_path / "class"
+    folder.mkdir()
+    shutil.copy(dest / "exercises" / "ex02_accept_reject.ipynb", folder / "stub.ipynb")
+    graded = subprocess.run(["make", "grade-all", f"DIR={folder}"], cwd=dest, env=env, capture_output=True,
+                            text=True, timeout=900)
+    assert graded.returncode == 1, graded.stdout[-4000:] + graded.stderr[-4000:]  # the unsolved stub fails its checks
+    book = (folder / "gradebook.csv").read_text()
+    assert "stub.ipynb" in book and "some checks failed" in book, book
+
+
+def tempfile_root() -> str:
+    import tempfile
+
+    return os.path.realpath(tempfile.gettempdir())

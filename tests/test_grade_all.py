@@ -1,4 +1,4 @@
-"""tools/grading/grade_all.py: a class graded in parallel, resumed, with feedback files and hand-grading sheets.
+"""specref_grading.classrun: a class graded in parallel, resumed, with feedback files and hand-grading sheets.
 
 Two toy exercises built here (pure Python, no torch: a kernel starts in a fraction of a second), each
 with an autograded task whose hidden test draws its cases from HIDDEN_SEED, and a hand-graded answer.
@@ -19,12 +19,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools" / "grading"))
-sys.path.insert(0, str(ROOT / "tools" / "upkeep"))
-
-import grade  # noqa: E402
-import grade_all as GA  # noqa: E402
-from make_exercises import make_exercise as _make_exercise  # noqa: E402
+from specref_grading import classrun as GA
+from specref_grading import processes
+from specref_grading import report as grade
+from specref_grading.exercises import make_exercise as _make_exercise
 
 SETUP = '''import math, random
 HIDDEN_SEED = 1
@@ -199,24 +197,34 @@ def test_a_symbolic_link_is_never_graded(course, tmp_path):
 
 def test_resume_regrades_only_what_changed(course, tmp_path):
     sol, sub = course
+    seeds = lambda: {rel: e.get("seed") for rel, e in  # noqa: E731
+                     json.loads((tmp_path / "book.state.json").read_text())["entries"].items()}
     first = _run(course, tmp_path)
-    assert (first["graded"], first["reused"]) == (6, 0)
+    assert (first["graded"], first["reused"], first["seed"]) == (6, 0, None)  # no one seed: one per submission
+    before = seeds()
     again = _run(course, tmp_path)
-    assert (again["graded"], again["reused"], again["seed"]) == (0, 6, first["seed"])  # the run's seed, reused
+    assert (again["graded"], again["reused"]) == (0, 6) and seeds() == before  # unchanged: grade and seed kept
     assert (tmp_path / "book.csv").read_text().count("\n") == 7
     stub = sub / "bob" / "ex90_double.ipynb"
     stub.write_text(json.dumps(solved(double_solution(), "ex90_double.ipynb")))  # bob hands in again, solved
     third = _run(course, tmp_path)
     assert (third["graded"], third["reused"]) == (1, 5)
     assert _rows(tmp_path / "book.csv")["bob/ex90_double.ipynb"]["total"] == "2"
+    # a changed notebook is regraded with a fresh seed: what its last failing hidden case printed is no use now
+    after = seeds()
+    assert after["bob/ex90_double.ipynb"] != before["bob/ex90_double.ipynb"]
+    assert third["seeds"] == {"bob/ex90_double.ipynb": after["bob/ex90_double.ipynb"]}
+    assert {k: v for k, v in after.items() if not k.startswith("bob/ex90")} == {
+        k: v for k, v in before.items() if not k.startswith("bob/ex90")}
     changed = pair_solution()  # a new version of ex91's solution: its submissions are regraded, ex90's are not
     changed["cells"][2]["metadata"]["nbgrader"]["points"] = 3
     (sol / "ex91_pair.ipynb").write_text(json.dumps(changed))
     fourth = _run(course, tmp_path)
     assert (fourth["graded"], fourth["reused"]) == (2, 4)  # alice's and bob's ex91 (carol's is an ex90)
     assert _rows(tmp_path / "book.csv")["alice/ex91_pair.ipynb"]["possible"] == "3"
-    other_seed = _run(course, tmp_path, seed=first["seed"] % 1000 + 1)
-    assert other_seed["graded"] == 6 and other_seed["seed"] != first["seed"]
+    fixed = _run(course, tmp_path, seed=5)  # --seed N: everything graded with another seed is regraded with N
+    assert (fixed["graded"], fixed["seed"]) == (6, 5) and set(seeds().values()) == {5}
+    assert _run(course, tmp_path, seed=5)["graded"] == 0
 
 
 def test_each_run_draws_a_fresh_hidden_seed_and_records_it(course, tmp_path):
@@ -226,12 +234,16 @@ def test_each_run_draws_a_fresh_hidden_seed_and_records_it(course, tmp_path):
         with_answer(solved(double_solution(), "ex90_double.ipynb"), "double_answer", MEMORISED)))
     one = _run(course, tmp_path / "one")
     two = _run(course, tmp_path / "two")
-    assert one["seed"] != two["seed"] and all(1 <= s < 2**63 for s in (one["seed"], two["seed"]))
+    drawn = [s for run in (one, two) for s in run["seeds"].values()]
+    assert len(drawn) == 14 and len(set(drawn)) == 14 and all(2**32 <= s < 2**63 for s in drawn)  # one each
     for run, out in ((one, tmp_path / "one"), (two, tmp_path / "two")):
         rows = _rows(out / "book.csv")
-        assert {r["hidden_seed"] for f, r in rows.items() if not f.startswith("dave")} == {str(run["seed"])}
-        assert json.loads((out / "book.state.json").read_text())["seed"] == run["seed"]
-        # the seed reached the hidden tests: cases learned by heart for the solutions' seed fail at the run's
+        entries = json.loads((out / "book.state.json").read_text())["entries"]
+        assert {f: entries[f]["seed"] for f in entries} == run["seeds"]
+        # the gradebook's seed column shows each row's own seed
+        assert {f: r["hidden_seed"] for f, r in rows.items() if not f.startswith("dave")} == {
+            f: str(s) for f, s in run["seeds"].items() if not f.startswith("dave")}
+        # the seed reached the hidden tests: cases learned by heart for the solutions' seed fail at a fresh one
         assert rows["erin/ex90_double.ipynb"]["double_check"] == "0"
         assert rows["alice/ex90_double.ipynb"]["double_check"] == "2"
     fixed = _run(course, tmp_path / "fixed", seed="1")  # the instructor fixes one: the solutions' seed
@@ -255,7 +267,10 @@ def test_one_feedback_file_per_submission_says_what_failed_and_why(course, tmp_p
     report = state["entries"]["bob/ex90_double.ipynb"]["report"]
     assert "| double_check | 0 / 2 | failed |" in stub and "| double_why (by hand) | ? / 1 | awaits hand grading |" in stub
     assert report["tests"][0]["message"] in stub and "NotImplementedError" in stub  # the report's own words
-    assert "full marks" not in stub and str(run["seed"]) not in stub  # the hidden seed stays with the instructor
+    assert "full marks" not in stub
+    for rel, entry in state["entries"].items():  # the hidden seed stays with the instructor
+        text = (fb / Path(rel).with_suffix(".md")).read_text()
+        assert entry["seed"] == run["seeds"][rel] and str(entry["seed"]) not in text and "seed" not in text.lower()
     honest = (fb / "alice" / "ex90_double.md").read_text()
     assert "| double_check | 2 / 2 | passed |" in honest and "1 point awaits hand grading" in honest
     assert "## " not in honest.split("| double_why")[1]  # nothing failed: no section
@@ -342,8 +357,8 @@ def test_the_console_line_names_the_exercise_it_graded(course, tmp_path):
     assert carol.startswith("ex90_double ") and "carol/ex91_pair.ipynb" in carol and "2/2" in carol
     assert next(ln for ln in lines if "alice/ex91_pair.ipynb" in ln).startswith("ex91_pair ")
     assert not any("file name says" in ln for ln in lines if "carol" not in ln)
-    # grade.py --all hands the folder to grade_all, and so does make grade-all
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "grading" / "grade.py"), "--all", str(sub), "--csv",
+    # the command line make grade-all runs
+    done = subprocess.run([sys.executable, "-I", "-m", "specref_grading.classrun", "grade", str(sub), "--csv",
                            str(tmp_path / "cli.csv"), "--solutions-dir", str(sol), "--seed", "3"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == grade.EXIT_UNGRADABLE, done.stdout + done.stderr
@@ -425,16 +440,16 @@ def test_a_stopped_run_leaves_no_kernel_behind(course, tmp_path, jobs):
     for name in ("ann", "ben"):
         (sub / name).mkdir(parents=True)
         (sub / name / "ex90_double.ipynb").write_text(json.dumps(sleeper))
-    temp = tmp_path / "temp"  # where grade.py makes each run's folder: its processes are found by this path
+    temp = tmp_path / "temp"  # where the grader makes each run's folder: its processes are found by this path
     temp.mkdir()
-    run = subprocess.Popen([sys.executable, str(ROOT / "tools" / "grading" / "grade_all.py"), "grade", str(sub), "--jobs", str(jobs),
+    run = subprocess.Popen([sys.executable, "-I", "-m", "specref_grading.classrun", "grade", str(sub), "--jobs", str(jobs),
                             "--solutions-dir", str(sol), "--cell-timeout", "600", "--timeout", "600"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(temp)})
     left = lambda: _processes_under(temp)  # noqa: E731
     try:
         # a kernel and a trusted process for each submission being graded
         assert _wait_for(lambda: len(left()) >= 2 * jobs, 120), "no grading started"
-        if grade.can_jail():  # and the jails are past their change of uid: the learner's code runs
+        if processes.can_jail():  # and the jails are past their change of uid: the learner's code runs
             assert _wait_for(lambda: sum(_uid(p) not in (0, None) for p in left()) >= jobs, 120), "no jail started"
         run.send_signal(signal.SIGTERM)
         run.wait(timeout=30)
@@ -448,5 +463,5 @@ def test_a_stopped_run_leaves_no_kernel_behind(course, tmp_path, jobs):
                 pass
 
 
-# Grades in kernels whose environment tools/grading/grade.py sets itself: tools/upkeep/portable.py leaves these out.
+# Grades in kernels whose environment specref_grading sets itself: tools/upkeep/portable.py leaves these out.
 pytestmark = pytest.mark.grader

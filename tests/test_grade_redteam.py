@@ -1,4 +1,4 @@
-"""tools/grading/grade.py against a cheating learner, second round: every attack here got marks or broke the grader.
+"""The grader (specref_grading) against a cheating learner, second round: every attack here got marks or broke the grader.
 
 Most tests grade the toy exercise of tests/test_grade_security.py (pure Python: a kernel starts in a
 fraction of a second) with the same rule: the attacked task scores 0, or the submission is flagged
@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from test_grade_security import (  # noqa: F401  (toy: the fixture, used by name)
-    GRADE_PY,
+    CLASSRUN_CMD,
+    GRADE_CMD,
     answer,
     assert_no_marks_silently,
     attacked,
@@ -46,7 +47,7 @@ def grade_exercise(nb: dict, tmp_path: Path, *args: str, timeout: float = 300) -
     """Grade a submission of one of the course's exercises (its solution found by the exercise id)."""
     path = tmp_path / "learner.ipynb"
     path.write_text(json.dumps(nb), encoding="utf-8")
-    proc = subprocess.run([sys.executable, str(GRADE_PY), str(path), "--solutions-dir", str(REPO / "solutions"),
+    proc = subprocess.run([*GRADE_CMD, str(path), "--solutions-dir", str(REPO / "solutions"),
                            "--json", *args], capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
     try:
         report = json.loads(proc.stdout)
@@ -213,8 +214,6 @@ def test_clearing_the_setups_cases_in_place_is_flagged_and_undone(toy_cases, att
     nb = attacked(toy_cases[2], attack + "\ndouble = lambda x: 0")
     code, report, out = grade(nb, toy_cases)
     assert_no_marks_silently(code, report)
-    if os.environ.get("SPECREF_GRADE_WALL", "1") == "0":  # the old kernel: caught, flagged and put back
-        assert code == 3 and "CASES" in " ".join(report["flags"]), out
     assert "double(1) returned 0" in out  # the check ran on the cases the setup made (across the wall: its own)
 
 
@@ -237,7 +236,7 @@ def test_a_notebook_the_parser_cannot_read_is_ungradable_and_the_batch_goes_on(t
     (sub_dir / "honest.ipynb").write_text(json.dumps(solved(toy)), encoding="utf-8")
     (sub_dir / "bomb.ipynb").write_text(bomb(exercise_nb), encoding="utf-8")
     book = tmp_path / "book.csv"
-    proc = subprocess.run([sys.executable, str(GRADE_PY), "--all", str(sub_dir), "--csv", str(book), "--solutions-dir",
+    proc = subprocess.run([*CLASSRUN_CMD, str(sub_dir), "--csv", str(book), "--solutions-dir",
                            str(sol_dir)], capture_output=True, text=True, timeout=300)
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     rows = {r["file"]: r for r in csv.DictReader(book.open(encoding="utf-8"))}
@@ -266,7 +265,7 @@ def test_escape_sequences_in_the_learners_text_cannot_redraw_the_report(toy):
     answer(nb, "why")["source"] = "Because." + fake
     path = toy[1] / "alice.ipynb"
     path.write_text(json.dumps(nb), encoding="utf-8")
-    proc = subprocess.run([sys.executable, str(GRADE_PY), str(path), "--solutions-dir", str(toy[0])],
+    proc = subprocess.run([*GRADE_CMD, str(path), "--solutions-dir", str(toy[0])],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "\x1b" not in proc.stdout and "\u202e" not in proc.stdout, proc.stdout
@@ -276,8 +275,7 @@ def test_escape_sequences_in_the_learners_text_cannot_redraw_the_report(toy):
 def test_an_endless_line_on_the_result_channel_cannot_grow_the_graders_memory():
     """The channel keeps at most max_bytes of an unfinished line; a longer one is dropped, counted once, and skipped
     to its end, and the events around it still arrive."""
-    sys.path.insert(0, str(REPO / "tools" / "grading"))
-    import grade
+    from specref_grading import wall as grade
 
     lines, rest, skipping, over = grade._split_events(b"", b'{"a"}\n{"b', False, max_bytes=8)
     assert (lines, rest, skipping, over) == ([b'{"a"}'], b'{"b', False, 0)
@@ -297,12 +295,11 @@ def test_an_endless_line_on_the_result_channel_cannot_grow_the_graders_memory():
 ], ids=["forward-hook", "from-import-pre-hook", "backward-hook"])
 def test_hooks_on_every_module_at_once_are_flagged_before_they_run(source):
     """A global module hook would rewrite every model's outputs, the reference's included: the scan names it."""
-    sys.path.insert(0, str(REPO / "tools" / "grading"))
-    import grade_scan
+    from specref_grading import scan as grade_scan
 
     found = grade_scan.scan(source)
     assert any(f.kind == "interference" and "register_module_" in f.text for f in found), found
 
 
-# Grades in kernels whose environment tools/grading/grade.py sets itself: tools/upkeep/portable.py leaves these out.
+# Grades in kernels whose environment specref_grading sets itself: tools/upkeep/portable.py leaves these out.
 pytestmark = pytest.mark.grader

@@ -1,11 +1,11 @@
-"""tools/grading/grade.py against a learner who wants marks without solving (issue 11).
+"""The grader (specref_grading) against a learner who wants marks without solving (issue 11).
 
 Every test grades a small toy exercise built here (pure Python, no torch: each kernel
 starts in a fraction of a second). Each class of attack is tried on the UNSOLVED stub:
 the grade must be 0 for the attacked task, or the task must be flagged "needs review"
 (exit 3, points withheld). The honest solution must still get full marks.
 
-The grader runs as a CLI (``python tools/grading/grade.py ... --json``), as an instructor runs it.
+The grader runs as a CLI (``python -m specref_grading.grade ... --json``), as an instructor runs it.
 GRADE_PY=path/to/another/grade.py runs the same tests against another grader (e.g. the one
 of commit 108d398, which fails them).
 """
@@ -25,11 +25,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-GRADE_PY = Path(os.environ.get("GRADE_PY", REPO / "tools" / "grading" / "grade.py"))
-sys.path.insert(0, str(REPO / "tools" / "grading"))
-sys.path.insert(0, str(REPO / "tools" / "upkeep"))
+# The grader's command line; GRADE_PY=path/to/grade.py runs the same tests against another grader.
+# -I: isolated, so a folder or file in the working directory (the submissions') is never imported as the grader.
+GRADE_CMD = [sys.executable, os.environ["GRADE_PY"]] if os.environ.get("GRADE_PY") else [
+    sys.executable, "-I", "-m", "specref_grading.grade"]
+CLASSRUN_CMD = [sys.executable, "-I", "-m", "specref_grading.classrun", "grade"]
 
-from make_exercises import make_exercise as _make_exercise  # noqa: E402
+from specref_grading.exercises import make_exercise as _make_exercise  # noqa: E402
 
 AS_ROOT = os.geteuid() == 0
 SETUP = '''import math
@@ -108,7 +110,7 @@ def grade(nb: dict | str, toy, name: str = "alice.ipynb", *args: str, timeout: f
     sol_dir, sub_dir, _ = toy
     path = sub_dir / name
     path.write_text(nb if isinstance(nb, str) else json.dumps(nb), encoding="utf-8")
-    proc = subprocess.run([sys.executable, str(GRADE_PY), str(path), "--solutions-dir", str(sol_dir), "--json", *args],
+    proc = subprocess.run([*GRADE_CMD, str(path), "--solutions-dir", str(sol_dir), "--json", *args],
                           capture_output=True, text=True, timeout=timeout, cwd=sub_dir)
     try:
         report = json.loads(proc.stdout)
@@ -386,10 +388,8 @@ def test_a_function_that_changes_its_inputs_is_flagged(toy):
     attack = "def pair(xs):\n    if xs == [3, 1]:\n        return [1, 3]\n    xs.clear()\n    return []"
     code, report, out = grade(attacked(toy[2], attack, "pair_answer"), toy)
     assert_no_marks_silently(code, report, "pair_check")
-    if os.environ.get("SPECREF_GRADE_WALL", "1") == "0":  # the old kernel: the check's own list was emptied
-        assert code == 3 and "changed an object that the check passed in" in out, out
-    else:  # across the wall the function gets a copy: the check's list stays [5, 4], and [] is wrong
-        assert "pair([5, 4]) should be [4, 5]" in out, out
+    # across the wall the function gets a copy: the check's list stays [5, 4], and [] is wrong
+    assert "pair([5, 4]) should be [4, 5]" in out, out
 
 
 # -- 4. the reference implementation as the answer ------------------------------------------------
@@ -439,7 +439,7 @@ def test_reference_use_is_charged_however_the_answer_binds_its_name(toy, source)
     ("x += 1\nw: int = 2\ndel v", {"x", "w", "v"}),
 ])
 def test_names_bound_sees_every_binding_of_the_cells_scope(source, names):
-    from grade_scan import names_bound
+    from specref_grading.scan import names_bound
     assert names_bound(source) == names
 
 
@@ -447,11 +447,11 @@ def test_names_bound_sees_every_binding_of_the_cells_scope(source, names):
                                     'import sys\nsys.modules["__main__"].double = abs', 'vars().update(double=abs)'])
 def test_a_cell_that_binds_names_unseen_is_charged_to_every_later_test(toy, source):
     """What no reading settles may bind double(): the cell's reference use reaches every later test."""
-    import grade as grader
-    from grade_scan import binds_unknown
+    from specref_grading import plan as grade_plan
+    from specref_grading.scan import binds_unknown
     nb = solved(toy)
     answer(nb, "double_answer")["source"] = "if None:\n    import specref\n" + source
-    plan = grader.build_plan(toy_solution(), nb, "ex_toy.ipynb")
+    plan = grade_plan.build_plan(toy_solution(), nb, "ex_toy.ipynb")
     assert binds_unknown(source) and not binds_unknown("double = lambda x: 2 * x\nmodel.eval()")
     assert all(2 in t.depends for t in plan.tests) and plan.reference[2], plan
 
@@ -472,11 +472,13 @@ def _given_cells_solution() -> dict:
     ("check_fit(double)", True),  # imported by the setup for the tests, never called by the exercise's cells
 ])
 def test_an_answer_may_use_what_the_exercises_cells_before_it_use(extra, flagged):
-    import grade as grader
+    from specref_grading import grade as grader
+    from specref_grading import plan as grade_plan
+    from specref_grading import report as grade_report
     sol = _given_cells_solution()
     nb = copy.deepcopy(sol)
     answer(nb, "double_answer")["source"] = "def double(x):\n    return 2 * x\n\n" + extra
-    plan = grader.build_plan(sol, nb, "ex_toy.ipynb")
+    plan = grade_plan.build_plan(sol, nb, "ex_toy.ipynb")
     assert bool(plan.reference) == flagged and not plan.flags, plan.reference
 
 
@@ -484,7 +486,9 @@ def test_an_answer_may_use_what_the_exercises_cells_before_it_use(extra, flagged
 @pytest.mark.skipif(not AS_ROOT, reason="the jail needs root")
 def test_the_honest_ex07_answer_with_the_setups_own_call_gets_full_marks(tmp_path):
     """The solution plus print(fit_pass_time(server_rows())), a call ex07's setup makes: once 3/9, needs review."""
-    import grade as grader
+    from specref_grading import grade as grader
+    from specref_grading import plan as grade_plan
+    from specref_grading import report as grade_report
     sol = REPO / "solutions" / "ex07_load_aware_k.ipynb"
     nb = json.loads(sol.read_text())
     cell = answer(nb, "ex07_fit_answer")
@@ -493,7 +497,7 @@ def test_the_honest_ex07_answer_with_the_setups_own_call_gets_full_marks(tmp_pat
     path = tmp_path / "honest.ipynb"
     path.write_text(json.dumps(nb))
     report = grader.grade(path, sol)
-    assert report.exit_code == grader.EXIT_FULL and report.total == report.possible, report.text()
+    assert report.exit_code == grade_report.EXIT_FULL and report.total == report.possible, report.text()
 
 
 # -- 5. honest failures explain themselves --------------------------------------------------------
@@ -573,7 +577,7 @@ def test_grade_all_writes_a_gradebook_of_isolated_runs(toy, tmp_path):
                                                                          "double = lambda x: 0")))
     (sub_dir / "broken.ipynb").write_text("{")
     out_csv = tmp_path / "book.csv"
-    proc = subprocess.run([sys.executable, str(GRADE_PY), "--all", str(sub_dir), "--csv", str(out_csv),
+    proc = subprocess.run([*CLASSRUN_CMD, str(sub_dir), "--csv", str(out_csv),
                            "--solutions-dir", str(sol_dir)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stdout + proc.stderr  # one notebook could not be graded
     rows = {r["file"]: r for r in csv.DictReader(out_csv.open())}
@@ -611,5 +615,5 @@ def double(x):
     assert "f_back" in flags and "imports os" in flags
 
 
-# Grades in kernels whose environment tools/grading/grade.py sets itself: tools/upkeep/portable.py leaves these out.
+# Grades in kernels whose environment specref_grading sets itself: tools/upkeep/portable.py leaves these out.
 pytestmark = pytest.mark.grader

@@ -1,8 +1,12 @@
-"""tools/grading/grade.py --seed: the hidden tests' cases follow a seed the grader chooses, not the one in the solutions.
+"""specref_grading --seed: the hidden tests' cases follow a seed the grader chooses, not the one in the solutions.
 
 A learner who has read solutions/ knows HIDDEN_SEED = 1 and could learn the hidden cases by heart.
 With another seed those answers fail, while a correct answer still gets full marks; and no answer
 can rebind the seed, because the grader binds it inside the test cell itself.
+
+A failing hidden case prints its inputs (by design), so a seed used twice for one learner leaks its cases:
+one grading (``python -m specref_grading.grade``, ``make grade``) draws a fresh seed each time unless
+``--seed N`` asks for one, and a class run draws one per submission graded (tests/test_grade_all.py).
 """
 
 from __future__ import annotations
@@ -20,11 +24,9 @@ import pytest
 from specref_grading.checks import batch as G
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools" / "grading"))
-sys.path.insert(0, str(ROOT / "tools" / "upkeep"))
-
-import grade  # noqa: E402
-from make_exercises import BEGIN_HIDDEN, END_HIDDEN  # noqa: E402
+from specref_grading import grade
+from specref_grading import plan as grade_plan
+from specref_grading.exercises import BEGIN_HIDDEN, END_HIDDEN
 
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 HIDDEN = re.compile(re.escape(BEGIN_HIDDEN) + "(.*?)" + re.escape(END_HIDDEN), re.S)
@@ -41,32 +43,68 @@ def _src(cell: dict) -> str:
 @pytest.mark.parametrize("value, want", [("7", 7), (7, 7), ("1", 1), (" 12 ", 12), (2**31 - 1, 2**31 - 1),
                                          (2**63 - 1, 2**63 - 1)])
 def test_hidden_seed_reads_an_integer_of_at_least_one(value, want):
-    assert grade.hidden_seed(value) == want
+    assert grade_plan.hidden_seed(value) == want
 
 
 @pytest.mark.parametrize("value", ["0", 0, "-3", "x", "1.5", 2**63, True, None])
 def test_hidden_seed_refuses_anything_else_and_says_what_is_allowed(value):
-    with pytest.raises(grade.GradeError, match="--seed must be"):
-        grade.hidden_seed(value)
+    with pytest.raises(grade_plan.GradeError, match="--seed must be"):
+        grade_plan.hidden_seed(value)
 
 
 def test_a_random_seed_is_a_valid_seed_and_differs_between_draws():
-    seeds = {grade.hidden_seed("random") for _ in range(4)}
+    seeds = {grade_plan.hidden_seed("random") for _ in range(4)}
     assert all(1 <= s < 2**63 for s in seeds) and len(seeds) > 1
 
 
 def test_a_random_seed_has_63_bits_too_many_to_try_offline():
     # A seed below 2**32 is brute-forced from what a check shows; 63 bits fall below 2**32 with odds 2**-31 per draw.
-    seeds = [grade.hidden_seed("random") for _ in range(64)]
+    seeds = [grade_plan.hidden_seed("random") for _ in range(64)]
     assert all(2**32 <= s < 2**63 for s in seeds)
     assert max(seeds) >= 2**60  # drawn from the whole range, not a narrower one
 
 
+def _seeds_main_grades_with(monkeypatch, tmp_path, *args: str, times: int = 3) -> list[int]:
+    """The seed `python -m specref_grading.grade NB *args` hands to grade(), `times` runs (grade() stubbed)."""
+    path = tmp_path / "learner.ipynb"
+    path.write_text("{}")
+    seen: list[int] = []
+
+    def fake_grade(notebook, solution, solutions_dir, cell_timeout, run_timeout, seed, memory_mb):
+        seen.append(seed)
+        return grade.Report(str(notebook), exercise="ex_toy", seed=seed)
+
+    monkeypatch.setattr(grade, "grade", fake_grade)
+    for _ in range(times):
+        assert grade.main([str(path), *args]) == 0
+    return seen
+
+
+def test_one_grading_draws_a_fresh_seed_each_time_unless_one_is_asked_for(monkeypatch, tmp_path, capsys):
+    seeds = _seeds_main_grades_with(monkeypatch, tmp_path)
+    assert len(set(seeds)) == 3 and all(2**32 <= s < 2**63 for s in seeds), seeds  # never the solutions' 1
+    assert f"hidden seed {seeds[-1]}" in capsys.readouterr().out  # the report names it, so it can be reproduced
+    assert _seeds_main_grades_with(monkeypatch, tmp_path, "--seed", "7", times=2) == [7, 7]
+    assert _seeds_main_grades_with(monkeypatch, tmp_path, "--seed", "random", times=2)[0] != 1
+
+
+def test_make_grade_passes_no_seed_unless_asked():
+    """make grade used to default to seed 1, the solutions' own: now it leaves the default (random) to the grader."""
+    import shutil
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    dry = lambda *a: subprocess.run(["make", "-n", "-s", "grade", *a], capture_output=True, text=True,  # noqa: E731
+                                    cwd=ROOT, timeout=60).stdout
+    line = next(ln for ln in dry("NB=x.ipynb").splitlines() if "specref_grading.grade" in ln)
+    assert "--seed" not in line, line
+    assert "--seed '5'" in dry("NB=x.ipynb", "SEED=5") or "--seed 5" in dry("NB=x.ipynb", "SEED=5")
+
+
 def test_with_seed_binds_hidden_seed_only_in_cells_that_read_it():
     cell = "check(f)\n### BEGIN HIDDEN TESTS\ncheck(f, seed=HIDDEN_SEED)\n### END HIDDEN TESTS"
-    assert grade.with_seed(cell, 5) == "HIDDEN_SEED = 5\n" + cell
-    assert grade.with_seed("check(f)", 5) == "check(f)"
-    assert grade.with_seed("# HIDDEN_SEED in a comment only\ncheck(f)", 5).startswith("# HIDDEN_SEED")
+    assert grade_plan.with_seed(cell, 5) == "HIDDEN_SEED = 5\n" + cell
+    assert grade_plan.with_seed("check(f)", 5) == "check(f)"
+    assert grade_plan.with_seed("# HIDDEN_SEED in a comment only\ncheck(f)", 5).startswith("# HIDDEN_SEED")
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
@@ -84,7 +122,7 @@ def test_every_seeded_hidden_test_follows_the_graders_seed(path):
     bound = [node.value for c in cells[:first_answer] if c["cell_type"] == "code"
              for node in ast.parse(_src(c)).body
              if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["HIDDEN_SEED"]]
-    assert [ast.literal_eval(v) for v in bound] == [grade.DEFAULT_HIDDEN_SEED]
+    assert [ast.literal_eval(v) for v in bound] == [grade_plan.DEFAULT_HIDDEN_SEED]
 
 
 def _submission(answer_source: str) -> dict:
@@ -100,13 +138,13 @@ def test_the_plan_binds_the_seed_inside_each_test_cell_after_every_answer():
     # An answer that rebinds HIDDEN_SEED (to 0: the visible cases) changes nothing: the test cell binds it again.
     nb = _submission("HIDDEN_SEED = 0\n\ndef fit_pass_time(rows):\n    return [0.0, 0.0, 0.0]\n")
     solution = json.loads((ROOT / "solutions" / "ex07_load_aware_k.ipynb").read_text())
-    plan = grade.build_plan(solution, nb, "ex07_load_aware_k.ipynb", seed=9)
+    plan = grade_plan.build_plan(solution, nb, "ex07_load_aware_k.ipynb", seed=9)
     tests = [c for c in plan.cells if c["role"] == "test"]
     assert plan.seed == 9 and tests
     assert all(c["source"].startswith("HIDDEN_SEED = 9\n") for c in tests if "HIDDEN_SEED" in c["source"])
     assert sum("HIDDEN_SEED" in c["source"] for c in tests) == 4  # the fit, the speedup, the crossover, the policy
-    default = grade.build_plan(solution, nb, "ex07_load_aware_k.ipynb")
-    assert default.seed == grade.DEFAULT_HIDDEN_SEED == 1
+    default = grade_plan.build_plan(solution, nb, "ex07_load_aware_k.ipynb")
+    assert default.seed == grade_plan.DEFAULT_HIDDEN_SEED == 1
 
 
 def _memorising_answer() -> str:
@@ -127,7 +165,7 @@ def _memorising_answer() -> str:
 def _grade(tmp_path: Path, nb: dict, *args: str) -> dict:
     path = tmp_path / "learner.ipynb"
     path.write_text(json.dumps(nb))
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "grading" / "grade.py"), str(path), "--json", *args],
+    done = subprocess.run([sys.executable, "-I", "-m", "specref_grading.grade", str(path), "--json", *args],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode in (0, 1), done.stdout + done.stderr
     return json.loads(done.stdout)
@@ -137,7 +175,7 @@ def _grade(tmp_path: Path, nb: dict, *args: str) -> dict:
 def test_answers_learned_by_heart_pass_the_solutions_seed_and_fail_another(tmp_path):
     check = "ex07_fit_check"
     memorised = _submission(_memorising_answer())
-    at_default = _grade(tmp_path, memorised)
+    at_default = _grade(tmp_path, memorised, "--seed", "1")  # the solutions' seed, asked for
     assert at_default["seed"] == 1
     assert {t["grade_id"]: t["outcome"] for t in at_default["tests"]}[check] == "passed"  # the leak is real
     at_seven = _grade(tmp_path, memorised, "--seed", "7")
@@ -150,10 +188,10 @@ def test_answers_learned_by_heart_pass_the_solutions_seed_and_fail_another(tmp_p
 
 
 def test_grade_py_refuses_a_bad_seed_before_grading(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "grading" / "grade.py"), str(tmp_path / "none.ipynb"),
+    done = subprocess.run([sys.executable, "-I", "-m", "specref_grading.grade", str(tmp_path / "none.ipynb"),
                            "--seed", "0"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--seed must be in [1, 2**63)" in done.stderr
 
 
-# Grades in kernels whose environment tools/grading/grade.py sets itself: tools/upkeep/portable.py leaves these out.
+# Grades in kernels whose environment specref_grading sets itself: tools/upkeep/portable.py leaves these out.
 pytestmark = pytest.mark.grader

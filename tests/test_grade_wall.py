@@ -2,7 +2,7 @@
 
 Each attack below is a submission that forged full marks, read a file it must not read, or learned the
 hidden seed on the grader before the wall (checked by running this file with GRADE_PY pointing at the
-old tools/grading/grade.py, see the report of the change); on today's grader it gains nothing. The toy exercise
+grader of that time, see the report of the change); on today's grader it gains nothing. The toy exercise
 (tests/test_grade_security.py) keeps these fast: no torch in its setup.
 """
 
@@ -17,15 +17,17 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_grade_security import (AS_ROOT, answer, attacked, grade, make_exercise, solved, toy,  # noqa: E402,F401
+from test_grade_security import (AS_ROOT, answer, attacked, grade, make_exercise, solved, toy,  # noqa: F401
                                  toy_solution)
 
+from specref_grading import grade as grader
+from specref_grading import jail as grade_jail
+from specref_grading import plan as grade_plan
+from specref_grading import processes, wall
+from specref_grading import report as grade_report
+from specref_grading.scan import scan
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools" / "grading"))
-import grade as grader  # noqa: E402
-import grade_jail  # noqa: E402
-from grade_scan import scan  # noqa: E402
 
 # The toy's test cells are cells 3 (double_check) and 5 (pair_check): a forger reports both as passed.
 _FORGE = ('    for n in (3, 5):\n'
@@ -76,14 +78,14 @@ def test_the_issue_routes_forge_nothing(toy, route):
     code, report, out = grade(attacked(toy[2], route), toy)
     assert report, out
     assert not _forged(report), report
-    assert code == grader.EXIT_REVIEW, report  # the scanner names the route too
+    assert code == grade_report.EXIT_REVIEW, report  # the scanner names the route too
     assert report["flags"], report
 
 
-def _plan_without_scanner(toy, code: str) -> grader.Plan:
+def _plan_without_scanner(toy, code: str) -> grade_plan.Plan:
     sol_dir, _, exercise = toy
     sol = json.loads((sol_dir / "ex_toy.ipynb").read_text())
-    plan = grader.build_plan(sol, attacked(exercise, code), "ex_toy.ipynb")
+    plan = grade_plan.build_plan(sol, attacked(exercise, code), "ex_toy.ipynb")
     plan.flags.clear()
     plan.reference.clear()
     return plan
@@ -93,7 +95,7 @@ def _plan_without_scanner(toy, code: str) -> grader.Plan:
 def test_reaching_the_kernels_own_globals_cannot_change_a_grade(toy, route):
     """With the scanner's findings thrown away, whatever the answer does in its kernel, the stubs still fail:
     the grade is decided in a process that runs no learner code."""
-    results = grader.grade_plan(_plan_without_scanner(toy, route), cell_timeout=60, wall=True)
+    results = grader.grade_plan(_plan_without_scanner(toy, route), cell_timeout=60)
     assert [r.outcome for r in results] != ["passed", "passed"]
     assert all(r.outcome != "passed" for r in results), [(r.grade_id, r.outcome, r.message) for r in results]
 
@@ -103,17 +105,17 @@ def test_without_a_jail_the_wall_still_holds_and_the_report_says_so(toy, monkeyp
     trusted process. Forging gains nothing, the honest answer gets full marks, and the report names the gap."""
     monkeypatch.setattr(grader, "can_jail", lambda: False)
     for route in (MATCH_ROUTE, ANY_MEANS):
-        results = grader.grade_plan(_plan_without_scanner(toy, route), cell_timeout=60, wall=True)
+        results = grader.grade_plan(_plan_without_scanner(toy, route), cell_timeout=60)
         assert all(r.outcome != "passed" for r in results), [(r.grade_id, r.outcome, r.message) for r in results]
     sol_dir, sub_dir, _ = toy
     (sub_dir / "honest.ipynb").write_text(json.dumps(solved(toy)))
-    report = grader.grade(sub_dir / "honest.ipynb", solutions_dir=sol_dir, cell_timeout=60, wall=True)
-    assert report.exit_code == grader.EXIT_FULL and report.total == report.possible, report.as_dict()
-    assert grader.UNJAILED_NOTE in report.notes
-    monkeypatch.setattr(grader, "can_jail", lambda: True)  # the control: a jailed run carries no such note
+    report = grader.grade(sub_dir / "honest.ipynb", solutions_dir=sol_dir, cell_timeout=60)
+    assert report.exit_code == grade_report.EXIT_FULL and report.total == report.possible, report.as_dict()
+    assert processes.UNJAILED_NOTE in report.notes
+    monkeypatch.setattr(wall, "can_jail", lambda: True)  # the control: a jailed run carries no such note
     if AS_ROOT:
-        assert grader.UNJAILED_NOTE not in grader.grade(sub_dir / "honest.ipynb", solutions_dir=sol_dir,
-                                                        cell_timeout=60, wall=True).notes
+        assert processes.UNJAILED_NOTE not in grader.grade(sub_dir / "honest.ipynb", solutions_dir=sol_dir,
+                                                        cell_timeout=60).notes
 
 
 # A submission that tries to take the host from the submissions graded beside it: it reports the cgroups it
@@ -241,7 +243,7 @@ def test_the_honest_ex02_answer_with_a_smoke_run_gets_full_marks(tmp_path):
     path = tmp_path / "honest.ipynb"
     path.write_text(json.dumps(nb))
     report = grader.grade(path, sol)
-    assert report.exit_code == grader.EXIT_FULL and report.total == report.possible, report.text()
+    assert report.exit_code == grade_report.EXIT_FULL and report.total == report.possible, report.text()
 
 
 # -- the scanner: the issue's routes and file readers, and the exercises' own helpers ------------------
@@ -257,7 +259,7 @@ def test_the_honest_ex02_answer_with_a_smoke_run_gets_full_marks(tmp_path):
     ("import numpy as np\nnp.load('/f')", "load"),
 ])
 def test_the_scanner_flags_the_routes_and_file_reads(source, word):
-    found = scan(source, wall=True)
+    found = scan(source)
     assert any(word in f.text for f in found), found
 
 
@@ -270,11 +272,11 @@ def test_the_exercises_own_helpers_are_allowed_in_answers():
                       "    rng = TorchRNG(torch.Generator().manual_seed(0))\n"
                       "    result = distribution_test\n"
                       "    return bool(result) and rng is not None\n")
-    plan = grader.build_plan(sol, sub, "ex08_lossless_or_not.ipynb", wall=True)
+    plan = grade_plan.build_plan(sol, sub, "ex08_lossless_or_not.ipynb")
     assert not plan.flags and not plan.reference, (plan.flags, plan.reference)
 
 
-# -- the wire itself (tools/grading/grade_rpc.py): what crosses, what is refused ---------------------------------
+# -- the wire itself (specref_grading/protocol.py): what crosses, what is refused ---------------------------------
 @pytest.fixture
 def wire():
     """A trusted Peer here, talking to a forked 'kernel' Peer that serves `get` of a few learner objects."""
@@ -346,15 +348,5 @@ def test_arrays_changed_in_place_are_copied_back_and_generators_stay_in_step_wit
     assert torch.rand(2, generator=g).tolist() == torch.rand(2, generator=twin).tolist()  # g advanced here too
 
 
-# Grades in kernels whose environment tools/grading/grade.py sets itself: tools/upkeep/portable.py leaves these out.
+# Grades in kernels whose environment specref_grading sets itself: tools/upkeep/portable.py leaves these out.
 pytestmark = pytest.mark.grader
-
-
-def test_an_environment_under_tmp_is_a_setup_error_naming_the_cause(monkeypatch):
-    """The jail mounts an empty /tmp over the host's: a venv in /tmp vanishes and every kernel died unexplained."""
-    assert "/tmp/class/.venv" in grader.jail_problem(["/usr", "/tmp/class/.venv", "/work/specref"])
-    assert grader.jail_problem(["/usr", "/opt/venv", "/tmpdata/venv", "/work/specref"]) == ""
-    monkeypatch.setattr(grader, "can_jail", lambda: True)
-    monkeypatch.setattr(grader.grade_jail, "read_only_paths", lambda: ["/usr", "/tmp/v/lib/python3.11"])
-    run = grader.run_cells_wall([{"n": 0, "role": "setup", "grade_id": None, "source": "x = 1"}], 10, 1e12)
-    assert "lies under /tmp" in run.setup_error and "/tmp/v/lib/python3.11" in run.setup_error and not run.results

@@ -301,14 +301,13 @@ def test_an_answer_that_hard_codes_the_visible_streams_passes_them_and_fails_the
 
 
 def _scan(source: str) -> list[str]:
-    """What tools/grading/grade.py's scan finds in an answer cell of exercise 5, with the solution's setup names."""
+    """What specref_grading's scan finds in an answer cell of exercise 5, with the solution's setup names."""
     import json
-    import sys
     from pathlib import Path
 
+    from specref_grading.scan import imported_specref_names, names_used, scan
+
     root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root / "tools" / "grading"))
-    from grade_scan import imported_specref_names, names_used, scan
 
     cells = json.loads((root / "solutions" / "ex05_prompt_lookup.ipynb").read_text())["cells"]
     first = next(i for i, c in enumerate(cells) if c["metadata"].get("nbgrader", {}).get("solution"))

@@ -124,3 +124,29 @@ def test_the_walk_counts_a_callback_as_a_climb_and_a_second_visit_as_a_return():
     rooms, returns, climbs = walk.count(events, floors)
     assert rooms == ["drafts", "tree_shapes", "drafts", "tree_shapes", "trees", "tree_shapes"]
     assert (returns, climbs) == (3, 1)
+
+
+# -- the grading package: outside specref, in no circle --------------------------------------------------------
+GRADING = PACKAGE.parent / "specref_grading"
+GRADING_GRAPH = import_graph(GRADING)
+
+
+def test_specref_never_imports_the_grader():
+    # The learner's jailed kernel sees specref and never the grading package: nothing in specref may need it.
+    import ast
+
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            found += [f"{path.relative_to(PACKAGE.parent)}: {n}" for n in names if n.split(".")[0] == "specref_grading"]
+    assert not found, "\n".join(found)
+
+
+def test_the_grading_package_imports_in_no_circle():
+    assert "specref_grading.wall" in GRADING_GRAPH["specref_grading.grade"]  # the reader sees the package
+    cycles = cycles_in(GRADING_GRAPH)
+    assert not cycles, "import cycles in specref_grading:\n" + "\n".join(cycles)
+    rooms = cycles_in(room_graph(GRADING_GRAPH))
+    assert not rooms, "rooms of specref_grading that import each other:\n" + "\n".join(rooms)

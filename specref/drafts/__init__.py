@@ -10,18 +10,45 @@ shapes and `grow_trees` (the rule that grows them, `specref.tree_shapes`) are re
 from `shapes`; `base.NoDraft` proposes nothing; `load.load_draft` loads the shipped drafts by name.
 """
 
-from .base import Draft, DraftBase, NoDraft, TreeDraft
-from .eagle import EagleDraft
-from .features import FeatureDraft
-from .load import load_draft
-from .medusa import MedusaDraft
-from .model import ModelDraft, TreeModelDraft, as_draft, as_tree_draft
-from .mtp import MTPDraft
-from .prompt_lookup import PromptLookupDraft
-from ..tree_shapes import DynamicTree, TreeShape, as_tree_spec, build_tree, grow_trees
+import importlib
+
+# name -> the module that defines it, imported on first use (PEP 562): see specref/__init__.py.
+_LAZY: dict[str, str] = {
+    "as_draft": "specref.drafts.model",
+    "as_tree_draft": "specref.drafts.model",
+    "as_tree_spec": "specref.tree_shapes",
+    "build_tree": "specref.tree_shapes",
+    "Draft": "specref.drafts.base",
+    "DraftBase": "specref.drafts.base",
+    "DynamicTree": "specref.tree_shapes",
+    "EagleDraft": "specref.drafts.eagle",
+    "FeatureDraft": "specref.drafts.features",
+    "grow_trees": "specref.tree_shapes",
+    "load_draft": "specref.drafts.load",
+    "MedusaDraft": "specref.drafts.medusa",
+    "ModelDraft": "specref.drafts.model",
+    "MTPDraft": "specref.drafts.mtp",
+    "NoDraft": "specref.drafts.base",
+    "PromptLookupDraft": "specref.drafts.prompt_lookup",
+    "TreeDraft": "specref.drafts.base",
+    "TreeModelDraft": "specref.drafts.model",
+    "TreeShape": "specref.tree_shapes",
+}
 
 __all__ = [
     "Draft", "DraftBase", "DynamicTree", "EagleDraft", "FeatureDraft", "MTPDraft", "MedusaDraft", "ModelDraft",
     "NoDraft", "PromptLookupDraft", "TreeDraft", "TreeModelDraft", "TreeShape", "as_draft", "as_tree_draft",
     "as_tree_spec", "build_tree", "grow_trees", "load_draft",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -23,7 +23,6 @@ from .heads import load_bundled_heads
 from .medusa import MedusaDraft
 from .model import ModelDraft
 from .mtp import MTPDraft
-from .prompt_lookup import PromptLookupDraft
 
 # name -> the head-set file stem in specref/assets/heads/ (None: no trained weights)
 DRAFTS: dict[str, str | None] = {
@@ -50,6 +49,9 @@ def load_draft(name: str, target: torch.nn.Module) -> Draft:
     if not isinstance(target, torch.nn.Module) or config is None or not hasattr(target, "lm_head"):
         raise TypeError(f"target must be a GPT-2 model (specref.models.gpt2.GPT2), got {type(target).__name__}")
     if name == "prompt_lookup":
+        # Imported here, not at the top: a kernel given specref without prompt lookup (ex05) loads the rest.
+        from .prompt_lookup import PromptLookupDraft
+
         return PromptLookupDraft.for_target(target)
     if name == "model":
         draft = load_folder(assets_dir().joinpath("draft"), target.device, target.dtype)

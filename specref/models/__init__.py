@@ -4,11 +4,25 @@ gpt2 (the model), kvcache (per-row lengths, truncate, compact), tokenizer, pretr
 (HF-layout loading and saving), pair (the bundled pair, its training record, held-out prompts).
 """
 
-from .gpt2 import GPT2, GPT2Config, GPT2Output, normalize_state_dict
-from .kvcache import KVCache
-from .pair import heldout_prompts, load_pair, training_record
-from .pretrained import from_pretrained, save_pretrained
-from .tokenizer import EOT, BPETokenizer, load_tokenizer, train_tokenizer
+import importlib
+
+# name -> the module that defines it, imported on first use (PEP 562): see specref/__init__.py.
+_LAZY: dict[str, str] = {
+    "BPETokenizer": "specref.models.tokenizer",
+    "EOT": "specref.models.tokenizer",
+    "from_pretrained": "specref.models.pretrained",
+    "GPT2": "specref.models.gpt2",
+    "GPT2Config": "specref.models.gpt2",
+    "GPT2Output": "specref.models.gpt2",
+    "heldout_prompts": "specref.models.pair",
+    "KVCache": "specref.models.kvcache",
+    "load_pair": "specref.models.pair",
+    "load_tokenizer": "specref.models.tokenizer",
+    "normalize_state_dict": "specref.models.gpt2",
+    "save_pretrained": "specref.models.pretrained",
+    "train_tokenizer": "specref.models.tokenizer",
+    "training_record": "specref.models.pair",
+}
 
 __all__ = [
     "GPT2",
@@ -26,3 +40,15 @@ __all__ = [
     "train_tokenizer",
     "training_record",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...checks.exact import enumerate_step, merge
-from ...checks.rng import _SYMBOLIC_HINT, exact_distribution
-from ...rejection import residual as _ref_residual
-from ...rejection import verify_chain
+from specref.checks.exact import enumerate_step, merge
+from specref.checks.rng import _SYMBOLIC_HINT, exact_distribution
+from specref.rejection import residual as _ref_residual
+from specref.rejection import verify_chain
 from .report import (
     TOL,
     as_float,

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ...decoding.record import RecordedStep, acceptance_by_position
+from specref.decoding.record import RecordedStep, acceptance_by_position
 from .report import call_learner, failure, passed
 from .rules import graded
 

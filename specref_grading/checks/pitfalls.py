@@ -25,6 +25,10 @@ flaw of a random kind and random parameters, kept only when exactly lossless or 
   writes into, or its exact largest TV from the target over `reference_cases()`), and (hidden) the learner's
   evidence on samplers built from the seed.
 
+False-fail rate: 0. Neither check draws a sample: the grader's truth and a correct answer's are both exact
+enumerations, so a correct answer passes at every seed (the seed only composes the samplers;
+tests/test_grade_false_fail.py runs the solution's answers over many seeds).
+
 Samplers handed to the learner's code are fresh function objects under opaque names, in an order drawn anew; a
 failure shows what the learner's code returned and which property failed, never which verdict is wrong.
 """
@@ -39,8 +43,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ...checks.rng import exact_distribution
-from ...checks.toy import MarkovChain, random_chain
+from specref.checks.rng import exact_distribution
+from specref.checks.toy import MarkovChain, random_chain
 from .report import as_float, call_learner, failure, passed
 from .rules import graded
 

@@ -10,7 +10,10 @@ follow the kept buffer, shapes, inputs unchanged), then by a distribution test: 
 thousands of speculative generations at temperature 1 on a small random GPT-2 built from the seed,
 against their exact distribution (`specref.checks.montecarlo.distribution_test`). The test has power
 at its sample size: a draft that reports a smoothed q for the same proposals fails it
-(tests/test_grading_ex05.py).
+(tests/test_grading_ex05.py). Its false-fail rate at a random seed is at most FALSE_FAIL_RATE = 5e-4 (1 in
+2,000): a correct draft fails when the chi-square p-value is below SAMPLING_ALPHA = 2.5e-4 or the TV exceeds
+its Bretagnolle-Huber-Carol bound at that level (each with probability at most SAMPLING_ALPHA);
+tests/test_grade_false_fail.py measures it.
 
 Task 3, the rule's effect: tokens per target pass, greedy, against a target that continues a known
 stream: successive versions of a line, each a copy of the previous one with a few tokens changed. The
@@ -29,12 +32,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ...checks.montecarlo import distribution_test
-from ...decoding.chain import speculative_generate
-from ...drafts import Draft
-from ...drafts.prompt_lookup import lookup
-from ...models.gpt2 import GPT2, GPT2Config
-from ...sampling import SamplingParams
+from specref.checks.montecarlo import distribution_test
+from specref.decoding.chain import speculative_generate
+from specref.drafts import Draft
+from specref.drafts.prompt_lookup import lookup
+from specref.models.gpt2 import GPT2, GPT2Config
+from specref.sampling import SamplingParams
 from .report import call_learner, failure, passed
 from .rules import graded
 
@@ -249,12 +252,16 @@ def exact_first_two(target: GPT2, prompt: list[int]) -> torch.Tensor:  # [V, V]
     return probs[0, -2, :, None] * probs[:, -1, :]
 
 
+SAMPLING_ALPHA = 2.5e-4  # the distribution test's level (chi-square and TV each): see the module docstring
+FALSE_FAIL_RATE = 2 * SAMPLING_ALPHA  # check_draft on a correct draft, at a random seed
+
+
 def first_two_test(draft: Draft, target: GPT2, prompt: list[int], runs: int, seed: int, k: int = 2):
     """distribution_test of the first two tokens of `runs` speculative generations at temperature 1."""
     ids = torch.tensor([prompt] * runs)
     out, _ = speculative_generate(target, draft, ids, k=k, max_new_tokens=2, temperature=1.0,
                                   generator=torch.Generator().manual_seed(seed))
-    return distribution_test(exact_first_two(target, prompt), samples=out[:, len(prompt):])
+    return distribution_test(exact_first_two(target, prompt), samples=out[:, len(prompt):], alpha=SAMPLING_ALPHA)
 
 
 def _prompt(seed: int, V: int) -> list[int]:

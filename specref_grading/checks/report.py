@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from ..._validate import _fmt
+from specref._validate import _fmt
 
 fmt = _fmt  # graders format numbers as specref's own errors do
 TOL = 1e-9  # exact checks: probabilities computed two ways in float64 agree far better than this

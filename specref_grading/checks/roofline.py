@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ...perf.costmodel import CostModel, PassModel
+from specref.perf.costmodel import CostModel, PassModel
 from .report import as_float, call_learner, failure, passed
 from .rules import graded
 

@@ -11,9 +11,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ...checks.exact_trees import random_parents
-from ...checks.rng import exact_distribution
-from ...trees import ROOT, Tree, tree_attention_mask, tree_position_ids, verify_tree
+from specref.checks.exact_trees import random_parents
+from specref.checks.rng import exact_distribution
+from specref.trees import ROOT, Tree, tree_attention_mask, tree_position_ids, verify_tree
 from .report import call_learner, failure, fmt, passed
 from .rules import graded
 

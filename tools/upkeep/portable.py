@@ -22,7 +22,7 @@ counts, the check fails, because it would prove nothing.
 What runs under each counted environment (the rule, stated once, in `unit_test_run`):
 * the unit tests: every test in tests/ except those marked ``browser`` or ``fresh_clone`` (a
   page in Chromium, a second set-up: no numerics of ours) and ``grader`` (they grade in kernels
-  whose environment tools/grading/grade.py builds itself, so the variables under test never reach them;
+  whose environment specref_grading builds itself, so the variables under test never reach them;
   the solutions they grade are in the next item). tests/test_portable.py's survey of the
   environments skips itself inside one (``SPECREF_PORTABLE_ENV`` is set there);
 * the notebooks and solutions, under strict nbval (the pytest arguments after ``--``).

@@ -1,0 +1,280 @@
+"""How often a statistical check fails a CORRECT answer, now that every grading draws a fresh hidden seed.
+
+A failing hidden case prints its inputs, so the grader draws a new HIDDEN_SEED for every grading
+(specref_grading.plan.hidden_seed, specref_grading.classrun): a check whose verdict on a correct answer depends
+on random draws then fails honest learners at its false-fail rate, on every submission. Each such check states
+that rate in its docstring (at most 1 in 1,000); here it is measured: the check run in-process, with the
+solution's own functions (not through the jail), over many seeds, and the observed failures held to what the
+stated rate allows. Next to each, a negative control: a wrong answer that the same check, at the same sample
+size, fails at most seeds (the widened thresholds kept their power).
+
+Where one run of the real check takes seconds (ex04's 2000 GPT-2 generations, ex05's 4000), the test's
+statistic is measured on many more seeds by drawing the counts a correct sampler produces (multinomial from the
+exact distribution: that is what "correct" means) and applying the check's own decision, and the real check
+runs on fewer seeds besides.
+
+Checks whose verdict on a correct answer depends on no random draw (exact enumeration: ex02, ex06, ex08) have
+rate 0; ex08's are run over many seeds anyway, since its samplers are composed from the seed.
+Each test prints: N seeds, observed failures, the one-sided 95% upper bound on the rate that implies.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import math
+import time
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SECONDS = 50  # per measurement: as many seeds as fit (at least the minimum each test names)
+
+pytestmark = pytest.mark.slow
+
+
+@functools.lru_cache(maxsize=None)
+def solution_namespace(exercise: str) -> dict:
+    """The solution's setup, given and answer cells run in one namespace: its functions, as a correct learner's.
+    Test cells and measurements (NBVAL_IGNORE_OUTPUT) are left out."""
+    nb = json.loads((ROOT / "solutions" / f"{exercise}.ipynb").read_text(encoding="utf-8"))
+    ns: dict = {"__name__": "__main__"}
+    with redirect_stdout(io.StringIO()):
+        for c in nb["cells"]:
+            meta = c["metadata"].get("nbgrader", {})
+            src = "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+            if c["cell_type"] != "code" or (meta.get("grade") and not meta.get("solution")):
+                continue
+            if "NBVAL_IGNORE_OUTPUT" in src:
+                continue
+            exec(compile(src, f"{exercise}: cell", "exec"), ns)
+    return ns
+
+
+def upper_bound(failures: int, n: int, confidence: float = 0.95) -> float:
+    """One-sided Clopper-Pearson upper bound on a rate from `failures` in `n` trials."""
+    return 1.0 if failures >= n else float(scipy.stats.beta.ppf(confidence, failures + 1, n - failures))
+
+
+def assert_consistent(name: str, failures: int, n: int, stated: float) -> None:
+    """The observed failures are what the stated rate allows: below its Poisson 1e-4 quantile (a check within
+    its rate trips this once in 10,000 runs of this test)."""
+    allowed = int(scipy.stats.poisson.isf(1e-4, n * stated))
+    print(f"{name}: {failures} failures in N = {n} seeds; stated rate {stated:.2g}; "
+          f"95% upper bound on the rate {upper_bound(failures, n):.2g}; allowed {allowed}")
+    assert failures <= allowed, (name, failures, n, stated)
+
+
+def fails(check, *args, **kwargs) -> bool:
+    with redirect_stdout(io.StringIO()):
+        try:
+            check(*args, **kwargs)
+        except AssertionError:
+            return True
+    return False
+
+
+def seeds_within(seconds: float, minimum: int, maximum: int, run) -> tuple[int, int]:
+    """Run `run(seed)` (True: the check failed) on seeds 1, 2, ... for `seconds`, at least `minimum` of them."""
+    start, n, failed = time.monotonic(), 0, 0
+    while n < maximum and (n < minimum or time.monotonic() - start < seconds):
+        n += 1
+        failed += bool(run(n))
+    return failed, n
+
+
+# --------------------------------------------------------------------------------------
+# ex04: the first two tokens of 2000 sampled generations (check_first_two_tokens, check_speculative_step)
+# --------------------------------------------------------------------------------------
+def _ex04_setting(setting: dict):
+    from specref import process_logits
+    from specref.models import heldout_prompts
+    from specref_grading.checks import gpt2_pair as G
+
+    target, draft = G._pair64()
+    prompt = heldout_prompts(n=setting["prompt"] + 1, n_tokens=setting["n_tokens"])[setting["prompt"]]
+    exact = G.exact_first_two(target, prompt, setting["temperature"], setting["top_k"])
+    cells = sorted(exact)
+    expected = np.array([exact[c] for c in cells] + [0.0])
+    with torch.no_grad():
+        lt, ld = target(torch.tensor([prompt]))[0, -1], draft(torch.tensor([prompt]))[0, -1]
+    p = process_logits(lt, setting["temperature"], setting["top_k"]).double()
+    q = process_logits(ld, setting["temperature"], setting["top_k"]).double()
+    # skipping the residual: a rejected draft is replaced by a fresh sample of p, so the first token is
+    # min(p, q) + (1 - beta) p; the second follows the target given the first, as in a correct decoder
+    beta = float(torch.minimum(p, q).sum())
+    first_broken = torch.minimum(p, q) + (1 - beta) * p
+    first_exact = {y1: sum(v for (a, _), v in exact.items() if a == y1) for y1, _ in cells}
+    broken = np.array([exact[c] / first_exact[c[0]] * float(first_broken[c[0]]) for c in cells] + [0.0])
+    return expected, broken / broken.sum(), G._first_beta(prompt, setting["temperature"], setting["top_k"])
+
+
+def _ex04_verdict_fails(expected: np.ndarray, beta: float, n: int, rng: np.random.Generator,
+                        sampled: np.ndarray | None = None) -> bool:
+    """The check's own decision (gpt2_pair._first_two_tokens), against `expected`, on what a decoder sampling
+    `sampled` produces (default: `expected`, a correct decoder). Both are [cells + 1], the last the outside cell."""
+    from specref.checks.montecarlo import distribution_test
+    from specref_grading.checks import gpt2_pair as G
+
+    drawn = expected if sampled is None else sampled
+    counts = rng.multinomial(n, drawn / drawn.sum())
+    accepted_first = rng.binomial(n, beta)
+    if accepted_first < n * beta - 6 * math.sqrt(n * beta * (1 - beta)):
+        return True
+    return not distribution_test(torch.tensor(expected), counts=torch.tensor(counts), alpha=G.SAMPLING_ALPHA).passed
+
+
+@pytest.mark.parametrize("which", ["SAMPLING", "SAMPLING_HIDDEN"])
+def test_ex04_sampling_decision_false_fail_rate(which):
+    from specref_grading.checks import gpt2_pair as G
+
+    setting = getattr(G, which)
+    expected, broken, beta = _ex04_setting(setting)
+    rng = np.random.default_rng(2024)
+    failed, n = seeds_within(SECONDS / 2, 3000, 20000,
+                             lambda s: _ex04_verdict_fails(expected, beta, setting["n"], rng))
+    assert_consistent(f"ex04 {which} decision", failed, n, G.FALSE_FAIL_RATE)
+    # negative control, the same decision at the same N: counts of a decoder that skips the residual (TV 0.25 from
+    # the exact first two tokens; its first-draft acceptances are still beta), tested against the exact ones.
+    # (An earlier version drew the broken counts and tested them against the broken distribution itself: 0 of 200.)
+    bad = sum(_ex04_verdict_fails(expected, beta, setting["n"], rng, sampled=broken) for _ in range(200))
+    print(f"ex04 {which} negative control (skip the residual, decision): {bad} of 200 draws fail")
+    assert bad == 200
+
+
+def test_ex04_the_real_check_passes_the_reference_decoder_at_random_seeds():
+    import sys
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_grading_pair import STEP, make_decoder
+
+    from specref_grading.checks import gpt2_pair as G
+
+    failed, n = seeds_within(SECONDS, 6, 40, lambda s: fails(
+        G.check_first_two_tokens, STEP, G.SAMPLING_HIDDEN, seed=10**12 + s))
+    assert_consistent("ex04 check_first_two_tokens (reference decoder)", failed, n, G.FALSE_FAIL_RATE)
+    _, skip, _ = make_decoder("skip_residual")
+    assert all(fails(G.check_first_two_tokens, skip, G.SAMPLING_HIDDEN, seed=10**12 + s) for s in (1, 2))
+
+
+# --------------------------------------------------------------------------------------
+# ex05: LookupDraft's first two tokens over 4000 generations (check_draft)
+# --------------------------------------------------------------------------------------
+def test_ex05_check_draft_false_fail_rate():
+    from specref.checks.montecarlo import distribution_test
+    from specref_grading.checks import prompt_lookup as G
+
+    LookupDraft = solution_namespace("ex05_prompt_lookup")["LookupDraft"]
+
+    # the decision on the counts of a correct draft, on the targets and prompts of many seeds
+    rng = np.random.default_rng(5)
+
+    def decision_fails(seed: int) -> bool:
+        target = G.tiny_target(1000 + seed)
+        with torch.no_grad():
+            exact = G.exact_first_two(target, G._prompt(seed, target.config.vocab_size)).reshape(-1)
+        counts = rng.multinomial(4000, (exact / exact.sum()).numpy())
+        return not distribution_test(exact, counts=torch.tensor(counts).reshape(exact.shape),
+                                     alpha=G.SAMPLING_ALPHA).passed
+
+    failed, n = seeds_within(SECONDS / 2, 1000, 20000, decision_fails)
+    assert_consistent("ex05 check_draft decision", failed, n, G.FALSE_FAIL_RATE)
+    # the real check, the solution's LookupDraft
+    failed, n = seeds_within(SECONDS / 2, 4, 200, lambda s: fails(G.check_draft, LookupDraft, seed=10**12 + s))
+    assert_consistent("ex05 check_draft (solution)", failed, n, G.FALSE_FAIL_RATE)
+
+    class Smoothed(LookupDraft):  # negative control: q = 0.9 one-hot + 0.1 uniform, a milder bug than most
+        def propose(self, tokens, lengths, k):
+            drafts, q = super().propose(tokens, lengths, k)
+            return drafts, 0.9 * q + 0.1 / self.vocab_size
+
+    bad = sum(fails(G.check_draft, Smoothed, seed=10**12 + s) for s in range(1, 4))
+    print(f"ex05 negative control (smoothed q): {bad} of 3 seeds fail")
+    assert bad >= 2  # observed 2 of 3 at SAMPLING_ALPHA = 2.5e-4: this mild smoothing is near the test's power
+
+
+# --------------------------------------------------------------------------------------
+# ex03: tokens per step and alpha measured on toy chains (check_toy_measurement), 5 standard errors
+# --------------------------------------------------------------------------------------
+def test_ex03_toy_measurement_false_fail_rate():
+    from specref_grading.checks import speedup as G
+
+    measure_toy = solution_namespace("ex03_speedup")["measure_toy"]
+    stated = 2 * 2 * 6 * scipy.stats.norm.sf(G._Z)  # 2 means x 6 cases, two-sided
+    failed, n = seeds_within(SECONDS, 8, 500, lambda s: fails(
+        G.check_toy_measurement, measure_toy, n_cases=6, seed=10**12 + s))
+    assert_consistent("ex03 check_toy_measurement (solution)", failed, n, max(stated, 1e-6))
+
+    def unweighted(target, draft, k, runs, n, generator):  # alpha over the states, not over the steps
+        tps, alpha_states, _ = measure_toy(target, draft, k, runs, n, generator)
+        return tps, alpha_states, alpha_states
+
+    bad = sum(fails(G.check_toy_measurement, unweighted, n_cases=6, seed=10**12 + s) for s in (1, 2, 3))
+    print(f"ex03 negative control (alpha_steps = alpha_states): {bad} of 3 seeds fail")
+    assert bad == 3
+
+
+# --------------------------------------------------------------------------------------
+# ex07: the fit (5 standard errors per coefficient) and the policy (judged on the true costs)
+# --------------------------------------------------------------------------------------
+def test_ex07_fit_false_fail_rate():
+    from specref_grading.checks import batch as G
+
+    ns = solution_namespace("ex07_load_aware_k")
+    fit = ns["fit_pass_time"]
+    stated = 12 * 3 * 2 * scipy.stats.norm.sf(G.Z_FIT)
+    failed, n = seeds_within(SECONDS / 2, 1000, 5000, lambda s: fails(G.check_fit_unseen, fit, seed=10**12 + s))
+    assert_consistent("ex07 check_fit_unseen (solution)", failed, n, max(stated, 1e-6))
+
+    def unweighted(rows):  # negative control: least squares in seconds, the slowest passes decide
+        a = np.asarray(rows, dtype=np.float64)
+        B, T, S, t = a.T
+        return np.linalg.lstsq(np.stack([np.ones_like(t), B * T, B * S], axis=1), t, rcond=None)[0]
+
+    bad = sum(fails(G.check_fit_unseen, unweighted, seed=10**12 + s) for s in range(1, 101))
+    print(f"ex07 negative control (unweighted fit): {bad} of 100 seeds fail")
+    assert bad >= 90
+
+
+@pytest.mark.xfail(reason="OPEN: the solution's policy fails check_policy_unseen about 1 seed in 130 (SAFE = 0.95 "
+                   "is within its tail; see specref_grading/checks/batch.py's docstring)", strict=False)
+def test_ex07_policy_false_fail_rate():
+    from specref_grading.checks import batch as G
+
+    policy = solution_namespace("ex07_load_aware_k")["load_aware_k"]
+    failed, n = seeds_within(SECONDS, 60, 2000, lambda s: fails(G.check_policy_unseen, policy, seed=10**12 + s))
+    print(f"ex07 check_policy_unseen (solution): {failed} failures in N = {n} seeds; 95% upper bound on the rate "
+          f"{upper_bound(failed, n):.2g} (no closed form: measured only)")
+    assert failed == 0
+
+    def fixed_k4(rows, alpha, c, context, batch_sizes, k_max):  # negative control: no load awareness
+        return [min(4, k_max)] * len(batch_sizes)
+
+    bad = sum(fails(G.check_policy_unseen, fixed_k4, seed=10**12 + s) for s in range(1, 21))
+    print(f"ex07 negative control (k = 4 at every batch size): {bad} of 20 seeds fail")
+    assert bad >= 18
+
+
+# --------------------------------------------------------------------------------------
+# ex08: exact enumeration, rate 0; its samplers are composed from the seed
+# --------------------------------------------------------------------------------------
+def test_ex08_checks_are_exact_at_every_seed():
+    from specref_grading.checks import pitfalls as G
+
+    ns = solution_namespace("ex08_lossless_or_not")
+    evidence, is_lossless = ns["evidence"], ns["is_lossless"]
+    failed, n = seeds_within(SECONDS, 50, 2000, lambda s: fails(
+        G.check_evidence, evidence, None, hidden=True, seed=10**12 + s, order_seed=s)
+        or fails(G.check_lossless_check, is_lossless, hidden=True, seed=10**12 + s, order_seed=s))
+    print(f"ex08 check_evidence + check_lossless_check (solution): {failed} failures in N = {n} seeds; "
+          f"stated rate 0 (exact enumeration)")
+    assert failed == 0
+    bad = sum(fails(G.check_evidence, lambda s: 0.0, None, hidden=True, seed=10**12 + s, order_seed=s)
+              for s in range(1, 21))
+    print(f"ex08 negative control (evidence 0.0 for every sampler): {bad} of 20 seeds fail")
+    assert bad == 20

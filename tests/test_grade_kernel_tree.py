@@ -1,0 +1,237 @@
+"""The learner's kernel holds no answer key: its specref is a copy without what the exercise forbids.
+
+specref_grading/kernel_tree.py builds the copy (a forbidden module absent, a forbidden name cut out, what
+needs them gone too); the jail binds it where specref lies; what the setup gives the learner that the copy
+lacks is served from the trusted process.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specref_grading import kernel_tree
+from specref_grading.grade import grade
+from specref_grading.notebook import source
+from specref_grading.processes import can_jail
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTIONS = sorted((ROOT / "solutions").glob("ex*.ipynb"))
+jailed = pytest.mark.skipif(not can_jail() or shutil.which("unshare") is None,
+                            reason="the jail needs root and unshare")
+
+
+def _forbidden(solution: Path) -> tuple[str, ...]:
+    nb = json.loads(solution.read_text())
+    return kernel_tree.forbidden_for([source(c) for c in nb["cells"] if c.get("cell_type") == "code"])
+
+
+# -- the builder, on a small package ----------------------------------------------------------------------------
+
+
+def _package(tmp_path: Path) -> Path:
+    pkg = tmp_path / "src" / "specref"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text('_LAZY: dict[str, str] = {"answer": "specref.rules", "helper": "specref.rules"}\n'
+                                     '__all__ = ["answer", "helper"]\n')
+    (pkg / "rules.py").write_text("def answer():\n    return 42\n\n\ndef uses_answer():\n    return answer() + 1\n\n\n"
+                                  "def helper():\n    return 7\n")
+    (pkg / "needs.py").write_text("from specref import answer\n\nX = answer()\n")
+    (pkg / "lazy_needs.py").write_text("def f():\n    from .rules import answer\n\n    return answer()\n")
+    (pkg / "keeps.py").write_text("from .rules import helper\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "deep.py").write_text("from ..needs import X\n")
+    (pkg / "data.bin").write_bytes(b"\0" * 16)
+    return pkg
+
+
+def test_the_builder_cuts_a_forbidden_function_and_what_needs_it(tmp_path):
+    pkg = _package(tmp_path)
+    dest = tmp_path / "out" / "specref"
+    kernel_tree.write_tree(pkg, dest, ("specref.rules.answer",))
+    rules = (dest / "rules.py").read_text()
+    assert "def answer" not in rules and "def uses_answer" not in rules  # cut, and the helper calling it
+    assert not (dest / "needs.py").exists() and not (dest / "sub" / "deep.py").exists()  # import-time users, to a fixpoint
+    assert '"answer"' not in (dest / "__init__.py").read_text() and "'answer'" not in (dest / "__init__.py").read_text()
+    assert (dest / "data.bin").read_bytes() == b"\0" * 16
+
+
+def test_the_builder_keeps_what_is_not_forbidden(tmp_path):  # the negative control
+    pkg = _package(tmp_path)
+    dest = tmp_path / "out" / "specref"
+    kernel_tree.write_tree(pkg, dest, ("specref.rules.answer",))
+    assert "def helper" in (dest / "rules.py").read_text()
+    assert (dest / "keeps.py").exists() and (dest / "lazy_needs.py").exists()  # an import inside a function is not import-time
+    assert "helper" in (dest / "__init__.py").read_text()
+    probe = ("import sys\nsys.path.insert(0, sys.argv[1])\nfrom specref.rules import helper\nimport specref.keeps\n"
+             "print(helper())\ntry:\n    from specref.rules import answer\nexcept ImportError:\n    print('gone')\n")
+    out = subprocess.run([sys.executable, "-I", "-c", probe, str(dest.parent)], capture_output=True, text=True,
+                         check=False)
+    assert out.stdout.split() == ["7", "gone"], out.stderr
+
+
+def test_a_whole_forbidden_module_is_absent(tmp_path):
+    pkg = _package(tmp_path)
+    dest = tmp_path / "out" / "specref"
+    kernel_tree.write_tree(pkg, dest, ("specref.rules",))
+    assert not (dest / "rules.py").exists() and not (dest / "keeps.py").exists()
+    assert not list(dest.rglob("rules*.pyc"))
+
+
+def test_builds_are_cached_and_atomic(tmp_path):
+    pkg = _package(tmp_path)
+    a = kernel_tree.build(("specref.rules.answer",), root=pkg, cache=tmp_path / "cache")
+    b = kernel_tree.build(("specref.rules.answer",), root=pkg, cache=tmp_path / "cache")
+    assert a == b and a.name == "specref"
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("building-")]
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.stem)
+def test_the_real_copy_lacks_every_forbidden_name(solution):
+    forbidden = _forbidden(solution)
+    reading = kernel_tree.Reading(kernel_tree.specref_dir())
+    for name in forbidden:
+        if name.startswith("specref."):
+            assert not reading.available(forbidden, name), name
+
+
+def test_a_setup_import_of_a_forbidden_name_is_served_and_a_moved_class_imported():
+    reading = kernel_tree.Reading(kernel_tree.specref_dir())
+    text, served = kernel_tree.kernel_setup(reading, "from specref.trees import Tree, tree_attention_mask\n",
+                                            ("specref.trees", "specref_grading"), {"tree_attention_mask"})
+    assert served == ["tree_attention_mask"]
+    assert "from specref.tree_shapes import Tree" in text and "specref.trees" not in text
+
+
+def _imported(module: str) -> list[str]:
+    code = f"import {module}, sys; print(sorted(m for m in sys.modules if m.startswith('specref')))"
+    out = subprocess.run([sys.executable, "-c", code],
+                         capture_output=True, text=True, check=True)
+    return eval(out.stdout)
+
+
+def test_importing_one_module_imports_only_what_it_needs():
+    assert _imported("specref.checks.rng") == ["specref", "specref._validate", "specref.checks", "specref.checks.rng",
+                                               "specref.models", "specref.models.domains", "specref.sampling"]
+    assert "specref.drafts.prompt_lookup" not in _imported("specref.drafts.load")  # ex05's answer key
+
+
+# -- in the jail ----------------------------------------------------------------------------------------------------
+
+PROBE = '''
+import importlib, os
+def answer_probe():
+    found = []
+    for name in NAMES:
+        module, _, attr = name.rpartition(".")
+        try:
+            m = importlib.import_module(name)
+            found.append(name)
+        except ImportError:
+            try:
+                if module and hasattr(importlib.import_module(module), attr):
+                    found.append(name)
+            except ImportError:
+                pass
+    for top in ("/work", "/root", "/home", "/tmp", "/var", "/opt", "/srv", "/mnt", "/"):
+        if not os.path.isdir(top):
+            continue
+        for dirpath, dirnames, filenames in os.walk(top):
+            if dirpath == "/":
+                dirnames[:] = [d for d in dirnames if d not in ("proc", "sys", "usr", "dev")]
+            if "site-packages" in dirpath.split(os.sep) or "/.venv" in dirpath and "specref" not in dirpath:
+                dirnames[:] = []
+            for f in dirnames + filenames:
+                path = os.path.join(dirpath, f)
+                if "specref_grading" in f or f == "solutions" or f.startswith("ex0") and f.endswith(".ipynb"):
+                    found.append(path)
+            for f in filenames:
+                path = os.path.join(dirpath, f)
+                if "/specref" in path and f.endswith((".py", ".pyc")):
+                    try:
+                        data = open(path, "rb").read()
+                    except OSError:
+                        continue
+                    for mark in MARKS:
+                        if mark.encode() in data:
+                            found.append(path + ": " + mark)
+    return found
+'''
+
+
+def _probe_submission(solution: Path, tmp_path: Path, names: list[str], marks: list[str]) -> Path:
+    """The exercise's stub with its first code answer replaced by the probe, and the probe's findings printed."""
+    nb = json.loads(solution.read_text())
+    for c in nb["cells"]:
+        if c.get("metadata", {}).get("nbgrader", {}).get("solution") and c["cell_type"] == "code":
+            c["source"] = f"NAMES = {names!r}\nMARKS = {marks!r}\n" + PROBE + "\nraise AssertionError(repr(answer_probe()))\n"
+            break
+    path = tmp_path / solution.name
+    path.write_text(json.dumps(nb))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.grader
+@jailed
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.stem)
+def test_the_jailed_kernel_has_no_answer_key(solution, tmp_path):
+    forbidden = [f for f in _forbidden(solution) if f.startswith("specref.")]
+    grading = ["specref_grading"] + [f"specref_grading.{p.stem}" for p in (ROOT / "specref_grading").glob("*.py")]
+    grading += [f"specref_grading.checks.{p.stem}" for p in (ROOT / "specref_grading" / "checks").glob("*.py")]
+    seed = 7_394_105_288_117
+    checks = sorted({f"def {line.split('(')[0][4:]}(" for p in (ROOT / "specref_grading" / "checks").glob("*.py")
+                     for line in p.read_text().splitlines() if line.startswith("def check_")})
+    marks = checks + [str(seed), "### BEGIN SOLUTION", "BEGIN HIDDEN TESTS"]
+    sub = _probe_submission(solution, tmp_path, forbidden + grading, marks)
+    report = grade(sub, solution=solution, seed=seed)
+    assert not report.error, report.error
+    text = report.text()
+    # The probe's findings travel in its answer cell's error: an empty list, nothing found.
+    found = [line for line in text.splitlines() if "AssertionError (line" in line]
+    assert found and all(line.rstrip().endswith(": [])") for line in found), text
+
+
+# -- the red team's attack gives no marks -----------------------------------------------------------------------
+
+
+def _with_answer(solution: Path, tmp_path: Path, gid: str, code: str) -> Path:
+    nb = json.loads(solution.read_text())
+    for c in nb["cells"]:
+        if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == gid:
+            c["source"] = code
+    path = tmp_path / solution.name
+    path.write_text(json.dumps(nb))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.grader
+@jailed
+@pytest.mark.parametrize("exercise, gid, test_gid, code", [
+    ("ex02_accept_reject", "ex02_step_answer", "ex02_step_check",
+     "from specref.rejection import verify_chain\n\ndef speculative_step(*a, **k):\n    return verify_chain(*a, **k)\n"),
+    ("ex02_accept_reject", "ex02_step_answer", "ex02_step_check",
+     "import importlib\nspeculative_step = importlib.import_module('specref.rejection').verify_chain\n"),
+    ("ex02_accept_reject", "ex02_step_answer", "ex02_step_check",  # through any module's namespace
+     "import torch.overrides as o\nspeculative_step = o.sys.modules['specref'].verify_chain\n"),
+    ("ex03_speedup", "ex03_expected_answer", "ex03_expected_check",
+     "from specref.theory import expected_tokens_per_step\n"),
+    ("ex03_speedup", "ex03_expected_answer", "ex03_expected_check",
+     "import specref\nexpected_tokens_per_step = specref.expected_tokens_per_step\n"),
+])
+def test_fetching_the_reference_through_a_module_scores_zero(exercise, gid, test_gid, code, tmp_path):
+    solution = ROOT / "solutions" / f"{exercise}.ipynb"
+    nb = json.loads(solution.read_text())
+    gids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb["cells"]}
+    if gid not in gids or test_gid not in gids:
+        pytest.skip(f"{exercise} has no cell {gid} / {test_gid}")
+    report = grade(_with_answer(solution, tmp_path, gid, code), solution=solution, seed=1)
+    result = next(t for t in report.tests if t.grade_id == test_gid)
+    assert result.outcome != "passed", report.text()
+    assert any(e in report.text() for e in ("ModuleNotFoundError", "ImportError", "AttributeError")), report.text()
