@@ -50,7 +50,8 @@ checks, perf
     perf.draft_costs    a draft's parameters and KV cache; its step on a modelled GPU  (nb 05)
     perf.domains        code / comment / docstring labels, acceptance along a text  (nb 08; old path models.domains)
 course
-    course.grading.*, course.plots, course.widgets, course.doctor  (the exercises and views)
+    course.plots, course.widgets, course.doctor  (the notebooks' views; the graders are the separate
+    package specref_grading, which specref never imports)
 """
 
 import importlib
@@ -58,6 +59,8 @@ import sys
 import warnings
 from importlib.machinery import ModuleSpec
 from types import ModuleType
+
+from ._lazy import lazy_names
 
 # name -> the module that defines it, imported on first use (PEP 562): importing one module of specref never
 # imports another as a side effect, and a kernel given a copy of specref without some modules imports the rest.
@@ -148,19 +151,8 @@ _keep_old_path("specref.models.domains", "specref.perf.domains",
                ("LABELS", "acceptance_along", "source_labels", "token_labels"))
 
 
-def __getattr__(name: str) -> object:
-    """A public name (or subpackage) of specref, imported from its module on first use (see `_LAZY`)."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    if name in _SUBPACKAGES:
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, _SUBPACKAGES)
 
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY) | set(_SUBPACKAGES))
 
 
 __all__ = [

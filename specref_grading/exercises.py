@@ -1,7 +1,7 @@
 """Generate the learners' exercise notebooks (exercises/) from the solutions (solutions/).
 
-    python tools/upkeep/make_exercises.py           # write exercises/ (make exercises)
-    python tools/upkeep/make_exercises.py --check   # exit 1 and list the files that differ
+    python -m specref_grading.exercises           # write exercises/ (make exercises)
+    python -m specref_grading.exercises --check   # exit 1 and list the files that differ
 
 solutions/ is the single source. Markers are nbgrader's:
 
@@ -15,12 +15,12 @@ solutions/ is the single source. Markers are nbgrader's:
   binds ("set beta and res"), keeping those the task's text names in backticks when it names any.
   Without a task heading above it the message says "(see the exercise above)" and names no task.
 * ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS``: removed, markers included
-  (the grader puts them back from the solution, see tools/grading/grade.py).
+  (the grader puts them back from the solution, see specref_grading/grade.py).
 
 Outputs, execution counts, per-cell timing metadata and saved widget state are
 cleared; cell ids and all other metadata (nbgrader's ``grade``, ``grade_id``,
 ``points``) are kept. The notebook is stamped with ``metadata.specref = {"exercise":
-<the solution's file stem>, "version": <hash of its tests>}``: tools/grading/grade.py finds the
+<the solution's file stem>, "version": <hash of its tests>}``: specref_grading/grade.py finds the
 solution by that id, whatever the learner names the file, and notes an older version. The output is a function of the solution alone: the same
 bytes on every run, so CI can regenerate and compare.
 """
@@ -157,7 +157,7 @@ def check_grading_metadata(nb, name: str) -> None:
 def tests_version(solution) -> str:
     """A short hash of what grading depends on: graded cells' ids, points, types and sources (hidden tests too).
 
-    tools/grading/grade.py computes the same from the solution it grades with.
+    specref_grading/grade.py computes the same from the solution it grades with.
     """
     parts = [[c.get("metadata", {}).get("nbgrader", {}).get("grade_id"),
               c.get("metadata", {}).get("nbgrader", {}).get("points"), c.get("cell_type"),
@@ -171,7 +171,7 @@ def make_exercise(solution, name: str = "notebook"):
 
     `name` is the solution's file name (or a path): its stem is the exercise id stamped into the notebook.
     """
-    import nbformat  # here, not at the top: tools/grading/grade.py imports this module and must start fast
+    import nbformat  # here, not at the top: specref_grading/grade.py imports this module and must start fast
 
     nb = copy.deepcopy(solution)
     check_grading_metadata(nb, name)
@@ -199,7 +199,7 @@ def make_exercise(solution, name: str = "notebook"):
 
 def to_bytes(nb) -> bytes:
     """Stable serialization: nbformat's sorted-key JSON plus a final newline."""
-    import nbformat  # here, not at the top: tools/grading/grade.py imports this module and must start fast
+    import nbformat  # here, not at the top: specref_grading/grade.py imports this module and must start fast
 
     text = nbformat.writes(nb)
     return (text if text.endswith("\n") else text + "\n").encode("utf-8")
@@ -212,7 +212,7 @@ def notebooks_in(folder: Path) -> list[Path]:
 
 def expected_files(solutions: Path) -> dict[str, bytes]:
     """{exercise file name: bytes} for every solution notebook."""
-    import nbformat  # here, not at the top: tools/grading/grade.py imports this module and must start fast
+    import nbformat  # here, not at the top: specref_grading/grade.py imports this module and must start fast
 
     out: dict[str, bytes] = {}
     for path in notebooks_in(solutions):

@@ -18,7 +18,8 @@ specref (`build`) from which, read statically with `ast`,
 `available` tells the plan which names the kernel can import (the rest of what the setup gives the learner
 is served from the trusted process: specref_grading/plan.py). Built trees are cached per (specref's sources,
 forbidden set) under ``$XDG_CACHE_HOME/specref-grading`` (or ``~/.cache/specref-grading``, mode 0700),
-built in a temporary folder and renamed into place, so two grading workers may build at once.
+built in a temporary folder and renamed into place, so two grading workers may build at once. Building one
+removes the trees of other keys unused for a day (`sweep`).
 The jail (specref_grading/jail.py) binds the tree read-only at the real package's path.
 """
 
@@ -26,11 +27,14 @@ from __future__ import annotations
 
 import ast
 import compileall
+import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -403,20 +407,100 @@ def build(forbidden: tuple[str, ...], root: Path | None = None, cache: Path | No
     cache.mkdir(parents=True, exist_ok=True, mode=0o700)
     key = hashlib.sha256((sources_hash(root) + "\0" + "\0".join(forbidden)).encode()).hexdigest()[:24]
     final = cache / f"tree-{key}"
-    if (final / root.name).is_dir():
-        return final / root.name
+    with _cache_lock(cache, fcntl.LOCK_SH):  # a sweep (`sweep`) never removes a tree between this look and its touch
+        if (final / root.name).is_dir():
+            _touch(final)
+            return final / root.name
     tmp = Path(tempfile.mkdtemp(prefix="building-", dir=cache))
     try:
         write_tree(root, tmp / root.name, forbidden)
         os.chmod(tmp, 0o755)
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another worker renamed its build first
-            if not (final / root.name).is_dir():
-                raise
+        with _cache_lock(cache, fcntl.LOCK_SH):
+            try:
+                os.rename(tmp, final)
+            except OSError:  # another worker renamed its build first
+                if not (final / root.name).is_dir():
+                    raise
+            _touch(final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    sweep(cache, keep=final.name)
     return final / root.name
+
+
+MAX_AGE_S = 24 * 3600  # a tree (or a build left by a killed worker) unused for this long is removed by `sweep`
+
+
+@contextlib.contextmanager
+def _cache_lock(cache: Path, mode: int):
+    """flock on the cache's lock file: shared while a tree is looked up and touched or put in place, exclusive
+    while `sweep` chooses what to remove. Yields whether the lock was taken (never, with LOCK_NB, when busy)."""
+    try:
+        fd = os.open(cache / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, mode)
+        except OSError:  # LOCK_NB and held by another worker (or no flock on this filesystem)
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _touch(tree: Path) -> None:
+    """Mark a tree used now: its folder's mtime is its last use, which `sweep` reads."""
+    try:
+        os.utime(tree)
+    except OSError:
+        pass
+
+
+def sweep(cache: Path, keep: str = "", max_age_s: float = MAX_AGE_S) -> list[str]:
+    """Remove the cache's trees other than `keep` unused for `max_age_s` (and builds left that long by a killed
+    worker); the names removed.
+
+    Two workers may build and grade at once: a tree is found and touched (`build`) under a shared lock and chosen
+    for removal here under the exclusive one (not waited for: a busy cache is swept by the next build), and is
+    renamed out of the way before its files go, so a worker never finds a half-removed tree. A grading in
+    progress uses a tree for minutes, far less than `max_age_s` after its touch.
+    """
+    removed: list[str] = []
+    doomed: list[Path] = []
+    with _cache_lock(cache, fcntl.LOCK_EX | fcntl.LOCK_NB) as locked:
+        if not locked:
+            return removed
+        now = time.time()
+        for entry in cache.iterdir():
+            if entry.name == keep or not entry.name.startswith(("tree-", "building-", "removing-")):
+                continue
+            try:  # a fresh building- is another worker's build in progress, a fresh removing- another sweep's
+                if now - entry.stat().st_mtime <= max_age_s:
+                    continue
+                if entry.name.startswith("removing-"):
+                    doomed.append(entry)  # a sweep's leftover (its worker was killed while removing)
+                    continue
+                gone = Path(tempfile.mkdtemp(prefix="removing-", dir=cache))
+                os.rename(entry, gone / entry.name)
+                doomed.append(gone)
+                removed.append(entry.name)
+            except OSError:
+                continue
+    for path in doomed:
+        _make_removable(path)
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+def _make_removable(path: Path) -> None:
+    for dirpath, _, _ in os.walk(path):
+        try:
+            os.chmod(dirpath, 0o700)
+        except OSError:
+            pass
 
 
 # -- the setup the kernel runs -------------------------------------------------------------------------------------

@@ -74,7 +74,7 @@ def find_solution(submission: dict, solutions_dir: Path) -> Path:
     eid, _ = stamp(submission)
     if eid is None:
         raise GradeError("the notebook has no exercise id (metadata.specref.exercise, stamped by "
-                         "tools/upkeep/make_exercises.py); name its solution with --solution")
+                         "python -m specref_grading.exercises); name its solution with --solution")
     for path in sorted(Path(solutions_dir).glob("*.ipynb")):
         if exercise_id(path) == eid:
             return path

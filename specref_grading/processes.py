@@ -22,22 +22,9 @@ MARKER_ENV = "SPECREF_GRADING_RUN"
 
 # The trusted process (specref_grading/trusted.py: the solution's setup and test cells) is limited per run like
 # the kernel: a CPU-time rlimit, a memory rlimit and, as root where the host has writable cgroups, a cgroup of its
-# own (one CPU, TRUSTED_MEMORY_MB, a process count). Measured by grading each solution against itself (seed 1,
-# full marks each, 2-core host, no cgroup; the peak RSS (VmHWM) of each process read from /proc):
-#
-#   exercise   trusted RSS   its CPU   kernel RSS   most calls in one test (either way)
-#   ex01          320 MB       2.5 s     323 MB        145
-#   ex02          242 MB       5.3 s     232 MB     25 933   (ex02_step_check)
-#   ex03          433 MB       4.9 s     311 MB        261
-#   ex04        3 312 MB      23 s       383 MB     57 188   (ex04_step_check; the GPT-2 pair is loaded here:
-#                                                             its VmData, what RLIMIT_DATA counts, 3 341 MB)
-#   ex05          365 MB       3.7 s     302 MB        551
-#   ex06          237 MB       4.0 s     233 MB     12 802
-#   ex07          283 MB       2.0 s     285 MB         62
-#   ex08          302 MB       8.0 s     307 MB     51 805   (ex08_check_check)
-#
-# The limits leave a wide margin over the largest (ex04): about 1.8x its memory, 13x its CPU time (a slower host,
-# torch's threads); trusted.MAX_CALLS_PER_TEST is 3.5x its calls.
+# own (one CPU, TRUSTED_MEMORY_MB, a process count). The limits leave a wide margin over the largest honest grading
+# (ex04, which loads the GPT-2 pair there: about 1.8x its peak memory, 13x its CPU time); the peaks of every
+# exercise are measured in benchmarks/README.md ("Grading a class").
 TRUSTED_MEMORY_MB = 6144
 TRUSTED_CPU_S = 300
 # One submission's peak, kernel and trusted process together (ex04's: 3 312 MB + 383 MB), what

@@ -1,14 +1,15 @@
 """Prove the graders grade: every graded cell passes on the solution and fails on the stub.
 
-    python tools/grading/grading_selfcheck.py                       # every notebook in solutions/
-    python tools/grading/grading_selfcheck.py solutions/ex02_accept_reject.ipynb
+    python -m specref_grading.selfcheck                       # every notebook in solutions/
+    python -m specref_grading.selfcheck solutions/ex02_accept_reject.ipynb
 
-For each solution notebook, tools/grading/grade.py grades the solution itself (its answers,
+For each solution notebook, specref_grading/grade.py grades the solution itself (its answers,
 hidden tests included) and the exercise generated from it (as a learner receives it), each
-in its own sandboxed kernel, and reads the learner's copy of every test cell: one made of
-hidden tests only would pass there, unsolved. A graded code cell that fails on the solution is a
-broken test; one that passes on the stub would give points for doing nothing; a solution
-that the grader flags for review (tools/grading/grade_scan.py) would flag honest learners too.
+across the wall (answers in a jailed kernel, tests in a trusted process), and reads the learner's copy
+of every test cell: one made of hidden tests only would pass there, unsolved. A graded code cell that
+fails on the solution is a broken test; one that passes on the stub would give points for doing nothing;
+a test that the trusted side flags for review on the solution (e.g. a function that changed its inputs)
+would flag honest learners too (the scanner's notes, specref_grading/scan.py, never withhold points).
 All are reported, and so is a solution notebook with no autograded cell at all.
 """
 

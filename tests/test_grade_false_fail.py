@@ -8,7 +8,7 @@ solution's own functions (not through the jail), over many seeds, and the observ
 stated rate allows. Next to each, a negative control: a wrong answer that the same check, at the same sample
 size, fails at most seeds (the widened thresholds kept their power).
 
-Where one run of the real check takes seconds (ex04's 2000 GPT-2 generations, ex05's 4000), the test's
+Where one run of the real check takes seconds (ex04's 2000 GPT-2 generations, ex05's 16,000), the test's
 statistic is measured on many more seeds by drawing the counts a correct sampler produces (multinomial from the
 exact distribution: that is what "correct" means) and applying the check's own decision, and the real check
 runs on fewer seeds besides.
@@ -158,12 +158,15 @@ def test_ex04_the_real_check_passes_the_reference_decoder_at_random_seeds():
     failed, n = seeds_within(SECONDS, 6, 40, lambda s: fails(
         G.check_first_two_tokens, STEP, G.SAMPLING_HIDDEN, seed=10**12 + s))
     assert_consistent("ex04 check_first_two_tokens (reference decoder)", failed, n, G.FALSE_FAIL_RATE)
+    # negative control, the real check at the same N: a decoder that skips the residual (TV 0.25, far past the bound)
     _, skip, _ = make_decoder("skip_residual")
-    assert all(fails(G.check_first_two_tokens, skip, G.SAMPLING_HIDDEN, seed=10**12 + s) for s in (1, 2))
+    bad = sum(fails(G.check_first_two_tokens, skip, G.SAMPLING_HIDDEN, seed=10**12 + s) for s in (1, 2, 3))
+    print(f"ex04 negative control (skip the residual, real check): {bad} of 3 seeds fail")
+    assert bad == 3
 
 
 # --------------------------------------------------------------------------------------
-# ex05: LookupDraft's first two tokens over 4000 generations (check_draft)
+# ex05: LookupDraft's first two tokens over G.RUNS = 16000 generations (check_draft)
 # --------------------------------------------------------------------------------------
 def test_ex05_check_draft_false_fail_rate():
     from specref.checks.montecarlo import distribution_test
@@ -178,7 +181,7 @@ def test_ex05_check_draft_false_fail_rate():
         target = G.tiny_target(1000 + seed)
         with torch.no_grad():
             exact = G.exact_first_two(target, G._prompt(seed, target.config.vocab_size)).reshape(-1)
-        counts = rng.multinomial(4000, (exact / exact.sum()).numpy())
+        counts = rng.multinomial(G.RUNS, (exact / exact.sum()).numpy())
         return not distribution_test(exact, counts=torch.tensor(counts).reshape(exact.shape),
                                      alpha=G.SAMPLING_ALPHA).passed
 
@@ -193,9 +196,10 @@ def test_ex05_check_draft_false_fail_rate():
             drafts, q = super().propose(tokens, lengths, k)
             return drafts, 0.9 * q + 0.1 / self.vocab_size
 
-    bad = sum(fails(G.check_draft, Smoothed, seed=10**12 + s) for s in range(1, 4))
-    print(f"ex05 negative control (smoothed q): {bad} of 3 seeds fail")
-    assert bad >= 2  # observed 2 of 3 at SAMPLING_ALPHA = 2.5e-4: this mild smoothing is near the test's power
+    bad = sum(fails(G.check_draft, Smoothed, seed=10**12 + s) for s in range(1, 11))
+    print(f"ex05 negative control (smoothed q): {bad} of 10 seeds fail")
+    # at RUNS = 4000 this mild smoothing passed 14 hidden seeds in 100; at 16000, none of 10**12 + 1..100
+    assert bad == 10
 
 
 # --------------------------------------------------------------------------------------
@@ -241,23 +245,26 @@ def test_ex07_fit_false_fail_rate():
     assert bad >= 90
 
 
-@pytest.mark.xfail(reason="OPEN: the solution's policy fails check_policy_unseen about 1 seed in 130 (SAFE = 0.95 "
-                   "is within its tail; see specref_grading/checks/batch.py's docstring)", strict=False)
 def test_ex07_policy_false_fail_rate():
     from specref_grading.checks import batch as G
 
+    # the notebook's loop form of the policy (about 0.5 s a check); batch.py's docstring holds 2500 seeds of the
+    # same policy, vectorised (tests/test_grading_ex07.py's load_aware_k): 1 failure, at SAFE = 0.90, EFFICIENT = 0.85
     policy = solution_namespace("ex07_load_aware_k")["load_aware_k"]
-    failed, n = seeds_within(SECONDS, 60, 2000, lambda s: fails(G.check_policy_unseen, policy, seed=10**12 + s))
-    print(f"ex07 check_policy_unseen (solution): {failed} failures in N = {n} seeds; 95% upper bound on the rate "
-          f"{upper_bound(failed, n):.2g} (no closed form: measured only)")
-    assert failed == 0
+    failed, n = seeds_within(60, 60, 2000, lambda s: fails(G.check_policy_unseen, policy, seed=10**12 + s))
+    print(f"ex07 check_policy_unseen (solution): {failed} failures in N = {n} seeds (no closed form: measured)")
+    assert_consistent("ex07 check_policy_unseen (solution)", failed, n, 1e-3)
 
     def fixed_k4(rows, alpha, c, context, batch_sizes, k_max):  # negative control: no load awareness
         return [min(4, k_max)] * len(batch_sizes)
 
-    bad = sum(fails(G.check_policy_unseen, fixed_k4, seed=10**12 + s) for s in range(1, 21))
-    print(f"ex07 negative control (k = 4 at every batch size): {bad} of 20 seeds fail")
-    assert bad >= 18
+    def always_off(rows, alpha, c, context, batch_sizes, k_max):  # negative control: no speculation at all
+        return [0] * len(batch_sizes)
+
+    for name, wrong in (("k = 4 at every batch size", fixed_k4), ("k = 0 at every batch size", always_off)):
+        bad = sum(fails(G.check_policy_unseen, wrong, seed=10**12 + s) for s in range(1, 101))
+        print(f"ex07 negative control ({name}): {bad} of 100 seeds fail")
+        assert bad >= 98  # k = 4 passed 3 hidden checks in 2500, k = 0 none
 
 
 # --------------------------------------------------------------------------------------

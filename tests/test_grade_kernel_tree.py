@@ -7,10 +7,13 @@ lacks is served from the trusted process.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,6 +94,45 @@ def test_builds_are_cached_and_atomic(tmp_path):
     assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("building-")]
 
 
+def _aged(path: Path, days: float) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    when = time.time() - days * 86400
+    os.utime(path, (when, when))
+    return path
+
+
+def test_a_build_removes_the_trees_of_other_keys_unused_for_a_day(tmp_path):
+    pkg, cache = _package(tmp_path), tmp_path / "cache"
+    used = kernel_tree.build(("specref.rules",), root=pkg, cache=cache).parent  # another exercise's tree
+    old = _aged(cache / "tree-0123456789abcdef01234567" / "specref", 2).parent
+    _aged(old, 2)
+    _aged(used, 2)
+    kernel_tree.build(("specref.rules",), root=pkg, cache=cache)  # a cache hit marks it used again
+    recent = _aged(cache / "tree-fedcba9876543210fedcba98", 0.5)
+    building = _aged(cache / "building-another-worker", 0)  # another worker's build in progress
+    killed = _aged(cache / "building-killed-worker", 3)  # left by a killed worker
+    other = _aged(cache / "notes", 5)  # not the cache's: never touched
+    new = kernel_tree.build(("specref.rules.answer",), root=pkg, cache=cache)
+    left = sorted(p.name for p in cache.iterdir())
+    assert not old.exists() and not killed.exists(), left
+    assert used.is_dir() and recent.is_dir() and building.is_dir() and other.is_dir() and new.is_dir(), left
+    assert not [n for n in left if n.startswith("removing-")], left
+
+
+def test_a_sweep_waits_for_no_one_and_spares_a_tree_being_looked_up(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    old = _aged(cache / "tree-0123456789abcdef01234567", 2)
+    fd = os.open(cache / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # another worker looking its tree up (kernel_tree.build)
+        assert kernel_tree.sweep(cache) == [] and old.is_dir()
+    finally:
+        os.close(fd)
+    assert kernel_tree.sweep(cache, keep=old.name) == [] and old.is_dir()  # the key being built is kept
+    assert kernel_tree.sweep(cache) == [old.name] and not old.exists()
+
+
 @pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.stem)
 def test_the_real_copy_lacks_every_forbidden_name(solution):
     forbidden = _forbidden(solution)
@@ -116,8 +158,9 @@ def _imported(module: str) -> list[str]:
 
 
 def test_importing_one_module_imports_only_what_it_needs():
-    assert _imported("specref.checks.rng") == ["specref", "specref._validate", "specref.checks", "specref.checks.rng",
-                                               "specref.models", "specref.models.domains", "specref.sampling"]
+    assert _imported("specref.checks.rng") == ["specref", "specref._lazy", "specref._validate", "specref.checks",
+                                               "specref.checks.rng", "specref.models", "specref.models.domains",
+                                               "specref.sampling"]
     assert "specref.drafts.prompt_lookup" not in _imported("specref.drafts.load")  # ex05's answer key
 
 

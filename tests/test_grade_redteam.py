@@ -1,9 +1,9 @@
 """The grader (specref_grading) against a cheating learner, second round: every attack here got marks or broke the grader.
 
 Most tests grade the toy exercise of tests/test_grade_security.py (pure Python: a kernel starts in a
-fraction of a second) with the same rule: the attacked task scores 0, or the submission is flagged
-(exit 3) or ungradable (exit 2). The others grade the course's own exercises, or call a grader of
-specref_grading.checks directly, where the hole was in that exercise's check.
+fraction of a second) with the same rule: the attacked task scores 0 (the answers run in a jailed kernel,
+the tests in a trusted process; what the scanner notices is only a note). The others grade the course's own
+exercises, or call a grader of specref_grading.checks directly, where the hole was in that exercise's check.
 
 GRADE_PY=path/to/another/grade.py runs the CLI tests against another grader, as in test_grade_security.
 """
@@ -63,9 +63,9 @@ def with_answer(nb: dict, grade_id: str, source: str) -> dict:
     return nb
 
 
-# -- 1. forging the kernel's signed results without any flagged syntax ----------------------------
-# The kernel's signing key and emitter live in the runner's module (__main__). An answer that reaches
-# it can report every test passed; the scan must flag every way there that it does not already see.
+# -- 1. forging the kernel's results without any flagged syntax -----------------------------------
+# The old kernel's signing key and emitter lived in the runner's module (__main__): an answer that reached it
+# reported every test passed. Across the wall the kernel holds no emitter and no channel to the grade.
 _EMIT_ALL_PASSED = '''
 emit = get(main, "_emit")
 for c in get(main, "_plan")["cells"]:
@@ -96,26 +96,25 @@ _FORGE_EXPR = ("(lambda m: [m._emit(dict(ev='result', n=c['n'], grade_id=c['grad
     pytest.param(f"import functools\n@functools.singledispatch\ndef g(x):\n    pass\ndef f(x: {_FORGE_EXPR!r}):\n"
                  "    pass\ng.register(f)", id="singledispatch-register-evaluates-a-string"),
 ])
-def test_reaching_the_kernels_signing_key_through_an_allowed_module_is_flagged(toy, attack):
-    """The scan flags a module reached as an attribute, builtins under other names, and string-driven attribute
-    access or evaluation: each of these forged full marks with no flag."""
+def test_reaching_the_kernels_main_module_through_an_allowed_module_forges_nothing(toy, attack):
+    """A module reached as an attribute, builtins under other names, string-driven attribute access or evaluation:
+    each of these forged full marks on the old kernel. Now they reach only the kernel's own __main__."""
     nb = attacked(toy[2], attack)
     code, report, out = grade(nb, toy)
     assert_no_marks_silently(code, report)
     assert_no_marks_silently(code, report, "pair_check")
-    assert code == 3, out
+    assert code == 1 and report["total"] == 0 and report["flags"] == [], out
 
 
-def test_forging_results_through_torch_on_a_real_exercise_is_flagged(tmp_path):
-    """torch hands out sys, os and builtins as attributes (torch.sys, torch.os, torch.builtins): 8/8 on ex02."""
+def test_forging_results_through_torch_on_a_real_exercise_gets_nothing(tmp_path):
+    """torch hands out sys, os and builtins as attributes (torch.sys, torch.os, torch.builtins): 8/8 on ex02 once."""
     forge = ("import torch\nget = torch.builtins.getattr\n"
              f"main = torch.sys.modules[{_MAIN}]" + _EMIT_ALL_PASSED)
     nb = exercise("ex02_accept_reject")
     cell = answer(nb, "ex02_worked_answer")
     cell["source"] = forge + "\n" + cell["source"]
     code, report, out = grade_exercise(nb, tmp_path)
-    assert code == 3 and report["total"] == 0, out
-    assert "torch.sys" in out or "uses .sys" in out, out
+    assert code == 1 and report["total"] == 0 and report["flags"] == [], out
 
 
 # -- 2. ex04: the models a check hands the learner ---------------------------------------------------
@@ -199,6 +198,7 @@ def toy_cases(toy):
 
     sol = toy_solution()
     sol["cells"][1]["source"] = CASES_SETUP
+    sol["cells"][1]["metadata"] = {}  # a setup cell, not the checks' cell: CASES is bound in the kernel too
     answer(sol, "double_check")["source"] = "check_double(double)"
     (toy[0] / "ex_toy.ipynb").write_text(json.dumps(sol), encoding="utf-8")
     return toy[0], toy[1], make_exercise(sol)
@@ -288,17 +288,42 @@ def test_an_endless_line_on_the_result_channel_cannot_grow_the_graders_memory():
     assert (lines, rest, skipping, over) == ([b'{"c"}'], b'{"d', False, 0)  # the flood's end, then events again
 
 
+# The check computes its expected answers with a torch module, as the course's checks do with their models.
+MODEL_CHECKS = '''import torch
+
+
+def check_double(fn, xs=(1.0, 2.5, -3.0)):
+    """The exercise's grader for double(): the reference is a torch module."""
+    lin = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        lin.weight.fill_(2.0)
+    for x in xs:
+        want = float(lin(torch.tensor([[float(x)]]))[0, 0])
+        got = fn(x)
+        assert isinstance(got, (int, float)) and abs(got - want) < 1e-9, f"double({x}) returned {got!r}, expected {want}"
+    print("check_double: passed")'''
+
+
 @pytest.mark.parametrize("source", [
     "import torch\ntorch.nn.modules.module.register_module_forward_hook(lambda m, i, o: o * 0)",
-    "from torch.nn.modules.module import register_module_forward_pre_hook\nregister_module_forward_pre_hook(print)",
-    "import torch\ntorch.nn.modules.module.register_module_full_backward_hook(print)",
-], ids=["forward-hook", "from-import-pre-hook", "backward-hook"])
-def test_hooks_on_every_module_at_once_are_flagged_before_they_run(source):
-    """A global module hook would rewrite every model's outputs, the reference's included: the scan names it."""
-    from specref_grading import scan as grade_scan
+    "from torch.nn.modules.module import register_module_forward_pre_hook\n"
+    "register_module_forward_pre_hook(lambda m, i: tuple(t * 0 for t in i))",
+], ids=["forward-hook", "from-import-pre-hook"])
+def test_hooks_on_every_module_at_once_cannot_rewrite_the_reference(toy, source):
+    """A global module hook rewrote every model's outputs, the reference's included: with the hook zeroing them,
+    double = 0 matched. Registered in the kernel, it never reaches the checks' modules."""
+    from test_grade_security import make_exercise, toy_solution
 
-    found = grade_scan.scan(source)
-    assert any(f.kind == "interference" and "register_module_" in f.text for f in found), found
+    sol = toy_solution()
+    sol["cells"][1]["source"] = MODEL_CHECKS
+    (toy[0] / "ex_toy.ipynb").write_text(json.dumps(sol), encoding="utf-8")
+    exercise_nb = make_exercise(sol)
+    code, report, out = grade(attacked(exercise_nb, source + "\ndouble = lambda x: 0.0"), toy)
+    assert_no_marks_silently(code, report)
+    assert "double(1.0) returned 0.0, expected 2.0" in out, out
+    honest = attacked(exercise_nb, "double = lambda x: 2.0 * x")  # the control: the torch reference grades
+    code, report, out = grade(honest, toy)
+    assert scores(report)["double_check"] == 2, out
 
 
 # Grades in kernels whose environment specref_grading sets itself: tools/upkeep/portable.py leaves these out.

@@ -2,8 +2,9 @@
 
 Every test grades a small toy exercise built here (pure Python, no torch: each kernel
 starts in a fraction of a second). Each class of attack is tried on the UNSOLVED stub:
-the grade must be 0 for the attacked task, or the task must be flagged "needs review"
-(exit 3, points withheld). The honest solution must still get full marks.
+the grade must be 0 for the attacked task. The answers run in a jailed kernel, the tests in a
+trusted process (the wall), so an attack gains nothing there; what the scanner notices in an
+answer is a note in the report, never a gate on points. The honest solution must still get full marks.
 
 The grader runs as a CLI (``python -m specref_grading.grade ... --json``), as an instructor runs it.
 GRADE_PY=path/to/another/grade.py runs the same tests against another grader (e.g. the one
@@ -59,7 +60,8 @@ def toy_solution() -> dict:
     """Two tasks: double() (2 points, hidden tests) and pair() (1 point), one hand-graded answer."""
     cells = [
         {"cell_type": "markdown", "id": "intro", "metadata": {}, "source": "# Toy"},
-        _code(SETUP, cid="setup"),
+        # the checks' cell, as in the course's exercises: it runs in the trusted process only, never in the kernel
+        _code(SETUP, {"specref": {"side": "checks"}}, cid="setup"),
         _code("def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION",
               _meta("double_answer", 0, True, graded=False), "a1"),
         _code("check_double(double)\n### BEGIN HIDDEN TESTS\ncheck_double(double, xs=(10, -7.5))\n"
@@ -132,7 +134,8 @@ def attacked(exercise: dict, code: str, grade_id: str = "double_answer") -> dict
 
 
 def assert_no_marks_silently(code: int, report: dict, task: str = "double_check") -> None:
-    """The attacked task scores 0, or the whole submission is flagged (exit 3) / ungradable (exit 2)."""
+    """The attacked task scores 0; the submission failed (exit 1), or is flagged by the trusted side (exit 3) or
+    ungradable (exit 2)."""
     assert report, "the grader gave no JSON report"
     assert scores(report)[task] == 0, report
     assert code in (1, 2, 3), report
@@ -275,7 +278,7 @@ def test_the_kernel_cannot_write_the_repository_the_solutions_or_other_submissio
         assert after == before, "the kernel changed files it must not touch"
         assert not any(t.exists() for t in targets[:2] + [targets[-1]])
         assert_no_marks_silently(code, report)
-        assert code == 3  # open() is flagged
+        assert any("double_answer" in n and "open" in n for n in report["notes"]), report  # noted, not a gate
     finally:
         for t in targets[:2] + [targets[-1]]:
             t.unlink(missing_ok=True)
@@ -331,7 +334,10 @@ def test_killing_the_runner_after_forging_a_report_gets_nothing(toy):
     nb = attacked(toy[2], "def double(x):\n" + "\n".join("    " + ln for ln in forge.splitlines()))
     code, report, out = grade(nb, toy)
     assert_no_marks_silently(code, report)
-    assert code == 2 and "died" in out
+    assert report["total"] == 0 and not any(t["outcome"] == "passed" for t in report["tests"]), out
+    # the forged lines reach only the kernel's own channel to the checks: a broken message, or a dead kernel
+    double = next(t["message"] for t in report["tests"] if t["grade_id"] == "double_check")
+    assert "died" in double or "refuses" in double, out
 
 
 def test_the_whole_run_has_a_time_limit(toy):
@@ -393,21 +399,24 @@ def test_a_function_that_changes_its_inputs_is_flagged(toy):
 
 
 # -- 4. the reference implementation as the answer ------------------------------------------------
-def test_using_specref_in_an_answer_is_flagged_for_that_task_only(toy):
+# What an exercise forbids is absent from the kernel's specref (specref_grading/kernel_tree.py, tested in
+# tests/test_grade_kernel_tree.py); here the scanner's side: a use of specref is a note on its cell, never a gate.
+def test_using_specref_in_an_answer_is_noted_for_that_cell_only(toy):
     nb = solved(toy)
     answer(nb, "double_answer")["source"] = ("def double(x):\n    if x is None:\n        from specref import residual\n"
                                              "    return 2 * x")
     code, report, out = grade(nb, toy)
-    assert code == 3, out
-    assert scores(report) == {"double_check": 0, "pair_check": 1}
-    flags = {t["grade_id"]: t["flags"] for t in report["tests"]}
-    assert any("specref" in f for f in flags["double_check"]) and flags["pair_check"] == []
+    assert code == 0, out
+    assert scores(report) == {"double_check": 2, "pair_check": 1}
+    assert report["flags"] == [] and all(t["flags"] == [] for t in report["tests"]), report
+    noted = [n for n in report["notes"] if "specref" in n]
+    assert noted and all("'double_answer'" in n for n in noted), report["notes"]
 
 
 
 # The answer binds double() where a reading of top-level statements does not see it (issue 31, REPRO 1): the
-# grader once charged the reference use to no test, and the stub scored full marks. A guarded import of specref
-# (never run) keeps these fast.
+# grader once charged the answer to no test. The plan must still see which answers each test depends on (it names
+# an earlier answer's syntax error with the test); a guarded import of specref (never run) is only a note.
 HIDDEN_BINDINGS = {
     "def-in-if": ("if True:\n    def double(x):\n        if x is None:\n            import specref\n"
                   "        return 2 * x"),
@@ -417,14 +426,16 @@ HIDDEN_BINDINGS = {
 
 
 @pytest.mark.parametrize("source", HIDDEN_BINDINGS.values(), ids=HIDDEN_BINDINGS.keys())
-def test_reference_use_is_charged_however_the_answer_binds_its_name(toy, source):
+def test_an_answer_is_charged_to_its_test_however_it_binds_its_name(toy, source):
+    from specref_grading import plan as grade_plan
     nb = solved(toy)
     answer(nb, "double_answer")["source"] = source
+    plan = grade_plan.build_plan(toy_solution(), nb, "ex_toy.ipynb")
+    assert 2 in next(t for t in plan.tests if t.grade_id == "double_check").depends, plan
     code, report, out = grade(nb, toy)
-    assert code == 3, out
-    assert scores(report) == {"double_check": 0, "pair_check": 1}, report
-    flags = {t["grade_id"]: t["flags"] for t in report["tests"]}
-    assert any("specref" in f for f in flags["double_check"]) and flags["pair_check"] == []
+    assert code == 0, out
+    assert scores(report) == {"double_check": 2, "pair_check": 1}, report
+    assert any("'double_answer'" in n and "specref" in n for n in report["notes"]), report["notes"]
 
 
 @pytest.mark.parametrize("source, names", [
@@ -446,40 +457,40 @@ def test_names_bound_sees_every_binding_of_the_cells_scope(source, names):
 @pytest.mark.parametrize("source", ['exec("def double(x): return 2 * x")', 'globals()["double"] = abs',
                                     'import sys\nsys.modules["__main__"].double = abs', 'vars().update(double=abs)'])
 def test_a_cell_that_binds_names_unseen_is_charged_to_every_later_test(toy, source):
-    """What no reading settles may bind double(): the cell's reference use reaches every later test."""
+    """What no reading settles may bind double(): every later test depends on the cell; its uses are notes."""
     from specref_grading import plan as grade_plan
     from specref_grading.scan import binds_unknown
     nb = solved(toy)
     answer(nb, "double_answer")["source"] = "if None:\n    import specref\n" + source
     plan = grade_plan.build_plan(toy_solution(), nb, "ex_toy.ipynb")
     assert binds_unknown(source) and not binds_unknown("double = lambda x: 2 * x\nmodel.eval()")
-    assert all(2 in t.depends for t in plan.tests) and plan.reference[2], plan
+    assert all(2 in t.depends for t in plan.tests), plan
+    assert any("'double_answer'" in n and "specref" in n for n in plan.notes), plan.notes
 
 
 # An exercise whose own cells call specref (ex07's setup runs server_rows(); a later given cell compares the
-# learner's fit with the reference's): building the plan reads every cell and runs none, so no name has to exist.
+# learner's result with the reference's): building the plan reads every cell and runs none.
 def _given_cells_solution() -> dict:
     nb = toy_solution()
-    nb["cells"][1]["source"] = ("from specref_grading.checks.load import check_fit, reference_fit, server_rows\n"
-                                "ROWS = server_rows()\n" + SETUP)
-    nb["cells"].insert(4, _code("print(double(2), reference_fit(ROWS))", cid="given"))
+    nb["cells"].insert(2, _code("from specref.theory import expected_tokens_per_step, optimal_k, speedup\n"
+                                "TOKENS = expected_tokens_per_step(0.8, 4)", cid="given-setup"))
+    nb["cells"].insert(4, _code("print(double(2), optimal_k(0.8, 0.05))", cid="given"))
     return nb
 
 
-@pytest.mark.parametrize("extra, flagged", [
-    ("print(double(len(server_rows())))", False),  # what the setup itself calls: an honest smoke run
-    ("print(reference_fit(ROWS))", True),  # only a given cell after the answer calls it: the reference
-    ("check_fit(double)", True),  # imported by the setup for the tests, never called by the exercise's cells
+@pytest.mark.parametrize("name, extra, noted", [
+    ("expected_tokens_per_step", "print(double(int(expected_tokens_per_step(0.8, 2))))", False),  # the setup calls it
+    ("optimal_k", "print(optimal_k(0.8, 0.05))", True),  # only a given cell after the answer calls it: the reference
+    ("speedup", "print(speedup(0.8, 4, 0.05))", True),  # imported by the setup, never called by the exercise's cells
 ])
-def test_an_answer_may_use_what_the_exercises_cells_before_it_use(extra, flagged):
-    from specref_grading import grade as grader
+def test_an_answer_may_use_what_the_exercises_cells_before_it_use(name, extra, noted):
+    """What the scanner notes as the reference implementation: never what the exercise's cells before it use."""
     from specref_grading import plan as grade_plan
-    from specref_grading import report as grade_report
     sol = _given_cells_solution()
     nb = copy.deepcopy(sol)
     answer(nb, "double_answer")["source"] = "def double(x):\n    return 2 * x\n\n" + extra
     plan = grade_plan.build_plan(sol, nb, "ex_toy.ipynb")
-    assert bool(plan.reference) == flagged and not plan.flags, plan.reference
+    assert any("'double_answer'" in n and name in n for n in plan.notes) == noted, plan.notes
 
 
 @pytest.mark.slow
@@ -487,7 +498,6 @@ def test_an_answer_may_use_what_the_exercises_cells_before_it_use(extra, flagged
 def test_the_honest_ex07_answer_with_the_setups_own_call_gets_full_marks(tmp_path):
     """The solution plus print(fit_pass_time(server_rows())), a call ex07's setup makes: once 3/9, needs review."""
     from specref_grading import grade as grader
-    from specref_grading import plan as grade_plan
     from specref_grading import report as grade_report
     sol = REPO / "solutions" / "ex07_load_aware_k.ipynb"
     nb = json.loads(sol.read_text())
@@ -584,18 +594,19 @@ def test_grade_all_writes_a_gradebook_of_isolated_runs(toy, tmp_path):
     assert set(rows) == {"honest.ipynb", "stub.ipynb", "other.ipynb", "patcher.ipynb", "broken.ipynb"}
     assert (rows["honest.ipynb"]["total"], rows["honest.ipynb"]["double_check"], rows["honest.ipynb"]["status"]) == (
         "3", "2", "autograded checks passed, 1 point awaits hand grading")
-    seed = rows["honest.ipynb"]["hidden_seed"]  # a fresh seed per run, the same for every notebook of the run
-    assert int(seed) >= 1 and rows["stub.ipynb"]["hidden_seed"] == seed and rows["broken.ipynb"]["hidden_seed"] == ""
+    seeds = [int(rows[f]["hidden_seed"]) for f in ("honest.ipynb", "stub.ipynb")]  # a fresh seed per submission
+    assert all(s >= 1 for s in seeds) and seeds[0] != seeds[1] and rows["broken.ipynb"]["hidden_seed"] == ""
     assert rows["stub.ipynb"]["total"] == "0" and "NotImplementedError" in rows["stub.ipynb"]["reasons"]
     assert rows["other.ipynb"]["exercise"] == "ex_other" and rows["other.ipynb"]["possible"] == "7"
-    assert rows["patcher.ipynb"]["status"].startswith("NEEDS REVIEW") and ".isclose" in rows["patcher.ipynb"]["flags"]
+    assert rows["patcher.ipynb"]["status"].startswith("some checks failed") and rows["patcher.ipynb"]["flags"] == ""
     assert rows["patcher.ipynb"]["total"] == "0"  # math.isclose patched in the learner's kernel, not in the checks
     assert rows["broken.ipynb"]["status"] == "could not be graded" and "JSON" in rows["broken.ipynb"]["reasons"]
 
 
-def test_forging_a_signed_report_by_reading_the_kernels_memory_is_flagged(toy):
-    """The kernel runs the learner's code, so code that walks its frames can find the key and sign a
-    forged result. That cannot be prevented in-process; it is flagged before it runs (exit 3, no marks)."""
+def test_forging_a_report_by_reading_the_kernels_memory_gets_nothing(toy):
+    """The old kernel held a signing key that code walking its frames could find, to sign a forged result. Across
+    the wall the kernel holds no key and no channel to the grade: the walk finds nothing, the task scores 0, and
+    what the answer reached for is noted."""
     forge = '''import hashlib, hmac, json, os, sys
 def double(x):
     f = sys._getframe()
@@ -610,9 +621,9 @@ def double(x):
     os.write(g["_FD"], (hmac.new(g["_SECRET"], data.encode(), hashlib.sha256).hexdigest() + " " + data + "\\n").encode())
     os._exit(0)'''
     code, report, out = grade(attacked(toy[2], forge), toy)
-    assert code == 3 and report["total"] == 0, out
-    flags = " ".join(report["flags"])
-    assert "f_back" in flags and "imports os" in flags
+    assert code == 1 and report["total"] == 0 and report["flags"] == [], out
+    notes = " ".join(report["notes"])
+    assert "f_back" in notes and "imports os" in notes, report["notes"]
 
 
 # Grades in kernels whose environment specref_grading sets itself: tools/upkeep/portable.py leaves these out.

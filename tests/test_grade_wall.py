@@ -74,28 +74,25 @@ def _forged(report: dict) -> bool:
 
 @pytest.mark.parametrize("route", [MATCH_ROUTE, ATTRGETTER_ROUTE], ids=["underscore-import+match", "attrgetter"])
 def test_the_issue_routes_forge_nothing(toy, route):
-    """On the old grader these scanner-clean stubs scored 3/3 with exit 0; now: no points, and flagged."""
+    """On the old grader these scanner-clean stubs scored 3/3 with exit 0; now: no points, nothing to review (the
+    scanner is only a note-writer: the wall, not a flag, keeps the points)."""
     code, report, out = grade(attacked(toy[2], route), toy)
     assert report, out
     assert not _forged(report), report
-    assert code == grade_report.EXIT_REVIEW, report  # the scanner names the route too
-    assert report["flags"], report
+    assert code == grade_report.EXIT_FAILED and report["flags"] == [], report
 
 
-def _plan_without_scanner(toy, code: str) -> grade_plan.Plan:
+def _plan(toy, code: str) -> grade_plan.Plan:
     sol_dir, _, exercise = toy
     sol = json.loads((sol_dir / "ex_toy.ipynb").read_text())
-    plan = grade_plan.build_plan(sol, attacked(exercise, code), "ex_toy.ipynb")
-    plan.flags.clear()
-    plan.reference.clear()
-    return plan
+    return grade_plan.build_plan(sol, attacked(exercise, code), "ex_toy.ipynb")
 
 
 @pytest.mark.parametrize("route", [MATCH_ROUTE, ATTRGETTER_ROUTE, ANY_MEANS], ids=["match", "attrgetter", "any-means"])
 def test_reaching_the_kernels_own_globals_cannot_change_a_grade(toy, route):
-    """With the scanner's findings thrown away, whatever the answer does in its kernel, the stubs still fail:
-    the grade is decided in a process that runs no learner code."""
-    results = grader.grade_plan(_plan_without_scanner(toy, route), cell_timeout=60)
+    """Whatever the answer does in its kernel, the stubs still fail: the grade is decided in a process that runs
+    no learner code (the scanner's notes on the answer play no part in it)."""
+    results = grader.grade_plan(_plan(toy, route), cell_timeout=60)
     assert [r.outcome for r in results] != ["passed", "passed"]
     assert all(r.outcome != "passed" for r in results), [(r.grade_id, r.outcome, r.message) for r in results]
 
@@ -103,17 +100,19 @@ def test_reaching_the_kernels_own_globals_cannot_change_a_grade(toy, route):
 def test_without_a_jail_the_wall_still_holds_and_the_report_says_so(toy, monkeypatch):
     """Not root (or no namespaces): the answers run in a plain kernel of their own, the tests still in the
     trusted process. Forging gains nothing, the honest answer gets full marks, and the report names the gap."""
-    monkeypatch.setattr(grader, "can_jail", lambda: False)
+    monkeypatch.setattr(grader, "can_jail", lambda: False)  # the report's note
+    monkeypatch.setattr(wall, "can_jail", lambda: False)  # the kernel itself
     for route in (MATCH_ROUTE, ANY_MEANS):
-        results = grader.grade_plan(_plan_without_scanner(toy, route), cell_timeout=60)
+        results = grader.grade_plan(_plan(toy, route), cell_timeout=60)
         assert all(r.outcome != "passed" for r in results), [(r.grade_id, r.outcome, r.message) for r in results]
     sol_dir, sub_dir, _ = toy
     (sub_dir / "honest.ipynb").write_text(json.dumps(solved(toy)))
     report = grader.grade(sub_dir / "honest.ipynb", solutions_dir=sol_dir, cell_timeout=60)
     assert report.exit_code == grade_report.EXIT_FULL and report.total == report.possible, report.as_dict()
     assert processes.UNJAILED_NOTE in report.notes
-    monkeypatch.setattr(wall, "can_jail", lambda: True)  # the control: a jailed run carries no such note
-    if AS_ROOT:
+    if AS_ROOT:  # the control: a jailed run carries no such note
+        monkeypatch.setattr(grader, "can_jail", lambda: True)
+        monkeypatch.setattr(wall, "can_jail", lambda: True)
         assert processes.UNJAILED_NOTE not in grader.grade(sub_dir / "honest.ipynb", solutions_dir=sol_dir,
                                                         cell_timeout=60).notes
 
@@ -186,11 +185,12 @@ def test_a_root_only_file_and_a_sibling_submission_are_unreadable(toy, tmp_path)
         code, report, out = grade(attacked(toy[2], _reader(path)), toy)
         assert report, out
         assert word not in json.dumps(report) and word not in out, (path, report)
-        assert any("genfromtxt" in f for f in report["flags"]), report
+        assert any("genfromtxt" in n for n in report["notes"]), report  # noted for the instructor
 
 
 def test_the_hidden_tests_and_seed_never_reach_the_kernel(toy):
-    """The old kernel held the test cells, hidden tests and `HIDDEN_SEED = N` included, in its own memory."""
+    """The old kernel held the test cells, hidden tests and `HIDDEN_SEED = N` included, in its own memory. The
+    checks' cell (the toy's check_double, ``metadata.specref.side == "checks"``) runs in the trusted process only."""
     sol_dir, _, _ = toy
     sol = toy_solution()
     test = answer(sol, "double_check")
@@ -213,10 +213,12 @@ def test_the_hidden_tests_and_seed_never_reach_the_kernel(toy):
              '            walk(v, depth + 1)\n'
              'for m in list(sys.modules.values()):\n'
              '    walk(getattr(m, "__dict__", {}))\n'
-             'raise ValueError("found: " + repr(seen)[:3000])\n')
+             'spaces = [globals()] + [getattr(m, "__dict__", {}) for m in list(sys.modules.values())]\n'
+             'checks = [d for d in spaces if "check" + "_double" in d]\n'
+             'raise ValueError("found: " + repr(seen)[:3000] + " checks: " + repr(len(checks)))\n')
     code, report, out = grade(attacked(exercise, probe), toy, "alice.ipynb", "--seed", "918273")
     assert report and report["seed"] == 918273, out
-    assert "found: []" in json.dumps(report["tests"]), json.dumps(report["tests"])[:3000]
+    assert "found: [] checks: 0" in json.dumps(report["tests"]), json.dumps(report["tests"])[:3000]
     assert "918273" not in json.dumps(report["tests"]), json.dumps(report["tests"])[:3000]
 
 
@@ -246,25 +248,22 @@ def test_the_honest_ex02_answer_with_a_smoke_run_gets_full_marks(tmp_path):
     assert report.exit_code == grade_report.EXIT_FULL and report.total == report.possible, report.text()
 
 
-# -- the scanner: the issue's routes and file readers, and the exercises' own helpers ------------------
+# -- the scanner's notes: the issue's routes and file readers, and the exercises' own helpers --------------
 @pytest.mark.parametrize("source, word", [
-    ("match x:\n  case object(_emit=e):\n    pass", "_emit"),
-    ("from random import _os", "_os"),
-    ("from torch.autograd.profiler_util import attrgetter", "attrgetter"),
-    ("import operator\nf = operator.attrgetter('a' + 'b')", "attrgetter"),
+    ("import operator\nf = operator.attrgetter('a' + 'b')", "operator"),
     ("import numpy as np\nnp.genfromtxt('/etc/passwd')", "genfromtxt"),
     ("import numpy as np\nnp.fromregex('/f', 'x', str)", "fromregex"),
     ("import torch\ntorch.from_file('/f')", "from_file"),
     ("import numpy as np\nnp.fromfile('/f')", "fromfile"),
     ("import numpy as np\nnp.load('/f')", "load"),
 ])
-def test_the_scanner_flags_the_routes_and_file_reads(source, word):
+def test_the_scanner_notes_the_routes_and_file_reads(source, word):
     found = scan(source)
     assert any(word in f.text for f in found), found
 
 
 def test_the_exercises_own_helpers_are_allowed_in_answers():
-    """ex08: TorchRNG over a seeded generator, and distribution_test (which the task suggests)."""
+    """ex08: TorchRNG over a seeded generator, and distribution_test (which the task suggests): no note."""
     sol = json.loads((REPO / "solutions" / "ex08_lossless_or_not.ipynb").read_text())
     sub = copy.deepcopy(sol)
     cell = answer(sub, "ex08_check_answer")
@@ -273,7 +272,7 @@ def test_the_exercises_own_helpers_are_allowed_in_answers():
                       "    result = distribution_test\n"
                       "    return bool(result) and rng is not None\n")
     plan = grade_plan.build_plan(sol, sub, "ex08_lossless_or_not.ipynb")
-    assert not plan.flags and not plan.reference, (plan.flags, plan.reference)
+    assert not [n for n in plan.notes if "ex08_check_answer" in n], plan.notes
 
 
 # -- the wire itself (specref_grading/protocol.py): what crosses, what is refused ---------------------------------
@@ -282,7 +281,7 @@ def wire():
     """A trusted Peer here, talking to a forked 'kernel' Peer that serves `get` of a few learner objects."""
     import torch
 
-    from grade_rpc import Peer
+    from specref_grading.protocol import Peer
     a_r, b_w = os.pipe()
     b_r, a_w = os.pipe()
     pid = os.fork()

@@ -211,8 +211,8 @@ def test_the_distribution_test_has_power_against_a_smoothed_q_and_passes_the_one
     target = G.tiny_target(1000 + seed)
     V = target.config.vocab_size
     prompt = G._prompt(seed, V)
-    assert G.first_two_test(G._Adapter(LookupDraft(V), V), target, prompt, 4000, seed).passed
-    assert not G.first_two_test(G._Adapter(Mild(V), V), target, prompt, 4000, seed).passed
+    assert G.first_two_test(G._Adapter(LookupDraft(V), V), target, prompt, G.RUNS, seed).passed
+    assert not G.first_two_test(G._Adapter(Mild(V), V), target, prompt, G.RUNS, seed).passed
 
 
 def test_one_line_library_calls_score_zero_with_a_message_that_says_why():
@@ -322,6 +322,23 @@ def _scan(source: str) -> list[str]:
     "def lookup_proposal(c, k, a, b):\n    return [c[-1]] * k\n\ncheck_proposals.__globals__['lookup'] = lookup_proposal\n",
     "def lookup_proposal(c, k, a, b):\n    return list(edit_cases(1)[0].tokens[:k])\n",  # a setup name from specref
 ])
-def test_an_answer_that_uses_or_patches_the_reference_is_flagged_and_the_solution_is_not(source):
-    assert _scan(source)  # flagged: grade.py withholds the task's points (exit 3, needs review)
+def test_an_answer_that_uses_or_patches_the_reference_gets_nothing_and_the_solution_is_not_noted(source):
+    """The kernel's specref lacks prompt lookup, and the kernel has no specref_grading and no checks: each of these
+    fails the task. The scanner notes what it sees (never a gate); the solution's own answer gets no note."""
+    import json
+    from pathlib import Path
+
+    from specref_grading import grade as grader
+    from specref_grading import plan as grade_plan
+
+    sol = json.loads((Path(__file__).resolve().parents[1] / "solutions" / "ex05_prompt_lookup.ipynb").read_text())
+    sub = json.loads(json.dumps(sol))
+    cell = next(c for c in sub["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "ex05_lookup_answer")
+    cell["source"] = source
+    plan = grade_plan.build_plan(sol, sub, "ex05_prompt_lookup.ipynb")
+    plan.tests = [t for t in plan.tests if t.grade_id == "ex05_lookup_check"]  # only the cells up to its test run
+    (result,) = grader.grade_plan(plan, cell_timeout=120)
+    assert result.outcome != "passed" and result.score == 0, (result.outcome, result.message)
+    if "specref" in source.split("\n")[0]:
+        assert any("'ex05_lookup_answer'" in n and "specref" in n for n in plan.notes), plan.notes
     assert _scan("") == []  # "": the solution's own answer, which is clean

@@ -246,7 +246,7 @@ def test_the_solutions_policy_passes_visible_and_hidden():
 
 @pytest.mark.parametrize("wrong, why", [
     (lambda rows, a, c, S, Bs, km: [0] * len(Bs), "on average over the batch sizes"),
-    (lambda rows, a, c, S, Bs, km: [min(4, km)] * len(Bs), "never fall below 0.95x plain"),
+    (lambda rows, a, c, S, Bs, km: [min(4, km)] * len(Bs), "never fall below 0.9x plain"),
     (lambda rows, a, c, S, Bs, km: [km + 1] * len(Bs), "one integer k in 0..k_max"),
     (lambda rows, a, c, S, Bs, km: [1] * (len(Bs) - 1), "one integer k in 0..k_max"),
 ], ids=["always_off", "fixed_k4", "out_of_range", "too_short"])
@@ -275,7 +275,7 @@ def test_the_policy_is_judged_on_the_true_costs():
     # The judgement itself: on the true model a fixed k = 8 at batch 512 loses, and the best k everywhere scores 1.
     theta = G.SERVER
     sp, share = G.policy_outcome(theta, 0.8, 0.05, 256, (8, 512), 8, [8, 8])
-    assert sp[1] < 0.95 and share[1] < 1
+    assert sp[1] < G.SAFE and share[1] < 1
     best = [max(range(9), key=lambda k: speedup(theta, 0.8, 0.05, 256, k, B)) for B in (8, 512)]
     assert np.allclose(G.policy_outcome(theta, 0.8, 0.05, 256, (8, 512), 8, best)[1], 1.0)
 
@@ -312,7 +312,9 @@ def test_the_setup_imports_nothing_that_solves_a_task_and_no_docstring_gives_a_f
     for formula in ("1 - alpha ** (k + 1)", "(1 - alpha^(k+1))", "E / (v + c k)", "/ t[:, None]"):
         outside = [c for c in nb["cells"] if formula in "".join(c["source"]) and "### BEGIN SOLUTION" not in "".join(c["source"])]
         assert not outside, formula
-    assert "HIDDEN_SEED = 1" in setup and text.count("seed=HIDDEN_SEED") == 4
+    first_answer = next(i for i, c in enumerate(nb["cells"]) if c["metadata"].get("nbgrader", {}).get("solution"))
+    before = "\n".join("".join(c["source"]) for c in nb["cells"][:first_answer] if c["cell_type"] == "code")
+    assert "HIDDEN_SEED = 1" in before and text.count("seed=HIDDEN_SEED") == 4  # the setup may span cells
 
 
 def test_the_graders_speedup_grid_is_specrefs_cost_model():

@@ -154,6 +154,20 @@ def test_seeded_first_cell_ignores_seeds_inside_a_function_or_in_a_later_cell() 
     assert len(seeded_first_cell(nb)) == 2
 
 
+def test_seeded_first_cell_looks_past_an_exercises_cell_of_the_checks_imports() -> None:
+    nb = _good()
+    checks = _code("from specref_grading.checks.roofline import MODELS")
+    checks.metadata["specref"] = {"side": "checks"}
+    nb.cells.insert(2, checks)
+    assert seeded_first_cell(nb) == []
+    nb.cells[3].source = "import torch"  # the control: the cell after it must still seed
+    assert seeded_first_cell(nb) == ["the first code cell does not call torch.manual_seed"]
+    nb.cells[3].source = SEED
+    checks.source += "\nimport torch\ntorch.rand(1)"  # a checks cell that does more than import is the first cell
+    assert seeded_first_cell(nb) == ["the first code cell does not call numpy.random.seed",
+                                     "the first code cell does not call torch.manual_seed"]
+
+
 def test_seeded_first_cell_resolves_aliases_and_accepts_seed_everything() -> None:
     aliased = "from numpy import random as npr\nfrom torch import manual_seed\n%matplotlib inline\nmanual_seed(0)\nnpr.seed(1)"
     assert seeded_first_cell(_notebook(_code(aliased))) == []

@@ -10,7 +10,7 @@ shapes and `grow_trees` (the rule that grows them, `specref.tree_shapes`) are re
 from `shapes`; `base.NoDraft` proposes nothing; `load.load_draft` loads the shipped drafts by name.
 """
 
-import importlib
+from .._lazy import lazy_names
 
 # name -> the module that defines it, imported on first use (PEP 562): see specref/__init__.py.
 _LAZY: dict[str, str] = {
@@ -42,13 +42,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

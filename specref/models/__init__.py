@@ -4,7 +4,7 @@ gpt2 (the model), kvcache (per-row lengths, truncate, compact), tokenizer, pretr
 (HF-layout loading and saving), pair (the bundled pair, its training record, held-out prompts).
 """
 
-import importlib
+from .._lazy import lazy_names
 
 # name -> the module that defines it, imported on first use (PEP 562): see specref/__init__.py.
 _LAZY: dict[str, str] = {
@@ -42,13 +42,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

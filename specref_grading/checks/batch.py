@@ -20,8 +20,8 @@ pass on a busy machine is off by a percentage of its time, not by a fixed number
   (`CostModel.predict_speedup`; the crossover from the same model over every B) at a relative
   REL = 1e-9: a closed form in float64 rounds a few ulps apart, any wrong formula far more.
 * The policy (Task 3) is graded by what it achieves on the TRUE model of unseen noisy tables: at
-  every batch size at least SAFE = 0.95x plain decoding, and over the batch sizes on average at
-  least EFFICIENT = 0.93 of the best k's throughput (an oracle that knows the true costs).
+  every batch size at least SAFE = 0.90x plain decoding, and over the batch sizes on average at
+  least EFFICIENT = 0.85 of the best k's throughput (an oracle that knows the true costs).
 
 False-fail rates at a random seed (the grader draws a fresh seed per grading; tests/test_grade_false_fail.py
 measures each on the solution's answers):
@@ -29,12 +29,15 @@ measures each on the solution's answers):
   BIAS_FIT covers the second-order bias), so a correct fit fails the hidden check (12 tables x 3 coefficients)
   with probability at most 2.1e-5, 1 in 48,000, and the visible one (4 tables) at most 6.9e-6;
 * the policy: no closed form (it depends on the learner's margin). The solution's (a 10th-percentile bootstrap
-  margin) is measured in tests/test_grade_false_fail.py: 1 failure in 133 seeds of the hidden check (seed
-  10**12 + 101: k = 1 at batch 74 runs at 0.946x, under SAFE = 0.95), about 1 in 130, ABOVE the 1 in 1,000
-  the other checks keep. Over 712 tables the solution's worst speedup had quantiles 0.971 (min), 0.975 (0.1%),
-  0.987 (1%) and its mean share 0.964 (min): the failures are rare tail tables near SAFE. OPEN: SAFE = 0.90
-  would keep the power against a fixed k = 4 (62% of tables fall below 0.90, so 8 tables catch it at 99.9%)
-  but changes the message tests/test_grading_ex07.py matches; EFFICIENT = 0.93 was not seen to fail.
+  margin), over the hidden checks of seeds 10**12 + 1 .. 10**12 + 2500 (8 tables each): its worst speedup per
+  check had quantiles 0.932 (min), 0.941 (0.1%), 0.964 (1%), and its worst mean share 0.811 (min, seed
+  10**12 + 248), 0.909 (0.1%), 0.953 (1%). At the former floors (SAFE = 0.95, EFFICIENT = 0.93) it failed 7 + 8
+  of the 2500 checks, about 1 in 170; at SAFE = 0.90 and EFFICIENT = 0.85, 0 + 1 (seed 10**12 + 248, a mean
+  share of 0.81 on one table): about 4e-4, 95% upper bound 1.9e-3, at least 10 x rarer than before. The
+  power stays: a fixed k = 4 falls below 0.90x on 59% of the hidden tables and passes 3 hidden checks in 2500
+  (0.95: 0), never the visible one; a policy that never speculates stays under 0.85 on every one of the 2500
+  (its best check's worst table 0.82). A policy without a margin (the fitted best k) passes SAFE at 0.90 on
+  99.8% of checks (0.95: 96.7%): the floor guards against a load-blind k, not against a missing margin.
 
 Visible and hidden checks are separate functions with their own case generators (other grids,
 noise levels and batch sizes); the hidden ones draw from the grader's seed. Feedback shows the
@@ -56,8 +59,8 @@ PARAMS = ("overhead", "per_token", "kv")  # the coefficients, in this order
 Z_FIT = 5.0  # standard errors a fitted coefficient may stray from the truth
 BIAS_FIT = 2.0  # plus this many sigma^2 of the coefficient (relative weighting's bias, about 1.5 sigma^2)
 REL = 1e-9  # closed forms in float64
-SAFE = 0.95  # the policy's worst batch size, in plain decoding's throughput
-EFFICIENT = 0.93  # the policy's mean share of the best k's throughput
+SAFE = 0.90  # the policy's worst batch size, in plain decoding's throughput (the docstring: false-fail rate)
+EFFICIENT = 0.85  # the policy's mean share of the best k's throughput
 DAY, NIGHT = 256, 8  # the chapter's question: batch 256 by day, 8 at night
 SERVER = np.array([3e-3, 80e-6, 0.05e-6])  # the exercise's server: overhead, per_token, kv (seconds)
 POLICY_NOISE = (0.1, 0.25)  # the policy's tables: a quick measurement, 10-25 % noise per pass

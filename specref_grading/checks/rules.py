@@ -1,7 +1,7 @@
 """The rules every exercise's checks share: a task not done yet, and the reference rule.
 
 **Not done yet.** An unsolved answer raises ``NotImplementedError("Task N: write NAME (see the task
-above)")`` (tools/upkeep/make_exercises.py writes that stub). `graded` makes a check say which task is not done
+above)")`` (specref_grading/exercises.py writes that stub). `graded` makes a check say which task is not done
 before anything else: the NotImplementedError it passes on starts with "Task N is not done yet".
 
 **The reference rule.** Each exercise says which `specref` functions a task must not call: the ones it
@@ -24,7 +24,7 @@ import functools
 import types
 from collections.abc import Callable, Iterable
 
-_COURSE_OWN = ("specref.", "grade_runner", "grade_scan", "grade", "tools.")  # modules whose code is the course's
+_COURSE_OWN = ("specref.", "specref_grading.trusted", "specref_grading.protocol")  # modules whose code is the course's
 # The graders' shared helpers (calling, messages, number reading) answer no task. Every grader module holds
 # them under their public names, so a learner's `result.passed` reads a name such a module has too: never a use.
 _NEVER_AN_ANSWER = ("specref_grading.checks.report",)

@@ -183,9 +183,10 @@ def seeded_first_cell(nb: nbformat.NotebookNode) -> list[str]:
     """The first code cell seeds torch, and numpy and random too if the notebook imports them.
 
     Only calls the cell makes when it runs count (not those inside a def), with import aliases
-    resolved; `specref.seed_everything` seeds all three.
+    resolved; `specref.seed_everything` seeds all three. An exercise's cell of the checks' imports before it
+    (`_checks_imports`) is not that first cell: it only imports.
     """
-    code = [c for c in nb.cells if c.cell_type == "code"]
+    code = [c for c in nb.cells if c.cell_type == "code" and not _checks_imports(c)]
     if not code:
         return ["no code cell"]
     names = _imports(nb)
@@ -195,6 +196,19 @@ def seeded_first_cell(nb: nbformat.NotebookNode) -> list[str]:
     imported = {dotted.split(".")[0] for dotted in names.values()}
     needed = {"torch"} | (imported & {"numpy", "random"})
     return [f"the first code cell does not call {SEEDERS[m]}" for m in sorted(needed) if SEEDERS[m] not in calls]
+
+
+def _checks_imports(cell: nbformat.NotebookNode) -> bool:
+    """A cell of the checks' imports (``metadata.specref.side == "checks"``, run by the grader on its own side:
+    specref_grading/plan.py) holding imports only, so it draws no random number."""
+    meta = cell.get("metadata", {}).get("specref")
+    if not (isinstance(meta, dict) and meta.get("side") == "checks"):
+        return False
+    try:
+        body = _python(cell.source).body
+    except SyntaxError:
+        return False
+    return all(isinstance(s, (ast.Import, ast.ImportFrom)) for s in body)
 
 
 def python3_kernel(nb: nbformat.NotebookNode) -> list[str]:

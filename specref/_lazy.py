@@ -1,0 +1,34 @@
+"""A package's public names, each imported from its module on first use (PEP 562).
+
+A package `__init__` keeps a plain dict literal `_LAZY = {name: "the.module.that.defines.it"}` and asks
+`lazy_names` for its `__getattr__` and `__dir__`. Importing the package then imports none of its modules:
+`import specref.checks.rng` loads what rng needs and nothing more. The grader reads `_LAZY` with `ast` to
+build the copy of specref a learner's graded kernel sees (specref_grading/kernel_tree.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+
+
+def lazy_names(package: str, lazy: dict[str, str],
+               subpackages: tuple[str, ...] = ()) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
+    """(`__getattr__`, `__dir__`) for `package`: a name of `lazy` is imported from its module and kept; a name of
+    `subpackages` is imported as `package.name`."""
+    namespace = sys.modules[package].__dict__
+
+    def __getattr__(name: str) -> object:
+        if name in lazy:
+            value = getattr(importlib.import_module(lazy[name]), name)
+            namespace[name] = value
+            return value
+        if name in subpackages:
+            return importlib.import_module(f"{package}.{name}")
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted(set(namespace) | set(lazy) | set(subpackages))
+
+    return __getattr__, __dir__
