@@ -102,18 +102,13 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def solution_of(data: bytes, solutions_dir: Path) -> Path | None:
-    """The solution this submission is graded against (by its exercise id), or None when there is none."""
+def solution_version(data: bytes, solutions_dir: Path) -> str:
+    """The solution this submission is graded against (by its exercise id) and the hash of its bytes."""
     try:
         sub = json.loads(data)
-        return find_solution(sub, solutions_dir) if isinstance(sub, dict) else None
+        path = find_solution(sub, solutions_dir) if isinstance(sub, dict) else None
     except (ValueError, RecursionError, GradeError):
-        return None
-
-
-def solution_version(data: bytes, solutions_dir: Path) -> str:
-    """The solution this submission is graded against and the hash of its bytes."""
-    path = solution_of(data, solutions_dir)
+        path = None
     if path is None:  # ungradable as it is; regraded if the set of solutions changes
         names = ",".join(p.name for p in sorted(solutions_dir.glob("*.ipynb")))
         return "none:" + sha256(names.encode())[:16]
@@ -223,7 +218,7 @@ def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, 
         state = {"version": STATE_VERSION, "entries": {}, "hand": {}}
     state.pop("seed", None)  # a state of the one-seed-per-run grader: each entry has its own now
     state["solutions_dir"] = str(solutions_dir.resolve())
-    graders: dict[Path | None, str] = {}  # the grader's version key, per solution (the modules it reaches)
+    grader = grader_version()  # specref and this package, hashed once per run
 
     files = submissions(folder)
     keys: dict[str, dict] = {}
@@ -238,10 +233,7 @@ def run(folder: Path, csv_path: Path | None = None, *, jobs: int | None = None, 
             echo(printable(console_line(rel, state["entries"][rel]["report"], {})))
             continue
         data = path.read_bytes()
-        sol = solution_of(data, solutions_dir)
-        if sol not in graders:
-            graders[sol] = grader_version(sol)
-        key = {"submission": sha256(data), "solution": solution_version(data, solutions_dir), "grader": graders[sol]}
+        key = {"submission": sha256(data), "solution": solution_version(data, solutions_dir), "grader": grader}
         keys[rel] = key
         old = state["entries"].get(rel)
         old_key = dict(old.get("key") or {}) if old else {}

@@ -31,7 +31,8 @@ How one submission is graded:
    dies, that test fails and a fresh pair runs the tests that remain.
 
 Hidden tests draw their cases from ``HIDDEN_SEED``: a fresh seed for every grading unless ``--seed N`` asks
-for a given one (the report names the seed, so a grade can be reproduced; 0 draws the visible cases).
+for a given one (the report names the seed, so a grade can be reproduced; N >= 1, since seed 0 draws the
+visible cases).
 
 Exit status: 0 full marks; 1 some check failed; 2 could not be graded (unreadable notebook, no matching
 solution, the kernel died, a report is missing); 3 needs review (a flag raised by the trusted side, e.g. a

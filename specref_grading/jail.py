@@ -8,7 +8,8 @@ specref_grading/wall.py starts, as root,
 `launch` (this file, still root, inside the new namespaces) builds a root folder of its own: a
 tmpfs holding read-only bind mounts of /usr, /etc and the interpreter, the virtual environment
 and the specref package (nothing else of the repository: no solutions/, no tools/, no other
-submission), a few device nodes, a fresh /proc, and a tmpfs of its own (TMP_MB) as /tmp, mounted before
+submission; an installed copy of the grader or of specref under those binds, as a non-editable install leaves
+in site-packages, is covered by an empty read-only tmpfs: `hidden_paths`), a few device nodes, a fresh /proc, and a tmpfs of its own (TMP_MB) as /tmp, mounted before
 those binds: a venv or checkout under /tmp is bound at its own path inside it, and nothing else of the host's
 /tmp (no other submission, no grader's work folder) is there. It moves into the run's cgroup (one CPU, one memory
 budget, a process count) where the host has writable cgroups, v1 or v2 (`join_cgroups`).
@@ -104,6 +105,41 @@ def read_only_paths(with_specref: bool = True) -> list[str]:
     for p in paths:
         if p and os.path.isdir(p) and p != "/" and p not in out:
             out.append(p)
+    return out
+
+
+def hidden_paths(read_only: list[str], keep: list[str] = (), search: list[str] | None = None,
+                 grader: list[str] | None = None) -> list[str]:
+    """The folders under the read-only binds that the kernel must not read, as it sees them: `launch` mounts an
+    empty read-only tmpfs over each.
+
+    A non-editable install (``pip install .``) puts the grader (specref_grading: its checks, the hidden specs) and
+    the real specref (the exercise's reference answers) into site-packages, under the bound environment. Hidden:
+    specref_grading's folder (`grader`: where importlib finds it) and any specref_grading or specref folder on the
+    import path (`search`: sys.path), where they lie under a bound path, at each path it is bound at; except the
+    folders in `keep` (where the exercise's copy of specref is bound).
+    """
+    import importlib.util
+    if grader is None:
+        spec = importlib.util.find_spec("specref_grading")
+        grader = [os.path.dirname(spec.origin)] if spec is not None and spec.origin else list(
+            getattr(spec, "submodule_search_locations", None) or [])
+    found = [os.path.realpath(g) for g in grader]
+    for entry in sys.path if search is None else search:
+        for name in ("specref_grading", "specref"):
+            if entry and os.path.isdir(os.path.join(entry, name)):
+                found.append(os.path.realpath(os.path.join(entry, name)))
+    kept = {os.path.realpath(k) for k in keep}
+    out: list[str] = []
+    for path in found:
+        if path in kept:
+            continue
+        for bound in read_only:
+            real = os.path.realpath(bound)
+            if os.path.commonpath([path, real]) == real:  # seen inside at the bind's own path
+                at = os.path.normpath(os.path.join(bound, os.path.relpath(path, real)))
+                if at not in out and os.path.realpath(at) not in kept:
+                    out.append(at)
     return out
 
 
@@ -305,6 +341,10 @@ def launch(config: dict) -> None:
            os.path.join(root, "tmp"))
     for path in config["read_only"]:
         _bind(path, root)
+    for path in config.get("hide", []):  # the grader, or another specref, under a bound path (`hidden_paths`)
+        dst = os.path.join(root, path.lstrip("/"))
+        if os.path.isdir(dst):
+            _mount("-t", "tmpfs", "-o", "size=4k,mode=555,ro,nosuid,nodev,noexec", "tmpfs", dst)
     if config.get("specref"):  # the exercise's copy of specref (kernel_tree: no answer key), at the package's path
         _bind(config["specref"][0], root, at=config["specref"][1])
     for dev in ("null", "zero", "full", "random", "urandom"):

@@ -15,8 +15,12 @@ specref (`build`) from which, read statically with `ast`,
   ``from specref import verify_chain`` raises ImportError and ``hasattr`` answers False. Imports inside
   functions are not import-time: ``load_draft("model")`` works in a kernel without prompt lookup.
 
-`available` tells the plan which names the kernel can import (the rest of what the setup gives the learner
-is served from the trusted process: specref_grading/plan.py). Built trees are cached per (specref's sources,
+`available` tells the plan which names the kernel can import. What the setup (or the checks cell) gives the
+learner that the copy lacks is served from the trusted process only when the exercise's check modules list it in
+their ``ALLOWED`` (ex01's MODELS, ex07's server_rows, ex08's SAMPLERS: given on purpose); anything else the copy
+lacks is the answer key or needs it (ex06's tree_attention_mask, ex03's toy_reference) and is never served, and
+the exercise's given cells after an answer that use it (demos comparing with the reference) are marked "demo"
+and not run in grading (`prepare`). Built trees are cached per (specref's sources,
 forbidden set) under ``$XDG_CACHE_HOME/specref-grading`` (or ``~/.cache/specref-grading``, mode 0700),
 built in a temporary folder and renamed into place, so two grading workers may build at once. Building one
 removes the trees of other keys unused for a day (`sweep`).
@@ -55,13 +59,40 @@ def specref_dir() -> Path:
 # -- what an exercise forbids -----------------------------------------------------------------------------------
 
 
+def _strings(node: ast.expr) -> tuple[str, ...]:
+    """A tuple of strings written as a literal, or as ``tuple(f"prefix.{n}" for n in (literal, ...))`` (how the
+    check modules write ALLOWED), or a sum of those; ValueError for anything else."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _strings(node.left) + _strings(node.right)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("tuple", "list") and \
+            len(node.args) == 1 and not node.keywords and isinstance(node.args[0], (ast.GeneratorExp, ast.ListComp)):
+        gen = node.args[0]
+        comp = gen.generators[0] if len(gen.generators) == 1 else None
+        if comp is None or comp.ifs or comp.is_async or not isinstance(comp.target, ast.Name) or \
+                not isinstance(gen.elt, ast.JoinedStr):
+            raise ValueError("not a tuple of strings")
+        out = []
+        for value in ast.literal_eval(comp.iter):
+            text = ""
+            for part in gen.elt.values:
+                if isinstance(part, ast.Constant):
+                    text += str(part.value)
+                elif isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Name) and \
+                        part.value.id == comp.target.id and part.conversion == -1 and part.format_spec is None:
+                    text += str(value)
+                else:
+                    raise ValueError("not a tuple of strings")
+            out.append(text)
+        return tuple(out)
+    return tuple(str(v) for v in ast.literal_eval(node))
+
+
 def _literal(path: Path, name: str) -> tuple[str, ...]:
     for node in ast.parse(path.read_text(encoding="utf-8"), str(path)).body:
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
             node, ast.AnnAssign) and node.value is not None else []
         if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-            value = ast.literal_eval(node.value)
-            return tuple(str(v) for v in value)
+            return _strings(node.value)
     return ()
 
 
@@ -84,16 +115,26 @@ def check_modules(sources: list[str]) -> list[str]:
     return found
 
 
-def forbidden_for(sources: list[str]) -> tuple[str, ...]:
-    """An exercise's forbidden set: the union of FORBIDDEN of the check modules its code imports, and the grader."""
-    out = list(ALWAYS_FORBIDDEN)
+def _union(sources: list[str], name: str, start: tuple[str, ...] = ()) -> tuple[str, ...]:
+    out = list(start)
     for mod in check_modules(sources):
         path = HERE.parent.joinpath(*mod.split(".")).with_suffix(".py")
         if path.is_file():
-            for name in _literal(path, "FORBIDDEN"):
-                if name not in out:
-                    out.append(name)
+            for item in _literal(path, name):
+                if item not in out:
+                    out.append(item)
     return tuple(sorted(out))
+
+
+def forbidden_for(sources: list[str]) -> tuple[str, ...]:
+    """An exercise's forbidden set: the union of FORBIDDEN of the check modules its code imports, and the grader."""
+    return _union(sources, "FORBIDDEN", ALWAYS_FORBIDDEN)
+
+
+def allowed_for(sources: list[str]) -> tuple[str, ...]:
+    """What an exercise gives on purpose (dotted names): the union of ALLOWED of the check modules its code imports.
+    Of what the kernel's copy lacks, only these are served to the kernel (`kernel_setup`, `prepare`)."""
+    return _union(sources, "ALLOWED")
 
 
 # -- the static reading of specref ---------------------------------------------------------------------------------
@@ -280,6 +321,38 @@ class Reading:
             not any(f"{module}.{name}" == f or f"{module}.{name}".startswith(f + ".") for f in forbidden)
 
 
+def _signature(root: Path) -> tuple:
+    """The names, sizes and times of the files under `root`: a stat of each, no read."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for fn in sorted(filenames):
+            try:
+                st = os.stat(os.path.join(dirpath, fn))
+            except OSError:
+                continue
+            out.append((dirpath, fn, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+_SHARED: dict[str, tuple[tuple, Reading, str]] = {}  # root -> (its signature, its Reading, its sources_hash)
+
+
+def _shared(root: Path) -> tuple[Reading, str]:
+    sig = _signature(root)
+    got = _SHARED.get(str(root))
+    if got is None or got[0] != sig:
+        got = (sig, Reading(root), sources_hash(root))
+        _SHARED[str(root)] = got
+    return got[1], got[2]
+
+
+def shared_reading(root: Path | None = None) -> Reading:
+    """One `Reading` of `root` (default: the real specref) per process, read again only when a file under it
+    changes (its size or time): the plan and every kernel of a grading share it."""
+    return _shared(root or specref_dir())[0]
+
+
 def _is_map(stmt: ast.stmt) -> bool:
     target = stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else (
         stmt.target if isinstance(stmt, ast.AnnAssign) else None)
@@ -365,7 +438,7 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 def write_tree(root: Path, dest: Path, forbidden: tuple[str, ...], reading: Reading | None = None) -> None:
     """Write the kernel's copy of the package at `root` into `dest` (a folder named like the package)."""
-    reading = reading or Reading(root)
+    reading = reading or shared_reading(root)
     gone, cut = reading.removal(forbidden)
     gone_paths = {reading.modules[m].path.parent if reading.modules[m].is_pkg else reading.modules[m].path
                   for m in gone}
@@ -405,7 +478,8 @@ def build(forbidden: tuple[str, ...], root: Path | None = None, cache: Path | No
     forbidden = tuple(sorted(set(forbidden) | set(ALWAYS_FORBIDDEN)))
     cache = cache or cache_dir()
     cache.mkdir(parents=True, exist_ok=True, mode=0o700)
-    key = hashlib.sha256((sources_hash(root) + "\0" + "\0".join(forbidden)).encode()).hexdigest()[:24]
+    reading, digest = _shared(root)
+    key = hashlib.sha256((digest + "\0" + "\0".join(forbidden)).encode()).hexdigest()[:24]
     final = cache / f"tree-{key}"
     with _cache_lock(cache, fcntl.LOCK_SH):  # a sweep (`sweep`) never removes a tree between this look and its touch
         if (final / root.name).is_dir():
@@ -413,7 +487,7 @@ def build(forbidden: tuple[str, ...], root: Path | None = None, cache: Path | No
             return final / root.name
     tmp = Path(tempfile.mkdtemp(prefix="building-", dir=cache))
     try:
-        write_tree(root, tmp / root.name, forbidden)
+        write_tree(root, tmp / root.name, forbidden, reading)
         os.chmod(tmp, 0o755)
         with _cache_lock(cache, fcntl.LOCK_SH):
             try:
@@ -528,13 +602,21 @@ def origin(reading: Reading, module: str, name: str) -> tuple[str, str]:
     return module, name
 
 
+def servable(dotted: list[str], allowed: tuple[str, ...]) -> bool:
+    """Whether a name the kernel's copy lacks may be served to the kernel: only when the exercise gives it on
+    purpose (its check modules' ALLOWED lists it, by where it is imported from or where it is defined). What the
+    copy lacks is forbidden (the answer key, the grader) or needs what is: never served otherwise."""
+    return any(d in allowed for d in dotted)
+
+
 def kernel_setup(reading: Reading, source: str, forbidden: tuple[str, ...],
-                 needed: set[str]) -> tuple[str, list[str]]:
+                 needed: set[str], allowed: tuple[str, ...] = ()) -> tuple[str, list[str]]:
     """(the setup cell as the kernel runs it, the names the trusted process serves it).
 
     An import of a name the kernel's copy lacks is taken out; the name is imported from where it is defined
     when that module is there (ex06's Tree, from specref.tree_shapes), else served when kernel code uses it
-    (`needed`), else dropped.
+    (`needed`) and the exercise gives it on purpose (`allowed`: `servable`), else dropped (ex06's
+    tree_attention_mask, the reference of its Task 6.1).
     """
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
@@ -552,7 +634,8 @@ def kernel_setup(reading: Reading, source: str, forbidden: tuple[str, ...],
             module, name = origin(reading, stmt.module, a.name)
             if reading.available(forbidden, f"{module}.{name}"):
                 moved.append((module, ast.alias(name, a.asname or (a.name if a.name != name else None))))
-            elif (a.asname or a.name) in needed:
+            elif (a.asname or a.name) in needed and servable([f"{stmt.module}.{a.name}", f"{module}.{name}"],
+                                                             allowed):
                 served.append(a.asname or a.name)
         if len(keep) == len(stmt.names):
             continue
@@ -564,25 +647,82 @@ def kernel_setup(reading: Reading, source: str, forbidden: tuple[str, ...],
     return "".join(lines), served
 
 
-def prepare(cells: list[dict], needed: set[str], reading: Reading | None = None) -> tuple[str, ...]:
+def _imported(body: list[ast.stmt]) -> dict[str, list[str]]:
+    """{name a top-level import binds: the dotted names it is imported as}."""
+    out: dict[str, list[str]] = {}
+    for stmt in body:
+        if isinstance(stmt, ast.ImportFrom) and not stmt.level and stmt.module:
+            for a in stmt.names:
+                if a.name != "*":
+                    out.setdefault(a.asname or a.name, []).append(f"{stmt.module}.{a.name}")
+        elif isinstance(stmt, ast.Import):
+            for a in stmt.names:
+                out.setdefault(a.asname or a.name.split(".")[0], []).append(a.asname and a.name or
+                                                                            a.name.split(".")[0])
+    return out
+
+
+def _parse(source: str) -> list[ast.stmt]:
+    try:
+        return ast.parse(source).body
+    except (SyntaxError, ValueError):
+        return []
+
+
+def _needs_absent(reading: Reading, forbidden: tuple[str, ...], body: list[ast.stmt], absent: set[str]) -> list[str]:
+    """What of the kernel's absent names (`absent`, or an import of specref or the grader its copy lacks) a given
+    cell uses."""
+    out = set()
+    for stmt in body:
+        out |= _loaded(stmt) & absent
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module and \
+                    node.module.split(".")[0] in ("specref", "specref_grading"):
+                out |= {f"{node.module}.{a.name}" for a in node.names
+                        if not reading.available(forbidden, f"{node.module}.{a.name}" if a.name != "*" else node.module)}
+            elif isinstance(node, ast.Import):
+                out |= {a.name for a in node.names if a.name.split(".")[0] in ("specref", "specref_grading")
+                        and not reading.available(forbidden, a.name)}
+    return sorted(out)
+
+
+def prepare(cells: list[dict], needed: set[str], reading: Reading | None = None,
+            defined: set[str] = frozenset()) -> tuple[str, ...]:
     """Mark a plan's cells for the wall (in place) and return the exercise's forbidden set.
 
     A "checks" cell (the checks' imports: ``metadata.specref.side == "checks"``) runs only in the trusted
-    process; its names that kernel code uses (`needed`) are served to the kernel ("serve"). A setup cell gets
-    "kernel_source" (`kernel_setup`) and "serve".
+    process; its names that kernel code uses (`needed`) and the exercise gives on purpose (`allowed_for`: its
+    check modules' ALLOWED) are served to the kernel ("serve"). A setup cell gets "kernel_source" (`kernel_setup`)
+    and "serve". Both get "forbidden" (the exercise's forbidden set, for the wall's `build`). A given cell after an
+    answer ("other") that uses a name the kernel lacks and is not served (a demo comparing the learner's result
+    with the reference: ex06's cell 8, ex03's cell 27) would fail there: it becomes "demo", with "absent" (what it
+    uses), and is not run in grading; names the exercise's own answers define (`defined`) do not count.
     """
-    reading = reading or Reading(specref_dir())
-    forbidden = forbidden_for([c["source"] for c in cells if c.get("role") in ("checks", "setup")])
+    reading = reading or shared_reading()
+    sources = [c["source"] for c in cells if c.get("role") in ("checks", "setup")]
+    forbidden, allowed = forbidden_for(sources), allowed_for(sources)
+    absent: set[str] = set()  # what the setup and checks cells bind in the trusted process but not in the kernel
     for c in cells:
         if c.get("role") == "checks":
-            try:
-                body = ast.parse(c["source"]).body
-            except SyntaxError:
-                body = []
-            c["serve"] = sorted({n for s in body for n in _bound(s)} & needed)
+            body = _parse(c["source"])
+            imported = _imported(body)
+            c["serve"] = sorted(n for n in {n for s in body for n in _bound(s)} & needed
+                                if servable(imported.get(n, []), allowed))
+            absent |= {n for s in body for n in _bound(s)} - set(c["serve"])
         elif c.get("role") == "setup":
             try:
-                c["kernel_source"], c["serve"] = kernel_setup(reading, c["source"], forbidden, needed)
+                c["kernel_source"], c["serve"] = kernel_setup(reading, c["source"], forbidden, needed, allowed)
             except SyntaxError:
                 c["serve"] = []
+            kept = {n for s in _parse(c.get("kernel_source", c["source"])) for n in _bound(s)}
+            absent |= set(_imported(_parse(c["source"]))) - kept - set(c["serve"])
+        else:
+            continue
+        c["forbidden"] = list(forbidden)
+    absent -= set(defined)
+    for c in cells:
+        if c.get("role") == "other":
+            uses = _needs_absent(reading, forbidden, _parse(c["source"]), absent)
+            if uses:
+                c["role"], c["absent"] = "demo", uses
     return forbidden

@@ -38,12 +38,14 @@ class Plan:
     exercise: str
     version: str
     cells: list[dict]  # {"n", "role", "grade_id", "source"} in the solution's order; tests included; role: checks,
-    # setup (with "kernel_source" and "serve": kernel_tree.prepare), answer, other or test
+    # setup (with "kernel_source", "serve" and "forbidden": kernel_tree.prepare), answer, other, test or demo (a given
+    # cell that uses what the kernel lacks, the reference: not run in grading, kernel_tree.prepare)
     tests: list[TestSpec]
     manual: list[tuple[str, float, str]]  # (grade_id, points, the learner's text)
     notes: list[str]  # what was ignored or changed in the submission, and the scanner's notes on the answers
     syntax: dict[int, str]
     seed: int = DEFAULT_HIDDEN_SEED  # HIDDEN_SEED in the test cells
+    forbidden: tuple[str, ...] = ()  # what the kernel's specref lacks (kernel_tree.prepare; also each setup cell's)
 
 
 def _find_answer(sub_cells: list[dict], ref: dict, gid: str, notes: list[str]) -> dict | None:
@@ -87,7 +89,7 @@ def hidden_seed(value: str | int) -> int:
     except (TypeError, ValueError):
         raise GradeError(f"--seed must be an integer >= 1 or 'random', got {value!r}") from None
     if isinstance(value, bool) or not 1 <= seed < 2**63:
-        raise GradeError(f"--seed must be in [1, 2**63) (0 draws the visible cases), got {value!r}")
+        raise GradeError(f"--seed must be in [1, 2**63) (0 is the visible cases' seed), got {value!r}")
     return seed
 
 
@@ -213,7 +215,10 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
     # the exercise's own kernel code uses (setup, given cells, the solution's answers), never the learner's choice.
     kernel_uses = set().union(*(names_used(src) for _, src in given), *(
         names_used(source(c)) for c in sol_cells if is_answer(c) and c.get("cell_type") == "code"))
-    kernel_tree.prepare(cells, kernel_uses)
-    return Plan(eid or exercise_id(Path(solution_name)), version, cells, tests, manual, notes, syntax, seed)
+    # What the kernel lacks and is not served is the answer key: given cells that use it are not run (role "demo").
+    defined = set().union(*(names_bound(source(c)) for c in sol_cells if is_answer(c) and c.get("cell_type") == "code"))
+    forbidden = kernel_tree.prepare(cells, kernel_uses, defined=defined)
+    return Plan(eid or exercise_id(Path(solution_name)), version, cells, tests, manual, notes, syntax, seed,
+                forbidden)
 
 

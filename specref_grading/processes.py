@@ -13,6 +13,7 @@ import resource
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -47,6 +48,47 @@ def _free_uid() -> int:
 
 def _drop_cmd(uid: int) -> list[str]:
     return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--pdeathsig", "KILL"]
+
+
+PR_SET_DUMPABLE, PR_GET_DUMPABLE = 4, 3
+
+
+def make_undumpable() -> bool:
+    """Make this process non-dumpable (prctl PR_SET_DUMPABLE 0), for good; whether it now is.
+
+    A process of the same uid (an unjailed kernel, when it is not dropped to a uid of its own: `unjailed_uid`)
+    can then neither ptrace it nor open its /proc/PID/fd: the read end of the results pipe (wall.run_cells' ev_r),
+    through which it could write fake results. Root still can: hence `unjailed_uid`.
+    """
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        return libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+_DROP: dict[int, bool] = {}
+
+
+def unjailed_uid() -> int | None:
+    """A fresh uid for a kernel that cannot be jailed (no namespaces) while the grader is root, so that it does not
+    run as root; None where the grader is not root, or the interpreter and specref are not readable by such a uid
+    (an environment under a private folder such as /root: tried once per process, then the kernel runs as root)."""
+    if not _as_root():
+        return None
+    if 0 not in _DROP:
+        # The same interpreter, not only one: where the fresh uid cannot reach the grader's, exec may end in another
+        # (seen: a venv's python resolving to the system's 3.11.2 instead of its own 3.11.7 under /root).
+        probe = f"import ctypes, json, select, specref, sys; sys.exit(sys.version != {sys.version!r})"
+        try:
+            _DROP[0] = subprocess.run(_drop_cmd(_free_uid()) + [sys.executable, "-I", "-c", probe],
+                                      capture_output=True, timeout=120, cwd="/",
+                                      env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            _DROP[0] = False
+    return _free_uid() if _DROP[0] else None
 
 
 def _hub_cache() -> str:
@@ -155,13 +197,15 @@ _JAIL: dict[int, bool] = {}
 
 UNJAILED_NOTE = (
     "not jailed (the grader did not run as root, or this host has no namespaces): the answers ran in a kernel of "
-    "their own, a plain process of the grading user, so this grading cannot promise that they did not read what that "
+    "their own, a plain process (of a fresh uid where the grader ran as root and the interpreter was readable by "
+    "one; else of the grading user, root included), so this grading cannot promise that they did not read what that "
     "user can read: the solutions (the reference answers and the hidden tests), the checks (specref_grading) and the "
-    "code that draws the hidden seed, the other submissions, and the network. The results were still decided by the "
-    "separate trusted process, which the kernel cannot trace (it is not dumpable); the kernel could only stop it, "
-    "which fails the tests and scores nothing. Where the host lets a user's processes trace each other (no Yama "
-    "ptrace_scope >= 1), it could also have tampered with the grading process itself. For grades that matter, "
-    "grade as root")
+    "code that draws the hidden seed, the whole of specref (the exercise's reference answers with it), the other "
+    "submissions, and the network; nor, where that user is root, that they left the host and the grader alone. The "
+    "results were still decided by the separate trusted process, and neither it nor the grading process can be "
+    "traced or have its open files reached by another process of its user (both are made non-dumpable before the "
+    "kernel starts); the kernel could only stop them, which fails the tests and scores nothing, or signal other "
+    "processes of its user. For grades that matter, grade as root on a host with namespaces")
 
 
 def can_jail() -> bool:

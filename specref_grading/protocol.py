@@ -124,6 +124,7 @@ class Remote:
         return x in self._peer.request("iter", self._hid)
 
     def __bool__(self) -> bool:
+        _refuse_on_trusted_side(self, "its truth (bool, if, assert, and, or, not)")
         return self._peer.request("bool", self._hid)
 
     def __repr__(self) -> str:
@@ -145,12 +146,31 @@ class Remote:
         raise TypeError("a remote object cannot be pickled")
 
 
+def _refuse_on_trusted_side(remote: Remote, what: str) -> None:
+    """The checks' own code may not let an object of the submission answer an operator, or its own truth.
+
+    The answer would come from the kernel, which can say anything: an object whose __sub__ gives 0 passes
+    `abs(got - want) < tol`, one whose __bool__ says True passes `assert got`, one whose __eq__ says True equals
+    every expected value. Only what copies plain data stays: len, iteration, indexing, float(), int(), index().
+    While the trusted side answers a call of the kernel (`Peer.answering`: the course's code the submission
+    called, a sampler handed to it running on the submission's rng), what that code computes goes back to the
+    submission, which could have computed it itself: there an operator is asked of the kernel as before.
+    """
+    peer = remote._peer
+    if peer.trusted and not peer.answering:
+        raise TypeError(f"the checks cannot use {what} of a value of the submission's own type ({remote._kind}): "
+                        "return plain data (numbers, strings, lists, dicts, tensors, arrays)")
+
+
+_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%", "pow": "**",
+            "matmul": "@", "and_": "&", "or_": "|", "xor": "^", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+            "eq": "==", "ne": "!=", "neg": "unary -", "pos": "unary +", "abs": "abs()", "invert": "~"}
+
+
 def _binary(name: str, reflected: bool = False):
     def method(self, other):
-        if self._peer.trusted and name in _COMPARE:
-            # The submission's own object would answer: one whose __eq__ says True equals every expected value.
-            raise TypeError(f"the checks cannot compare a value of the submission's own type ({self._kind}) with "
-                            "another: return plain data (numbers, strings, lists, dicts, tensors, arrays)")
+        _refuse_on_trusted_side(self, f"an operator ({_SYMBOLS[name]})" if name not in _COMPARE else
+                                f"a comparison ({_SYMBOLS[name]}) with another value")
         return self._peer.request("op", self._hid, name, other, reflected)
     method.__name__ = f"__{'r' if reflected else ''}{name.rstrip('_')}__"
     return method
@@ -158,6 +178,7 @@ def _binary(name: str, reflected: bool = False):
 
 def _unary(name: str):
     def method(self):
+        _refuse_on_trusted_side(self, f"an operator ({_SYMBOLS[name]})")
         return self._peer.request("op", self._hid, name, None, False)
     method.__name__ = f"__{name}__"
     return method
@@ -245,6 +266,13 @@ class Peer:
         self.served = 0  # calls this side answered
         self.call_limit: int | None = None  # calls + served past which a call raises CallLimit (None: no cap)
         self.serving: set[int] = set()  # ids of what the trusted side serves the kernel by name (a class too)
+        self.answering = 0  # calls of the other side this side is answering now (nested)
+        # The keys of the generators each call on this side's stack lent the other side (`frame.gens`): the other
+        # side may set the state of one of ours only while it is lent (_decode_gen, _sync_back).
+        self.lent: list[list[str]] = []
+        # Calls that came back with arrays the callee changed in place (the handle called, or None), recorded on the
+        # trusted side: trusted.run_test reads and clears them per test and flags the test.
+        self.changed: list[int | None] = []
         self.peak_head = self.peak_items = self.peak_sent = 0  # the largest messages: received (bytes, items), sent
 
     # ---- encoding -------------------------------------------------------------------
@@ -318,10 +346,9 @@ class Peer:
         if self.trusted and id(x) not in self.serving:
             if isinstance(x, (types.ModuleType, type)):
                 raise TypeError("the grader passes no modules or classes to the submission")
-            mod = getattr(type(x), "__module__", "") or ""
-            if isinstance(x, (types.BuiltinFunctionType, types.BuiltinMethodType)) and \
-                    mod.split(".")[0] not in _TRUSTED_ATTR_MODULES and getattr(x, "__self__", None) is None:
-                raise TypeError("the grader passes no builtin functions to the submission")
+            if callable(x) and not _course_callable(x):
+                raise TypeError(f"the grader passes no {type(x).__name__} {_origin(x)} to the submission: only the "
+                                "course's own functions, and methods of its objects")
         key = id(x)
         hid = self.export_ids.get(key)
         if hid is None or self.exports.get(hid) is not x:
@@ -462,10 +489,22 @@ class Peer:
                 raise ValueError("a generator this process never gave out")
             g = self.gens[key] = torch.Generator()
             self.gen_keys[id(g)] = key
+        elif key.split(":")[0] == self.side and not self._lent(key):
+            # One of ours that no call on our stack lends now: the other side may not set its state (keys are
+            # sequential, so guessable). It gets a generator of its own, in the state it sent.
+            g = torch.Generator()
+            data = frame.blobs[int(x["state"])]
+            if len(data) != g.get_state().numel():
+                raise ValueError("a generator state of the wrong size")
+            g.set_state(torch.tensor(list(data), dtype=torch.uint8))
+            return g
         self._set_state(g, frame.blobs[int(x["state"])])
         if key not in frame.gens:
             frame.gens.append(key)
         return g
+
+    def _lent(self, key: str) -> bool:
+        return any(key in gens for gens in self.lent)
 
     def _set_state(self, g, data: bytes) -> None:
         torch = _torch()
@@ -523,29 +562,37 @@ class Peer:
             header = {"op": op, "id": rid, "args": [self.encode(a, frame) for a in args]}
         except RecursionError:
             raise ValueError("a value nested too deeply to be passed between processes") from None
+        self.lent.append(frame.gens)  # lent until this call returns: the calls it serves meanwhile included
         try:
-            self._send(header, frame, self._deadline())
-            while True:
-                msg, rframe = self._recv(self._deadline())
-                if "op" in msg:
-                    self._serve(msg, rframe)
-                    continue
-                if msg.get("re") != rid:
-                    raise ChannelClosed("the other process answered a call that was never made")
-                break
-        except (ChannelClosed, CallTimeout) as e:
-            self.broken = self.broken or str(e)
-            raise
-        try:
-            self._sync_back(msg, rframe, frame)
-            if "err" in msg:
-                name, text = msg["err"]
-                error = _rebuild_error(str(name), str(text))
-            else:
-                return self.decode(msg.get("ok"), rframe)
-        except (ValueError, KeyError, TypeError, IndexError, RecursionError):
-            self.broken = "the other process sent a malformed answer"
-            raise ChannelClosed(self.broken) from None
+            try:
+                self._send(header, frame, self._deadline())
+                while True:
+                    msg, rframe = self._recv(self._deadline())
+                    if "op" in msg:
+                        self._serve(msg, rframe)
+                        continue
+                    if msg.get("re") != rid:
+                        raise ChannelClosed("the other process answered a call that was never made")
+                    break
+            except (ChannelClosed, CallTimeout) as e:
+                self.broken = self.broken or str(e)
+                raise
+            try:
+                self._sync_back(msg, rframe, frame)
+                if self.trusted and msg.get("back"):
+                    # The callee changed in place an array this side passed it: a check's input, or the course's
+                    # own tensor handed on by code the submission called.
+                    self.changed.append(args[0] if args and type(args[0]) is int else None)
+                if "err" in msg:
+                    name, text = msg["err"]
+                    error = _rebuild_error(str(name), str(text))
+                else:
+                    return self.decode(msg.get("ok"), rframe)
+            except (ValueError, KeyError, TypeError, IndexError, RecursionError):
+                self.broken = "the other process sent a malformed answer"
+                raise ChannelClosed(self.broken) from None
+        finally:
+            self.lent.pop()
         raise error
 
     def _sync_back(self, msg: dict, rframe: _Frame, frame: _Frame) -> None:
@@ -566,7 +613,7 @@ class Peer:
                 orig[...] = np.frombuffer(data, dtype=orig.dtype).reshape(orig.shape)
         for key, blob in msg.get("gens", []):
             g = self.gens.get(str(key))
-            if g is not None:
+            if g is not None and self._lent(str(key)):  # only a generator a call on our stack lent it
                 self._set_state(g, rframe.blobs[int(blob)])
 
     def _count(self) -> None:
@@ -577,6 +624,13 @@ class Peer:
     def _serve(self, msg: dict, frame: _Frame) -> None:
         self.served += 1
         self._count()
+        self.answering += 1
+        try:
+            self._answer(msg, frame)
+        finally:
+            self.answering -= 1
+
+    def _answer(self, msg: dict, frame: _Frame) -> None:
         rid = msg.get("id")
         out = _Frame()
         reply: dict = {"re": rid}
@@ -682,6 +736,58 @@ class Peer:
             if "op" not in msg:
                 return
             self._serve(msg, frame)
+
+
+# What the solution's own cells compile to on the trusted side (specref_grading/trusted.py names them so).
+_CELL_FILE = re.compile(r"<(?:checks|setup|test) cell \d+>")
+
+
+def _course_module(mod: object) -> bool:
+    return type(mod) is str and mod.split(".")[0] in _TRUSTED_ATTR_MODULES
+
+
+def _course_callable(x, depth: int = 0) -> bool:
+    """A callable the trusted side may hand to the submission: the course's own code, never the standard library's.
+
+    * a Python function defined in specref, specref_grading or torch, or in one of the solution's cells;
+    * a bound method whose function is one of those (a model's forward, a sampler's uniform);
+    * a builtin method bound to an object of one of those modules (torch's C methods). A builtin whose
+      `__self__` is None or a module (open, eval, exec, os.system, print) is never one: a module-level builtin's
+      `__self__` is its module;
+    * an object of a class of those modules, or of a class the solution's cells (`__main__`) define, that is
+      callable (a model, a sampler object). functools.partial, operator.attrgetter and other callables of the
+      standard library are not: they would run what they wrap, or read what they name, on the trusted side.
+    """
+    if depth > 8:
+        return False
+    if isinstance(x, types.FunctionType):
+        code = x.__code__
+        return _course_module(x.__module__) or (x.__module__ == "__main__" and _CELL_FILE.fullmatch(
+            code.co_filename) is not None)
+    if isinstance(x, types.MethodType):
+        return _course_callable(x.__func__, depth + 1)
+    if isinstance(x, types.BuiltinFunctionType):  # builtin functions and builtin methods alike
+        owner = getattr(x, "__self__", None)
+        if owner is None or isinstance(owner, (types.ModuleType, type)):
+            return False
+        return _course_module(getattr(type(owner), "__module__", None))
+    t = type(x)
+    if t.__module__ == "__main__":  # a class of the solution's cells; never one of trusted.py's own callables
+        return all(not isinstance(v, types.FunctionType) or _course_callable(v, depth + 1)
+                   for v in t.__dict__.values())
+    return _course_module(t.__module__) and not isinstance(
+        x, (types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType,
+            types.ClassMethodDescriptorType))
+
+
+def _origin(x) -> str:
+    mod, name = getattr(x, "__module__", None), getattr(x, "__qualname__", None)
+    if type(mod) is not str:
+        owner = getattr(x, "__self__", None)
+        mod = getattr(owner, "__name__", None) if isinstance(owner, types.ModuleType) else None
+    if type(name) is not str:
+        name = getattr(type(x), "__qualname__", "object")
+    return repr(f"{mod}.{name}" if type(mod) is str else str(name))
 
 
 def json_items(head: bytes) -> int:

@@ -23,13 +23,27 @@ from pathlib import Path
 
 from specref_grading import jail as grade_jail
 from specref_grading import kernel_tree
-from specref_grading.processes import (MARKER_ENV, _child_setup, _environment, _free_uid, _kill_all, can_jail,
-                                       trusted_setup)
+from specref_grading.processes import (MARKER_ENV, _child_setup, _drop_cmd, _environment, _free_uid, _kill_all,
+                                       can_jail, make_undumpable, trusted_setup, unjailed_uid)
 
 CALL_TIMEOUT_S = 60  # one call of the checks into the submission's code (the cell's own limit still applies)
 WALL_TEST_FACTOR = 3  # a test cell across the wall may take this many cell limits (thousands of calls: ex04)
 MEMORY_MB = 8192  # one kernel's private memory (RLIMIT_DATA)
 MAX_EVENT_BYTES = 1 << 20  # an event is a short JSON line; a longer "line" is a flood, never an event
+READY_TIMEOUT_S = 60  # how long the trusted process may take to start (and become non-dumpable)
+
+# How the trusted process starts: non-dumpable first (PR_SET_DUMPABLE 0: no process of its uid but root can ptrace
+# it or open its /proc/PID/fd, where its end of the result pipe lies), then it says so on that pipe, and only then
+# does the kernel start (`run_cells`); then specref_grading/trusted.py runs as ``-m`` would run it.
+TRUSTED_BOOT = r"""import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(4, 0, 0, 0, 0) != 0 or libc.prctl(3, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, PR_GET_DUMPABLE
+    raise SystemExit("the trusted process could not make itself non-dumpable")
+os.write(int(sys.argv.pop(1)), b'{"ev": "ready"}\n')  # READY
+import runpy
+runpy.run_module("specref_grading.trusted", run_name="__main__", alter_sys=True)
+"""
+READY = b'{"ev": "ready"}\n'
 
 
 @dataclass
@@ -54,14 +68,23 @@ def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb
               call_timeout: float = CALL_TIMEOUT_S) -> KernelRun:
     """Run the cells across the wall: tests in a trusted process, everything else in a jailed kernel.
 
-    Without a jail (no root, or no namespaces: `can_jail`) the kernel is a plain child process of the
-    grading user, and only the wall holds.
+    Without a jail (no root, or no namespaces: `can_jail`) the kernel is a plain child process, of a fresh uid
+    where the grader is root and the interpreter is readable by one (`unjailed_uid`), else of the grading user;
+    this process is made non-dumpable first (`make_undumpable`), as the trusted process is before the kernel
+    starts, so that such a kernel cannot open their /proc/PID/fd (the result pipe), and only the wall holds.
+
+    A cell of role "demo" (kernel_tree.prepare: it uses the reference the kernel lacks) is not run. The exercise's
+    forbidden set comes with its setup cells ("forbidden": kernel_tree.prepare), or is read from them.
     """
+    cells = [c for c in cells if c.get("role") != "demo"]
     jailed = can_jail()
+    if not jailed and not make_undumpable():
+        return KernelRun(setup_error="could not make the grader non-dumpable (prctl PR_SET_DUMPABLE), which an "
+                                     "unjailed kernel needs")
     marker = secrets.token_hex(8)
     me = os.getpid()  # the children's parent, for die_with_parent
     base = Path(tempfile.mkdtemp(prefix="specref-grade-"))
-    uid = _free_uid() if jailed else None
+    uid = _free_uid() if jailed else unjailed_uid()
     work = base / "work"
     work.mkdir()
     t2j_r, t2j_w = os.pipe()
@@ -74,46 +97,56 @@ def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb
     try:
         os.chmod(base, 0o711)
         os.chmod(work, 0o700)  # the unjailed kernel's home; a jailed one has a tmpfs of its own
+        if uid is not None and not jailed:
+            os.chown(work, uid, uid)
         env = _environment("/tmp" if jailed else str(work), marker)
         env["MPLCONFIGDIR"] = env["HOME"]
         source = grade_jail.kernel_source()
         if jailed:
             try:  # the exercise's specref: a copy without its answer key, bound where the package lies
-                tree = kernel_tree.build(kernel_tree.forbidden_for(
+                forbidden = next((tuple(c["forbidden"]) for c in cells if c.get("forbidden") is not None), None)
+                tree = kernel_tree.build(forbidden if forbidden is not None else kernel_tree.forbidden_for(
                     [c["source"] for c in cells if c.get("role") in ("checks", "setup")]))
             except (OSError, RuntimeError, SyntaxError, ValueError) as e:
                 return KernelRun(setup_error=f"could not build the grading kernel's specref: {e}")
+            read_only = grade_jail.read_only_paths(with_specref=False)
             config = {"root": str(base / "root"), "uid": uid, "memory_mb": memory_mb,
-                      "read_only": grade_jail.read_only_paths(with_specref=False), "rfd": t2j_r, "wfd": j2t_w,
+                      "read_only": read_only, "rfd": t2j_r, "wfd": j2t_w,
                       "python": sys.executable, "source": source, "env": env, "cgroup": f"run-{marker}",
-                      "specref": [str(tree), str(kernel_tree.specref_dir())]}
+                      "specref": [str(tree), str(kernel_tree.specref_dir())],
+                      "hide": grade_jail.hidden_paths(read_only, keep=[str(kernel_tree.specref_dir())])}
             cmd = grade_jail.command(config)
             pre = lambda: _child_setup(None, me)  # noqa: E731  # the jail sets its own limits
         else:
-            cmd = [sys.executable, "-I", "-c", source, str(t2j_r), str(j2t_w)]
+            cmd = (_drop_cmd(uid) if uid is not None else []) + [sys.executable, "-I", "-c", source, str(t2j_r),
+                                                                 str(j2t_w)]
             pre = lambda: _child_setup(memory_mb, me)  # noqa: E731
         try:
-            procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            try:  # the trusted process first: the kernel starts only once it is non-dumpable (TRUSTED_BOOT)
+                tenv = {k: v for k, v in _environment(str(base), marker).items() if k != MARKER_ENV}
+                tenv["MPLCONFIGDIR"] = str(base)
+                trusted = subprocess.Popen([sys.executable, "-I", "-c", TRUSTED_BOOT, str(ev_w)], stdin=subprocess.PIPE, stdout=tlog, stderr=subprocess.STDOUT,
+                    cwd=base, env=tenv, pass_fds=(t2j_w, j2t_r, ev_w), start_new_session=True,
+                    preexec_fn=lambda: trusted_setup(me, f"run-{marker}-trusted"))
+                procs.append(trusted)
+                if not _ready(trusted, ev_r):
+                    return KernelRun(setup_error="could not start the grading checks' process (trusted.py): " + (
+                        base / "trusted.log").read_bytes()[-1500:].decode("utf-8", "replace").strip())
+                kernel = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                           cwd=work, env=env, pass_fds=(t2j_r, j2t_w), start_new_session=True,
-                                          preexec_fn=pre))
-            tenv = {k: v for k, v in _environment(str(base), marker).items() if k != MARKER_ENV}
-            tenv["MPLCONFIGDIR"] = str(base)
-            procs.append(subprocess.Popen([sys.executable, "-I", "-m", "specref_grading.trusted"], stdin=subprocess.PIPE, stdout=tlog,
-                                          stderr=subprocess.STDOUT, cwd=base, env=tenv,
-                                          pass_fds=(t2j_w, j2t_r, ev_w), start_new_session=True,
-                                          preexec_fn=lambda: trusted_setup(me, f"run-{marker}-trusted")))
-        except OSError as e:
-            return KernelRun(setup_error=f"could not start the grading kernel: {e}")
-        for fd in (t2j_r, t2j_w, j2t_r, j2t_w, ev_w):
-            os.close(fd)
-        fds = [ev_r]
-        plan = json.dumps({"cells": cells, "rfd": j2t_r, "wfd": t2j_w, "events": ev_w,
-                           "call_timeout": min(call_timeout, cell_timeout)}).encode()
-        try:
-            return _collect(procs[1], plan, ev_r, cells, cell_timeout, deadline, base / "output.log", procs[0])
+                                          preexec_fn=pre)
+                procs.insert(0, kernel)
+            except OSError as e:
+                return KernelRun(setup_error=f"could not start the grading kernel: {e}")
+            for fd in (t2j_r, t2j_w, j2t_r, j2t_w, ev_w):
+                os.close(fd)
+            fds = [ev_r]
+            plan = json.dumps({"cells": cells, "rfd": j2t_r, "wfd": t2j_w, "events": ev_w,
+                               "call_timeout": min(call_timeout, cell_timeout)}).encode()
+            return _collect(trusted, plan, ev_r, cells, cell_timeout, deadline, base / "output.log", kernel)
         finally:
             for proc in procs:
-                _kill_all(proc, uid if proc is procs[0] else None, marker)
+                _kill_all(proc, None if proc is trusted else uid, marker)
             if jailed:
                 grade_jail.remove_cgroups(f"run-{marker}")
             grade_jail.remove_cgroups(f"run-{marker}-trusted")
@@ -126,6 +159,22 @@ def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb
         log.close()
         tlog.close()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _ready(trusted: subprocess.Popen, r: int, timeout: float = READY_TIMEOUT_S) -> bool:
+    """Wait for the trusted process's READY line on the result pipe (read byte by byte: nothing after it is taken)."""
+    got, end = b"", time.monotonic() + timeout
+    while time.monotonic() < end and trusted.poll() is None:
+        ready, _, _ = select.select([r], [], [], 0.2)
+        if not ready:
+            continue
+        byte = os.read(r, 1)
+        if not byte:
+            return False
+        got += byte
+        if byte == b"\n" or len(got) >= len(READY):
+            return got == READY
+    return False
 
 
 def _feed(proc: subprocess.Popen, data: bytes) -> None:

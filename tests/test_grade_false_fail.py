@@ -252,7 +252,6 @@ def test_ex07_policy_false_fail_rate():
     # same policy, vectorised (tests/test_grading_ex07.py's load_aware_k): 1 failure, at SAFE = 0.90, EFFICIENT = 0.85
     policy = solution_namespace("ex07_load_aware_k")["load_aware_k"]
     failed, n = seeds_within(60, 60, 2000, lambda s: fails(G.check_policy_unseen, policy, seed=10**12 + s))
-    print(f"ex07 check_policy_unseen (solution): {failed} failures in N = {n} seeds (no closed form: measured)")
     assert_consistent("ex07 check_policy_unseen (solution)", failed, n, 1e-3)
 
     def fixed_k4(rows, alpha, c, context, batch_sizes, k_max):  # negative control: no load awareness

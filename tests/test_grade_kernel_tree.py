@@ -142,12 +142,92 @@ def test_the_real_copy_lacks_every_forbidden_name(solution):
             assert not reading.available(forbidden, name), name
 
 
-def test_a_setup_import_of_a_forbidden_name_is_served_and_a_moved_class_imported():
-    reading = kernel_tree.Reading(kernel_tree.specref_dir())
+def test_a_setup_import_of_a_forbidden_name_is_never_served_and_a_moved_class_imported():
+    """ex06's setup imports tree_attention_mask, the reference of its Task 6.1: the kernel's copy lacks it, and
+    though the exercise's code uses it, it is not served (served, an answer could call it: the answer key)."""
+    reading = kernel_tree.shared_reading()
     text, served = kernel_tree.kernel_setup(reading, "from specref.trees import Tree, tree_attention_mask\n",
                                             ("specref.trees", "specref_grading"), {"tree_attention_mask"})
-    assert served == ["tree_attention_mask"]
+    assert served == []
     assert "from specref.tree_shapes import Tree" in text and "specref.trees" not in text
+    assert "tree_attention_mask" not in text
+
+
+def test_a_name_the_copy_lacks_is_served_only_when_the_exercise_allows_it():
+    reading = kernel_tree.shared_reading()
+    setup = "from specref.trees import tree_attention_mask\n"
+    forbidden = ("specref.trees", "specref_grading")
+    assert kernel_tree.kernel_setup(reading, setup, forbidden, {"tree_attention_mask"},
+                                    ("specref.trees.tree_attention_mask",))[1] == ["tree_attention_mask"]
+    assert kernel_tree.kernel_setup(reading, setup, forbidden, set(),  # allowed, but no kernel code uses it
+                                    ("specref.trees.tree_attention_mask",))[1] == []
+
+
+def test_allowed_is_read_as_the_check_modules_write_it():
+    assert "specref_grading.checks.pitfalls.SAMPLERS" in kernel_tree.allowed_for(
+        ["from specref_grading.checks.pitfalls import SAMPLERS"])  # tuple(f"...{n}" for n in (...))
+    assert kernel_tree.allowed_for(["from specref_grading.checks.roofline import MODELS"]) == (
+        "specref_grading.checks.roofline.MACHINES", "specref_grading.checks.roofline.MODELS")
+    assert "specref_grading.checks.speedup.toy_reference" not in kernel_tree.allowed_for(
+        ["from specref_grading.checks.speedup import toy_reference"])
+
+
+def _plan(solution: Path):
+    from specref_grading.plan import build_plan
+    nb = json.loads(solution.read_text())
+    return build_plan(nb, nb, solution.name)
+
+
+def _served(plan) -> set[str]:
+    return {n for c in plan.cells for n in c.get("serve", [])}
+
+
+# What each exercise serves its kernel on purpose (its check modules' ALLOWED); nothing else.
+SERVED = {"ex01_roofline": {"MODELS", "MACHINES"}, "ex04_gpt2_pair": {"sampling_power"},
+          "ex07_load_aware_k": {"server_rows"}, "ex08_lossless_or_not": {"SAMPLERS", "TEMPERATURE", "reference_cases"}}
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.stem)
+def test_the_plan_serves_the_kernel_only_what_the_exercise_allows(solution):
+    plan = _plan(solution)
+    assert _served(plan) == SERVED.get(solution.stem, set())
+    sources = [c["source"] for c in plan.cells if c["role"] in ("checks", "setup")]
+    allowed = kernel_tree.allowed_for(sources)
+    for c in plan.cells:
+        for name in c.get("serve", []):
+            assert any(a.rsplit(".", 1)[-1] == name for a in allowed), (c["n"], name, allowed)
+    assert plan.forbidden == kernel_tree.forbidden_for(sources)  # kept, for the wall: not read again
+    assert all(tuple(c["forbidden"]) == plan.forbidden for c in plan.cells if c["role"] in ("checks", "setup"))
+
+
+def test_the_demos_comparing_with_the_reference_are_not_run():
+    """ex06's cell 8 and ex03's cell 27 compare the learner's result with the reference, which the kernel no longer
+    gets; ex03's cell 22 imports specref.checks.exact, which the kernel's copy lacks: "demo", never sent to it."""
+    demos = {s.stem: {c["n"]: c["absent"] for c in _plan(s).cells if c["role"] == "demo"} for s in SOLUTIONS}
+    assert demos["ex06_trees"] == {8: ["tree_attention_mask"]}
+    assert set(demos["ex03_speedup"]) == {22, 27} and demos["ex03_speedup"][27] == ["toy_reference"]
+    assert not any(d for stem, d in demos.items() if stem not in ("ex06_trees", "ex03_speedup")), demos
+
+
+def test_the_wall_does_not_run_a_demo_and_reuses_the_plans_forbidden_set(monkeypatch):
+    from specref_grading import wall
+    sent: list[dict] = []
+    built: list[tuple] = []
+    monkeypatch.setattr(wall, "_collect", lambda proc, plan, *a, **k: sent.extend(json.loads(plan)["cells"])
+                        or wall.KernelRun())
+    monkeypatch.setattr(kernel_tree, "build", lambda forbidden, *a, **k: built.append(forbidden) or
+                        kernel_tree.specref_dir())
+    plan = _plan(ROOT / "solutions" / "ex06_trees.ipynb")
+    monkeypatch.setattr(kernel_tree, "forbidden_for", lambda *a: pytest.fail("the forbidden set was read again"))
+    wall.run_cells([c for c in plan.cells if c["role"] != "test"], 60, time.monotonic() + 120)
+    assert sent and 8 not in {c["n"] for c in sent} and all(c["role"] != "demo" for c in sent)
+    if can_jail():
+        assert built == [plan.forbidden]
+
+
+def test_one_reading_per_process():
+    a = kernel_tree.shared_reading()
+    assert kernel_tree.shared_reading() is a
 
 
 def _imported(module: str) -> list[str]:
@@ -278,3 +358,57 @@ def test_fetching_the_reference_through_a_module_scores_zero(exercise, gid, test
     result = next(t for t in report.tests if t.grade_id == test_gid)
     assert result.outcome != "passed", report.text()
     assert any(e in report.text() for e in ("ModuleNotFoundError", "ImportError", "AttributeError")), report.text()
+
+
+# -- the answer key is never served: a red team per exercise ------------------------------------------------------
+
+
+def _first_code_answer(plan):
+    return next(c for c in plan.cells if c["role"] == "answer" and any(c["n"] in t.depends for t in plan.tests))
+
+
+def _touch_served(served: set[str]) -> str:
+    """An answer cell that uses every name served to the kernel (and defines nothing the tests want)."""
+    return "".join(f"print({n!r}, type({n}).__name__)\n" for n in sorted(served)) or "pass\n"
+
+
+@pytest.mark.slow
+@pytest.mark.grader
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.stem)
+def test_an_answer_calling_every_served_name_scores_zero_on_its_tasks(solution, tmp_path):
+    plan = _plan(solution)
+    served = _served(plan)
+    target = _first_code_answer(plan)
+    report = grade(_with_answer(solution, tmp_path, target["grade_id"], _touch_served(served)), solution=solution,
+                   seed=1)
+    assert not report.error, report.error
+    attacked = {t.grade_id for t in plan.tests if target["n"] in t.depends}
+    assert attacked
+    for t in report.tests:
+        if t.grade_id in attacked:
+            assert t.outcome != "passed" and not t.score, report.text()
+    text = report.text()
+    assert "NameError" not in text or not any(f"name '{n}' is not defined" in text for n in served), text
+
+
+ATTACKS = [  # the reference, as the exercise's setup or checks cell would have served it
+    ("ex06_trees", "ex06_mask_answer", "ex06_mask_check",
+     "def tree_mask_and_positions(p, s):\n    m = tree_attention_mask(Tree(p, range(len(p))))\n"
+     "    return m, s + m.sum(1)\n"),
+    ("ex03_speedup", "ex03_measure_answer", "ex03_measure_check",
+     "def measure_toy(target, draft, k, runs, n, generator):\n"
+     "    r = toy_reference(target, draft, k, n, runs, generator)\n"
+     "    return r['tokens_per_step'], r['alpha_states'], r['alpha_steps']\n"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.grader
+@pytest.mark.parametrize("exercise, gid, test_gid, code", ATTACKS, ids=[a[0] for a in ATTACKS])
+def test_the_reference_the_setup_imports_is_not_served(exercise, gid, test_gid, code, tmp_path):
+    solution = ROOT / "solutions" / f"{exercise}.ipynb"
+    report = grade(_with_answer(solution, tmp_path, gid, code), solution=solution, seed=1)
+    assert not report.error, report.error
+    result = next(t for t in report.tests if t.grade_id == test_gid)
+    assert result.outcome != "passed" and not result.score, report.text()
+    assert "NameError" in result.message or "NameError" in report.text(), report.text()

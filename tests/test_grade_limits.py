@@ -481,3 +481,156 @@ def test_the_grader_run_as_a_plain_user_grades_and_says_so(tmp_path):
         assert processes.UNJAILED_NOTE in report["notes"]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# -- 6. an unjailed kernel cannot forge results; an installed grader is hidden in the jail -------------------------
+_FORGE = r'''
+def double(x):
+    return 2 * x
+import os, json
+forged = []
+def _ppid(pid):
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+# Only this grading's own processes (the grader, the trusted process: the kernel's parent and its siblings), never
+# another process of the host: as root this attack reaches any process's pipes.
+assert os.getuid() != 0, "the forging attack is run only by a kernel that is not root"
+for pid in {os.getppid(), *[int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == os.getppid()]}:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        continue
+    for fd in fds:
+        try:
+            if not os.readlink(f"/proc/{pid}/fd/{fd}").startswith("pipe:"):
+                continue
+            with open(f"/proc/{pid}/fd/{fd}", "wb", buffering=0) as f:
+                for n in range(10):
+                    f.write(json.dumps({"ev": "result", "n": n, "outcome": "passed", "message": "forged"}).encode()
+                            + b"\n")
+            forged.append((pid, fd))
+        except OSError:
+            pass
+print("FORGED", forged)
+'''
+
+_UNJAILED_RUN = r'''
+import ctypes, json, sys, threading, time
+from specref_grading import wall
+from specref_grading.plan import build_plan
+from specref_grading import processes
+libc = ctypes.CDLL(None)
+before = libc.prctl(3, 0, 0, 0, 0)
+ATTACK = json.loads(sys.argv[3])
+wall.can_jail = lambda: False
+seen = []
+real = wall._collect
+def spy(*a, **k):
+    seen.append(libc.prctl(3, 0, 0, 0, 0))  # PR_GET_DUMPABLE while the kernel runs
+    return real(*a, **k)
+wall._collect = spy
+nb = json.load(open(sys.argv[1]))
+plan = build_plan(nb, json.load(open(sys.argv[2] if ATTACK else sys.argv[1])), "toy")
+run = wall.run_cells([c for c in plan.cells], 120, time.monotonic() + 300)
+print(json.dumps({"before": before, "during": seen, "results": {n: [r.outcome, r.message] for n, r in run.results.items()},
+                  "errors": [e for r in run.results.values() for e in r.answer_errors]}))
+'''
+
+
+def test_an_unjailed_kernel_cannot_forge_results_through_proc(tmp_path):
+    """In a subprocess (this one's flag stays as it is): with no jail, the grader is non-dumpable while the kernel
+    runs, and an answer that writes fake `result` events into every pipe of its grading it can open under /proc
+    (the grader's ev_r, the trusted process's ev_w) gets nothing: its tests are graded on what they really do.
+
+    The attack runs only where the kernel is not root (the grader is not root, or it is and drops the kernel to a
+    fresh uid: processes.unjailed_uid). A root kernel can open any process's fds, non-dumpable or not (that is
+    what the uid drop and UNJAILED_NOTE are for); where the interpreter is unreadable by a fresh uid (a venv whose
+    python lies under /root) only the flag is tested."""
+    attack = not AS_ROOT or processes.unjailed_uid() is not None
+    sol = tmp_path / "ex_toy.ipynb"
+    sol.write_text(json.dumps(toy(cgroup=False)))
+    forging = toy(seq_answer="def seq(n):\n    return []\n" + _FORGE, cgroup=False)
+    sub = tmp_path / "sub.ipynb"
+    sub.write_text(json.dumps(forging))
+    proc = subprocess.run([sys.executable, "-c", _UNJAILED_RUN, str(sol), str(sub), json.dumps(attack)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["before"] == 1 and got["during"] == [0], got
+    results = got["results"]
+    if not attack:
+        assert all(r[0] == "passed" for r in results.values()), got  # the honest toy, unjailed, non-dumpable
+        return
+    assert results["4"][0] == "failed" and "forged" not in json.dumps(results), got  # seq_check: seq(3) == []
+    assert results["2"][0] == "passed", got
+    assert "FORGED []" in (proc.stdout + proc.stderr) or "FORGED" not in proc.stdout, proc.stdout
+
+
+def test_hidden_paths_covers_an_installed_grader_and_specref_under_a_bound_path(tmp_path):
+    """A non-editable install: site-packages (under the bound venv) holds specref_grading and the real specref.
+    Both are hidden, at the path they are bound at (a venv bound through a symlink too); the exercise's copy's
+    place (`keep`) and anything outside the binds are not."""
+    site = tmp_path / "venv" / "lib" / "site-packages"
+    for name in ("specref_grading", "specref", "torch"):
+        (site / name).mkdir(parents=True)
+    other = tmp_path / "checkout" / "specref"
+    other.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "venv")
+    bound = [str(tmp_path / "venv"), str(tmp_path / "link")]
+    hidden = jail.hidden_paths(bound, search=[str(site), str(tmp_path / "checkout")],
+                               grader=[str(site / "specref_grading")])
+    assert sorted(hidden) == sorted([str(site / "specref_grading"), str(site / "specref"),
+                                     str(tmp_path / "link/lib/site-packages/specref_grading"),
+                                     str(tmp_path / "link/lib/site-packages/specref")]), hidden
+    kept = jail.hidden_paths(bound, keep=[str(site / "specref")], search=[str(site)], grader=[])
+    assert kept == [str(site / "specref_grading"), str(tmp_path / "link/lib/site-packages/specref_grading")], kept
+    assert jail.hidden_paths(["/usr"], search=[str(site)], grader=[str(site / "specref_grading")]) == []
+
+
+def test_the_grader_as_installed_here_is_not_under_a_bound_path_or_is_hidden():
+    from specref_grading import kernel_tree
+    import importlib.util
+    ro = jail.read_only_paths(with_specref=False)
+    hidden = jail.hidden_paths(ro, keep=[str(kernel_tree.specref_dir())])
+    spec = importlib.util.find_spec("specref_grading")
+    grader = os.path.realpath(os.path.dirname(spec.origin) if spec.origin else list(spec.submodule_search_locations)[0])
+    under = [p for p in ro if os.path.commonpath([grader, os.path.realpath(p)]) == os.path.realpath(p)]
+    assert not under or grader in hidden, (under, hidden)
+
+
+_READ_HIDDEN = '''import os, sys
+def look(p):
+    try:
+        return sorted(os.listdir(p))
+    except OSError as e:
+        return type(e).__name__
+print(json.dumps({"hidden": look(HIDDEN), "kept": look(KEPT)}))
+'''
+
+
+@pytest.mark.skipif(not CAN_JAIL, reason="the jail needs root and unshare")
+def test_launch_hides_a_folder_under_a_bound_path():
+    """A folder under a read-only bind (as site-packages/specref_grading under the venv) is an empty folder inside."""
+    host = Path(tempfile.mkdtemp(prefix="specref-hide-", dir="/var/tmp"))
+    base = Path(tempfile.mkdtemp(prefix="specref-grade-"))
+    try:
+        for name in ("specref_grading", "other"):
+            (host / "site" / name).mkdir(parents=True)
+            (host / "site" / name / "checks.py").write_text("SECRET = 1\n")
+        os.chmod(host, 0o755)
+        source = "import json\n" + _READ_HIDDEN.replace("HIDDEN", repr(str(host / "site/specref_grading"))).replace(
+            "KEPT", repr(str(host / "site/other")))
+        config = {"root": str(base / "root"), "uid": processes._free_uid(), "memory_mb": 512,
+                  "read_only": jail.read_only_paths() + [str(host / "site")], "rfd": 0, "wfd": 1,
+                  "python": sys.executable, "source": source, "env": {"PATH": "/usr/bin"},
+                  "hide": jail.hidden_paths([str(host / "site")], search=[str(host / "site")], grader=[])}
+        assert config["hide"] == [str(host / "site/specref_grading")]
+        proc = subprocess.run(jail.command(config), capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        seen = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert seen == {"hidden": [], "kept": ["checks.py"]}, seen
+    finally:
+        shutil.rmtree(host, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)

@@ -389,13 +389,26 @@ def test_objects_that_lie_in_comparisons_do_not_pass(toy, attack):
     assert_no_marks_silently(code, report, "pair_check")
 
 
-def test_a_function_that_changes_its_inputs_is_flagged(toy):
-    """The check compares with sorted(xs) AFTER the call: emptying xs in place would make [] right."""
-    attack = "def pair(xs):\n    if xs == [3, 1]:\n        return [1, 3]\n    xs.clear()\n    return []"
-    code, report, out = grade(attacked(toy[2], attack, "pair_answer"), toy)
-    assert_no_marks_silently(code, report, "pair_check")
-    # across the wall the function gets a copy: the check's list stays [5, 4], and [] is wrong
-    assert "pair([5, 4]) should be [4, 5]" in out, out
+CHANGES_ITS_INPUT = {
+    "function": "def total(x):\n    x.zero_()\n    return 0.0",
+    "callable-instance": "class Total:\n    def __call__(self, x):\n        x.zero_()\n        return 0.0\n"
+                         "total = Total()",
+    "partial": "import functools\ndef _total(scale, x):\n    x.zero_()\n    return 0.0\n"
+               "total = functools.partial(_total, 1.0)",
+}
+
+
+@pytest.mark.parametrize("attack", CHANGES_ITS_INPUT.values(), ids=CHANGES_ITS_INPUT.keys())
+def test_a_function_that_changes_its_inputs_is_flagged(tensor_toy, attack):
+    """The check compares with x.sum() AFTER the call: zeroing the tensor in place would make 0.0 right. The
+    change is copied back into the check's tensor (what the learner did is seen), and the wire flags the call
+    whatever the callee is: the points are withheld for review (exit 3)."""
+    code, report, out = grade(attacked(tensor_toy[2], attack, "total_answer"), tensor_toy)
+    assert_no_marks_silently(code, report, "total_check")
+    assert code == 3, out
+    flags = next(t["flags"] for t in report["tests"] if t["grade_id"] == "total_check")
+    assert flags == ["total() changed an input the check passed in: a function must not modify its input values"], (
+        report)
 
 
 # -- 4. the reference implementation as the answer ------------------------------------------------
@@ -628,3 +641,87 @@ def double(x):
 
 # Grades in kernels whose environment specref_grading sets itself: tools/upkeep/portable.py leaves these out.
 pytestmark = pytest.mark.grader
+
+
+# -- the wire's holes (review of protocol.py): operators of the submission's objects, changed inputs --------------
+def _toy_with(check_cells: dict[str, str], answers: dict[str, str], checks: str = SETUP, setup: str = "") -> dict:
+    """A toy solution of the same shape as toy_solution(), with other answers and test cells: {grade_id: source}.
+    `setup`: a setup cell both sides run (a kernel that receives tensors must have imported torch)."""
+    cells = [{"cell_type": "markdown", "id": "intro", "metadata": {}, "source": "# Toy"},
+             _code(checks, {"specref": {"side": "checks"}}, cid="setup")] + (
+        [_code(setup, cid="given")] if setup else [])
+    for i, (name, body) in enumerate(answers.items()):
+        cells.append(_code(body, _meta(f"{name}_answer", 0, True, graded=False), f"a{i}"))
+        cells.append(_code(check_cells[name], _meta(f"{name}_check", 2, False), f"t{i}"))
+    return {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                        "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}
+
+
+def _toy_fixture(tmp_path, solution: dict, name: str):
+    sol_dir, sub_dir = tmp_path / name / "solutions", tmp_path / name / "submissions"
+    sol_dir.mkdir(parents=True)
+    sub_dir.mkdir()
+    (sol_dir / "ex_toy.ipynb").write_text(json.dumps(solution), encoding="utf-8")
+    return sol_dir, sub_dir, make_exercise(solution)
+
+
+def _solved_with(fixture, solution: dict) -> dict:
+    nb = copy.deepcopy(solution)
+    nb["metadata"]["specref"] = copy.deepcopy(fixture[2]["metadata"]["specref"])
+    return nb
+
+
+TENSOR_SOLUTION = _toy_with(
+    {"total": "import torch\nx = torch.tensor([3.0, 1.0, 2.5])\ngot = total(x)\n"
+              "assert isinstance(got, float) and got == float(x.sum()), f'total(x) returned {got!r}'"},
+    {"total": "def total(x):\n    ### BEGIN SOLUTION\n    return float(x.sum())\n    ### END SOLUTION"},
+    checks="import torch", setup="import torch")
+LOOSE_CHECKS_SOLUTION = _toy_with(
+    {"near": "for x in (1, 2.5, -3):\n    assert abs(double(x) - 2 * x) < 1e-9, f'double({x}) is not {2 * x}'",
+     "truthy": "for x in (1, 2.5, -3):\n    assert double(x), f'double({x}) returned nothing'"},
+    {"near": "def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION",
+     "truthy": "pass"})
+
+
+@pytest.fixture
+def tensor_toy(tmp_path):
+    """A toy whose check passes a tensor to total(x) and reads it again after the call."""
+    return _toy_fixture(tmp_path, TENSOR_SOLUTION, "tensor")
+
+
+@pytest.fixture
+def loose_toy(tmp_path):
+    """A toy whose checks are written `abs(double(x) - 2 * x) < 1e-9` and `assert double(x)`."""
+    return _toy_fixture(tmp_path, LOOSE_CHECKS_SOLUTION, "loose")
+
+
+def test_the_honest_answers_of_the_tensor_and_loose_toys_get_full_marks(tensor_toy, loose_toy):
+    code, report, out = grade(_solved_with(tensor_toy, TENSOR_SOLUTION), tensor_toy)
+    assert code == 0 and scores(report) == {"total_check": 2} and report["flags"] == [], out
+    code, report, out = grade(_solved_with(loose_toy, LOOSE_CHECKS_SOLUTION), loose_toy)
+    assert code == 0 and scores(report) == {"near_check": 2, "truthy_check": 2}, out
+
+
+LIAR = ("class Liar:\n    def __sub__(self, other):\n        return 0\n    __rsub__ = __add__ = __radd__ = __sub__\n"
+        "    def __abs__(self):\n        return 0\n    def __bool__(self):\n        return True\n"
+        "    def __lt__(self, other):\n        return True\n"
+        "def double(x):\n    return Liar()")
+
+
+@pytest.mark.parametrize("task", ["near_check", "truthy_check"])
+def test_an_object_whose_operators_lie_does_not_pass_a_loose_check(loose_toy, task):
+    """`abs(double(x) - 2 * x) < 1e-9` once got 0 from the kernel's __sub__, `assert double(x)` True from its
+    __bool__: the checks' side now refuses to let an object of the submission answer either."""
+    code, report, out = grade(attacked(loose_toy[2], LIAR, "near_answer"), loose_toy)
+    assert_no_marks_silently(code, report, task)
+    message = next(t["message"] for t in report["tests"] if t["grade_id"] == task)
+    assert "return plain data" in message, report
+
+
+def test_a_list_passed_in_is_a_copy_and_never_changes(toy):
+    """The check compares with sorted(xs) AFTER the call: emptying xs in place would make [] right; across the wall
+    the function gets a copy, so the check's list stays [5, 4], and [] is wrong."""
+    attack = "def pair(xs):\n    if xs == [3, 1]:\n        return [1, 3]\n    xs.clear()\n    return []"
+    code, report, out = grade(attacked(toy[2], attack, "pair_answer"), toy)
+    assert_no_marks_silently(code, report, "pair_check")
+    assert "pair([5, 4]) should be [4, 5]" in out, out

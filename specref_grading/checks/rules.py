@@ -15,7 +15,8 @@ says why, before grading anything.
 The inspection is a help for the learner in their own kernel, not a security boundary: it only looks
 at real Python functions and classes. In graded runs the checks receive proxies of the learner's
 functions, served from the learner's jailed kernel; a proxy is not a function, so the inspection skips
-it and the grader's own scanner flags reference use there.
+it: there, the reference functions are simply absent from the specref the kernel sees
+(specref_grading/kernel_tree.py).
 """
 
 from __future__ import annotations
