@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from specref_grading import jail as grade_jail
+from specref_grading import jail
 
 MARKER_ENV = "SPECREF_GRADING_RUN"
 
@@ -133,7 +133,7 @@ def die_with_parent(parent: int) -> None:  # runs in a child before exec, or fir
     A grader stopped by SIGTERM or SIGKILL then takes its kernels, jails and trusted processes with it
     (unshare's --kill-child passes the signal on into the jail's namespace) instead of leaving them to run.
     """
-    if not grade_jail.arm_parent_death():
+    if not jail.arm_parent_death():
         return  # not Linux: the process-group kill in _kill_all still applies
     if os.getppid() != parent:  # the parent died before the request took (`parent` as the parent read it)
         os._exit(1)
@@ -151,7 +151,7 @@ def trusted_setup(parent: int, cgroup: str | None = None) -> None:  # runs in th
     TRUSTED_MEMORY_MB of private memory."""
     die_with_parent(parent)
     if cgroup and os.geteuid() == 0:
-        grade_jail.join_cgroups(cgroup, TRUSTED_MEMORY_MB, pids=512)  # torch's threads count as processes
+        jail.join_cgroups(cgroup, TRUSTED_MEMORY_MB, pids=512)  # torch's threads count as processes
     _limits(TRUSTED_MEMORY_MB, TRUSTED_CPU_S)
 
 

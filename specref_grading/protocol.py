@@ -40,9 +40,8 @@ MAX_DEPTH = 64
 # One message's JSON header: at most this many bytes and this many items (values and containers, counted across
 # all its nested containers together), checked on the raw bytes BEFORE they are parsed: a reply of a million
 # tiny lists costs the receiver a scan of its bytes, never the million lists. Tensors and arrays travel as blobs
-# and count one item each. The honest solutions graded against themselves (seed 1) send at most 529 items in one
-# message (ex07) and receive at most 51, in headers of at most a few hundred bytes: the limits leave room for
-# learners' lists of many thousands of values.
+# and count one item each. The limits are orders of magnitude above what an honest grading sends (measured in
+# benchmarks/history/2026-12-04.md) and leave room for learners' lists of many thousands of values.
 MAX_HEADER = 1 << 26
 MAX_MESSAGE_ITEMS = 1 << 18
 _JSON_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')

@@ -37,10 +37,9 @@ from specref_grading.protocol import (CallLimit, CallTimeout, ChannelClosed, Mes
 _EVENTS = -1  # the events pipe, from the plan (main)
 
 # Calls across the wall in one test cell, either way (the checks' calls into the kernel and the kernel's calls
-# back into what the checks passed it). Measured on the honest solutions graded against themselves (seed 1;
-# the table in specref_grading/processes.py): the most is ex04_step_check's 57 188, then ex08's 51 805 and ex02's
-# 25 933. The cap is 3.5x that; a check looping over a handle without end (a len() of 10**12, or a kernel calling
-# back forever) stops at it after about 30 s of round trips (about 150 us each), before the CPU limit.
+# back into what the checks passed it): a few times the most an honest grading makes (ex04's step check; the
+# figures in benchmarks/history/2026-12-04.md), so a check looping over a handle without end (a len() of 10**12,
+# or a kernel calling back forever) stops here, in seconds of round trips, before the CPU limit.
 MAX_CALLS_PER_TEST = 200_000
 
 
@@ -99,8 +98,7 @@ def run_test(cell: dict, ns: dict, peer: Peer, answer_errors: list[str]) -> bool
     n = cell["n"]
     emit({"ev": "start", "n": n, "role": "test"})
     tns = dict(ns)
-    names: dict[int, str] = {}  # the handles the test reads by name, for its flags
-    peer.changed.clear()
+    names: dict[int, str] = {}  # the handles the test reads by name, for its flags (main clears peer.changed)
     filename = f"<test cell {n}>"
     first = peer.calls + peer.served
     peer.call_limit = first + MAX_CALLS_PER_TEST
@@ -145,7 +143,7 @@ def run_test(cell: dict, ns: dict, peer: Peer, answer_errors: list[str]) -> bool
               "message": f"timed out: a call to the submission's code did not return within {peer.timeout:.0f} s "
                          "(an endless loop, or far too slow)", "answer_errors": answer_errors})
         return False
-    except ChannelClosed as e:
+    except ChannelClosed:
         emit({"ev": "stop", "n": n, "outcome": "died",
               "message": "the kernel running the submission's code died during this test",
               "answer_errors": answer_errors, "kernel": True})
@@ -183,6 +181,7 @@ def main(_plan: dict) -> None:
     for cell in cells:
         n, role, source = cell["n"], cell["role"], cell["source"]
         if role == "test":
+            peer.changed.clear()  # what the calls of this test change in place flags this test only
             if not run_test(cell, ns, peer, answer_errors):
                 return
             continue
@@ -215,7 +214,7 @@ def main(_plan: dict) -> None:
                 error = peer.request("exec", source, filename)
             finally:
                 peer.timeout = saved
-        except (ChannelClosed, CallTimeout) as e:
+        except (ChannelClosed, CallTimeout):
             emit({"ev": "stop", "n": n, "outcome": "died", "message": f"the kernel died while running "
                   f"{'answer cell ' + repr(cell.get('grade_id')) if role == 'answer' else 'cell ' + str(n)}",
                   "answer_errors": answer_errors, "kernel": True})

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specref_grading import jail as grade_jail
+from specref_grading import jail
 from specref_grading import kernel_tree
 from specref_grading.processes import (MARKER_ENV, _child_setup, _drop_cmd, _environment, _free_uid, _kill_all,
                                        can_jail, make_undumpable, trusted_setup, unjailed_uid)
@@ -101,7 +101,7 @@ def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb
             os.chown(work, uid, uid)
         env = _environment("/tmp" if jailed else str(work), marker)
         env["MPLCONFIGDIR"] = env["HOME"]
-        source = grade_jail.kernel_source()
+        source = jail.kernel_source()
         if jailed:
             try:  # the exercise's specref: a copy without its answer key, bound where the package lies
                 forbidden = next((tuple(c["forbidden"]) for c in cells if c.get("forbidden") is not None), None)
@@ -109,13 +109,13 @@ def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb
                     [c["source"] for c in cells if c.get("role") in ("checks", "setup")]))
             except (OSError, RuntimeError, SyntaxError, ValueError) as e:
                 return KernelRun(setup_error=f"could not build the grading kernel's specref: {e}")
-            read_only = grade_jail.read_only_paths(with_specref=False)
+            read_only = jail.read_only_paths(with_specref=False)
             config = {"root": str(base / "root"), "uid": uid, "memory_mb": memory_mb,
                       "read_only": read_only, "rfd": t2j_r, "wfd": j2t_w,
                       "python": sys.executable, "source": source, "env": env, "cgroup": f"run-{marker}",
                       "specref": [str(tree), str(kernel_tree.specref_dir())],
-                      "hide": grade_jail.hidden_paths(read_only, keep=[str(kernel_tree.specref_dir())])}
-            cmd = grade_jail.command(config)
+                      "hide": jail.hidden_paths(read_only, keep=[str(kernel_tree.specref_dir())])}
+            cmd = jail.command(config)
             pre = lambda: _child_setup(None, me)  # noqa: E731  # the jail sets its own limits
         else:
             cmd = (_drop_cmd(uid) if uid is not None else []) + [sys.executable, "-I", "-c", source, str(t2j_r),
@@ -148,8 +148,8 @@ def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb
             for proc in procs:
                 _kill_all(proc, None if proc is trusted else uid, marker)
             if jailed:
-                grade_jail.remove_cgroups(f"run-{marker}")
-            grade_jail.remove_cgroups(f"run-{marker}-trusted")
+                jail.remove_cgroups(f"run-{marker}")
+            jail.remove_cgroups(f"run-{marker}-trusted")
     finally:
         for fd in fds:
             try:

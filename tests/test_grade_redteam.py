@@ -13,9 +13,7 @@ from __future__ import annotations
 import copy
 import csv
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest

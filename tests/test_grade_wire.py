@@ -57,7 +57,7 @@ class _Liar:
 class _ForgingKernel(Peer):
     """A kernel whose replies also name generators it was not passed in that call (`forge`: [[key, state]])."""
 
-    forge: list = []
+    forge: list  # set by the fixture before the kernel serves
 
     def _send(self, header, frame, deadline):
         if "re" in header and self.forge:
@@ -89,6 +89,15 @@ def kernel():
 
     def liar():
         return _Liar()
+
+    def poke(obj, what):  # tests/test_grade_wall.py's poke: reads what the checks handed it, past the proxy
+        if what == "closure":
+            return obj._peer.request("getattr", obj._hid, "__closure__")
+        if what == "globals":
+            return obj._peer.request("getattr", obj._hid, "__globals__")
+        if what == "public-of-function":
+            return obj.seed_table
+        return obj(3)
 
     def rows():
         return [[1, 2], [3]]
@@ -128,10 +137,10 @@ def kernel():
     def calls_checks_fn(fn, t):  # the checks' function hands its own tensor to the kernel: a change is flagged
         return fn(t)
 
-    learner = {"keep": keep, "noop": noop, "pass_back": pass_back, "nested": nested, "liar": liar, "rows": rows, "seq": seq,
-               "call_with_liar": call_with_liar, "zero": zero, "Zero": Zero(), "zero_method": Zero().method,
+    learner = {"keep": keep, "noop": noop, "pass_back": pass_back, "nested": nested, "liar": liar, "rows": rows,
+               "seq": seq, "call_with_liar": call_with_liar, "zero": zero, "Zero": Zero(), "zero_method": Zero().method,
                "zero_partial": functools.partial(lambda s, t: zero(t), 1), "calls_checks_fn": calls_checks_fn,
-               "poke_call": lambda obj, *a: obj(*a)}
+               "poke_call": lambda obj, *a: obj(*a), "poke": poke}
     t2k_r, t2k_w = os.pipe()
     k2t_r, k2t_w = os.pipe()
     jail = _ForgingKernel(t2k_r, k2t_w, "jail", ops={"get": learner.__getitem__})
@@ -197,6 +206,21 @@ def test_a_kernel_calling_for_a_builtin_through_a_served_object_gets_nothing(ker
     for value in (os.system, eval, functools.partial(os.system, "true")):
         with pytest.raises(TypeError, match="passes no"):
             poke(value, "true")
+
+
+def test_a_checks_function_is_callable_and_nothing_more_even_to_a_forged_request(kernel):
+    """tests/test_grade_wall.py's test of the same name, with the sampler defined as a solution's cell defines it
+    (a function of the test module itself is no longer handed out)."""
+    peer, _ = kernel
+    sampler = _cell_function("hidden = 4711\ndef sampler(x):\n    return x * hidden\nsampler.seed_table = [hidden]",
+                             "sampler")
+    poke = peer.request("get", "poke")
+    assert poke(sampler, "call") == 3 * 4711
+    for what in ("closure", "globals", "public-of-function"):
+        with pytest.raises(AttributeError):
+            poke(sampler, what)
+    with pytest.raises(TypeError):
+        poke(torch, "call")
 
 
 # -- 2. an object of the submission answers no operator for the checks --------------------------------------------
