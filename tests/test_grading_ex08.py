@@ -276,7 +276,7 @@ def test_the_graders_own_verdicts_used_as_the_answer_score_zero_with_a_message_t
         changed, tv = _evidence_of(sampler, G.reference_cases())
         return changed or tv
 
-    with pytest.raises(AssertionError, match=r"Task 1: your is_lossless uses specref\.course\.grading\.pitfalls\._evidence_of"):
+    with pytest.raises(AssertionError, match=r"Task 1: your is_lossless uses specref_grading\.checks\.pitfalls\._evidence_of"):
         G.check_lossless_check(is_lossless)
     with pytest.raises(AssertionError, match=r"Task 2: your evidence uses .*_evidence_of.*scores 0"):
         G.check_evidence(evidence, {})
