@@ -329,3 +329,7 @@ def test_a_generator_lent_to_a_call_stays_in_step_through_nested_calls(kernel):
     a, same, b, c = peer.request("get", "nested")(fn, g)
     assert same is True and [a, b, c] == torch.rand(3, generator=twin).tolist()
     assert torch.rand(2, generator=g).tolist() == torch.rand(2, generator=twin).tolist()
+
+
+# About the grader, not numerics of ours: tools/upkeep/portable.py leaves these out.
+pytestmark = pytest.mark.grader
