@@ -114,7 +114,10 @@ def test_the_clone_grades_wherever_it_lies(clone, tmp_path):
     shutil.copy(dest / "exercises" / "ex02_accept_reject.ipynb", folder / "stub.ipynb")
     graded = subprocess.run(["make", "grade-all", f"DIR={folder}"], cwd=dest, env=env, capture_output=True,
                             text=True, timeout=900)
-    assert graded.returncode == 1, graded.stdout[-4000:] + graded.stderr[-4000:]  # the unsolved stub fails its checks
+    # the grader exits 1 (the unsolved stub fails its checks), which make reports as its recipe's Error 1
+    why = graded.stdout[-4000:] + graded.stderr[-4000:]
+    assert graded.returncode == 2 and "grade-all] Error 1" in graded.stderr, why
+    assert "graded 1 of 1 submissions" in graded.stdout, graded.stdout
     book = (folder / "gradebook.csv").read_text()
     assert "stub.ipynb" in book and "some checks failed" in book, book
 
