@@ -10,7 +10,7 @@ every exercise in turn (ex01, ex02, ... ex08, ex01, ...), each round of them sta
 - ``partial``: the solution with its last code answer put back to the exercise's stub.
 
 The last of the N is a solved notebook saved under the next exercise's file name (the console line
-must name the exercise graded). Then specref_grading.classrun grades the folder (a fresh seed), and grades it again
+must name the exercise graded). Then specref_grading.classrun grades the folder (a fresh seed each), and grades it again
 (every submission unchanged: the resumed run must regrade none). Printed: the wall time, submissions
 per minute, the mean seconds one submission takes in a worker, per exercise, and the host's load
 average before and after (other work on the host slows every figure).

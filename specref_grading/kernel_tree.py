@@ -42,6 +42,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specref_grading.scan import nodes_of
+
 HERE = Path(__file__).resolve().parent
 ALWAYS_FORBIDDEN = ("specref_grading",)
 LAZY_MAPS = ("_LAZY",)  # the name -> module dict literal of a package's __init__
@@ -99,19 +101,14 @@ def _literal(path: Path, name: str) -> tuple[str, ...]:
 def check_modules(sources: list[str]) -> list[str]:
     """The specref_grading.checks modules the given code imports (dotted names)."""
     found: list[str] = []
-    for src in sources:
-        try:
-            tree = ast.parse(src)
-        except SyntaxError:
-            continue
-        for node in ast.walk(tree):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
-            if isinstance(node, ast.ImportFrom) and node.module == "specref_grading.checks":
-                names = [f"specref_grading.checks.{a.name}" for a in node.names]
-            for n in names:
-                if n.startswith("specref_grading.checks.") and n not in found:
-                    found.append(n)
+    for node in nodes_of(sources):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+        if isinstance(node, ast.ImportFrom) and node.module == "specref_grading.checks":
+            names = [f"specref_grading.checks.{a.name}" for a in node.names]
+        for n in names:
+            if n.startswith("specref_grading.checks.") and n not in found:
+                found.append(n)
     return found
 
 

@@ -107,19 +107,24 @@ def scan(source: str, specref_names: set[str] = frozenset(), allowed_specref: se
     return found
 
 
-def imported_specref_names(sources: list[str]) -> set[str]:
-    """Names that code cells bind to something from specref (``from specref... import x``, ``import specref``)."""
-    names: set[str] = set()
+def nodes_of(sources: list[str]):
+    """Every AST node of each source that parses (a cell that does not is skipped: it binds and imports nothing)."""
     for src in sources:
         try:
             tree = ast.parse(src)
         except SyntaxError:
             continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "specref":
-                names |= {a.asname or a.name for a in node.names}
-            elif isinstance(node, ast.Import):
-                names |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] == "specref"}
+        yield from ast.walk(tree)
+
+
+def imported_specref_names(sources: list[str]) -> set[str]:
+    """Names that code cells bind to something from specref (``from specref... import x``, ``import specref``)."""
+    names: set[str] = set()
+    for node in nodes_of(sources):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "specref":
+            names |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] == "specref"}
     return names
 
 
