@@ -126,7 +126,11 @@ def test_launch_binds_read_only_paths_under_tmp_inside_the_kernels_own_empty_tmp
         assert proc.returncode == 0, proc.stdout + proc.stderr
         seen = json.loads(proc.stdout.strip().splitlines()[-1])
         assert seen["marker"] == "bound" and seen["uid"] == config["uid"]
-        assert seen["tmp"] == [host.name], seen  # only the bound path's top folder: no host file, no work folder
+        # only the top folders of the bound paths under /tmp (this one, and the checkout's own venv where the
+        # checkout lies under /tmp): no host file, no work folder
+        bound = {Path(p).resolve().relative_to("/tmp").parts[0] for p in config["read_only"]
+                 if Path(p).resolve().is_relative_to("/tmp")}
+        assert host.name in bound and seen["tmp"] == sorted(bound), seen
         assert secret.name not in seen["tmp"] and base.name not in seen["tmp"] and not seen["base"]
     finally:
         shutil.rmtree(host, ignore_errors=True)
