@@ -288,15 +288,25 @@ def answer_probe():
 
 
 def _probe_submission(solution: Path, tmp_path: Path, names: list[str], marks: list[str]) -> Path:
-    """The exercise's stub with its first code answer replaced by the probe, and the probe's findings printed."""
+    """The solution with its first code answer replaced by the probe, and the probe's findings printed."""
     nb = json.loads(solution.read_text())
-    for c in nb["cells"]:
-        if c.get("metadata", {}).get("nbgrader", {}).get("solution") and c["cell_type"] == "code":
-            c["source"] = f"NAMES = {names!r}\nMARKS = {marks!r}\n" + PROBE + "\nraise AssertionError(repr(answer_probe()))\n"
-            break
-    path = tmp_path / solution.name
-    path.write_text(json.dumps(nb))
-    return path
+    gid = next(c["metadata"]["nbgrader"]["grade_id"] for c in nb["cells"]
+               if c.get("metadata", {}).get("nbgrader", {}).get("solution") and c["cell_type"] == "code")
+    source = f"NAMES = {names!r}\nMARKS = {marks!r}\n" + PROBE + "\nraise AssertionError(repr(answer_probe()))\n"
+    return _with_answer(solution, tmp_path, gid, source)
+
+
+@pytest.mark.slow
+def test_the_probe_finds_the_answer_key_where_it_is_reachable():
+    # The negative control of the jailed probe below: run here, outside any jail, it finds the grader's modules,
+    # a forbidden function and the checks' source, so its empty findings in the jail mean something.
+    code = ("NAMES = ['specref_grading.checks.rules', 'specref.rejection.verify_chain', 'specref.nothing_such']\n"
+            "MARKS = ['def check_']\n" + PROBE + "\nprint(repr(answer_probe()))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd="/")
+    found = eval(out.stdout.strip().splitlines()[-1])
+    assert "specref_grading.checks.rules" in found and "specref.rejection.verify_chain" in found, found
+    assert "specref.nothing_such" not in found
+    assert any(f.endswith(": def check_") and "/specref_grading/checks/" in f for f in found), found
 
 
 @pytest.mark.slow
