@@ -145,11 +145,6 @@ def test_launch_refuses_a_root_inside_a_read_only_path(tmp_path):
     assert not (tmp_path / "work").exists()
 
 
-def test_jail_problem_is_gone():
-    """The grader no longer refuses an environment under /tmp (jail_problem did, before the jail could bind it)."""
-    assert not hasattr(processes, "jail_problem") and not hasattr(wall, "jail_problem")
-
-
 _GRADE_FROM_TMP = r'''set -e
 D="$1"; shift
 mkdir -p "$D/main"
@@ -415,14 +410,13 @@ def test_the_trusted_process_gets_cpu_and_memory_rlimits():
 # -- 4. workers sized by memory ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("cores, memory_mb, jobs", [
     (16, 128 * 1024, 16),   # memory for all: one per core
-    (16, 16 * 1024, 4),     # 16 GB available holds four submissions at their peak
+    (16, 4 * processes.SUBMISSION_PEAK_MB + 100, 4),  # memory for four submissions at their peak
     (4, 1000, 1),           # never fewer than one
     (8, None, 8),           # memory unknown: one per core
 ])
 def test_default_jobs_is_the_lesser_of_cores_and_memory(monkeypatch, cores, memory_mb, jobs):
     monkeypatch.setattr(classrun, "_cores", lambda: cores)
     monkeypatch.setattr(classrun, "_memory_available_mb", lambda: memory_mb)
-    assert processes.SUBMISSION_PEAK_MB == 3700
     assert classrun.default_jobs() == jobs
 
 
