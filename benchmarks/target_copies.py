@@ -12,6 +12,9 @@ in two settings, untimed (the figures are counts, the same on every machine):
    follows the copy before it leaves it.
 2. the edit prompts themselves (snippet, "# old -> new" marker, the edited head): the same two
    figures along the faithfully edited rest.
+3. the quote workload (`quote_prompts`: a passage the target wrote itself, a blank line, its opening
+   again), the copy workload notebook 05 uses: the share of the target's greedy tokens that continue a
+   span of the prompt (`span_continuations`), against the same share on ordinary held-out code.
 
     .venv/bin/python benchmarks/target_copies.py [--cases 8]
 """
@@ -23,7 +26,15 @@ import argparse
 import torch
 
 from specref import generate, load_pair
-from specref.models.workloads import MARKER, copy_agreement, edit_cases, repeat_tokens
+from specref.models.pair import heldout_prompts
+from specref.models.workloads import (
+    MARKER,
+    copy_agreement,
+    edit_cases,
+    quote_prompts,
+    repeat_tokens,
+    span_continuations,
+)
 
 
 def followed(target, prompt: list[int], copy: list[int]) -> int:
@@ -52,6 +63,13 @@ def main() -> None:
         hits, n, along = (list(col) for col in zip(*figs))
         print(f"{name:12s} {len(figs)} snippets: teacher forced, the target's argmax is the copy's next token at "
               f"{sum(hits) / sum(n):.3f} of {sum(n)} positions; greedy, it follows the copy for {along} tokens of {n}")
+    for name, prompts in (("quote", quote_prompts(target, args.cases)), ("ordinary", heldout_prompts(args.cases, 48))):
+        h = t = 0
+        for p in prompts:
+            out = generate(target, torch.tensor([p]), max_new_tokens=48, temperature=0.0)[0, len(p):].tolist()
+            a, b = span_continuations(p, out)
+            h, t = h + a, t + b
+        print(f"{name:12s} {len(prompts)} prompts: {h} of {t} greedy tokens continue a span of the prompt ({h / t:.3f})")
 
 if __name__ == "__main__":
     main()

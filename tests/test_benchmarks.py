@@ -39,6 +39,18 @@ def test_bench_speculative_prints_one_row_per_k_and_both_goal_lines():
                           r"interleaved \(goal <= 1\.10x: (met|NOT met)\)$", out, flags=re.M)) == 2, out
 
 
+def test_bench_hf_counts_passes_on_both_sides_and_prints_its_goal_line():
+    pytest.importorskip("transformers")
+    out = _run("bench_hf.py", "--prompts", "1", "--new-tokens", "12", "--repeats", "1")
+    rows = {m.group(1).strip(): m.groups()[1:] for m in re.finditer(
+        r"^(specref|HF, threshold default|HF, threshold off)\s+(\d+)\s+(\d+)\s.*?(\d+) of (\d+)$", out, flags=re.M)}
+    assert set(rows) == {"specref", "HF, threshold default", "HF, threshold off"}, out
+    ours, off = rows["specref"], rows["HF, threshold off"]
+    if off[2] == off[3]:  # the same greedy text (float32: a near-tie may flip a choice on some CPU)
+        assert ours[1] == off[1] and int(ours[0]) == int(off[0]) + 1  # same steps; specref's prefill is its own pass
+    assert re.search(r"^goal: greedy speculative >= 2x .* -> (met|NOT met)$", out, flags=re.M), out
+
+
 def test_bench_tree_prints_every_configuration_and_greedy_outputs_are_identical():
     out = _run("bench_tree.py", "--prompts", "1", "--prompt-tokens", "16", "--new-tokens", "10")
     greedy, sampled = out.split("temperature 1")

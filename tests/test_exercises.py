@@ -165,6 +165,63 @@ def test_graded_cells_need_unique_grade_ids_and_points():
         make_exercise(nb)
 
 
+RUBRIC = "Why (1 point): doubling is x + x; model answer: because 2x is x added to itself."
+SUMMARY = "## Summary\n\n- `double` returns twice its input: the answer to the task, stated after grading."
+
+
+def with_rubric_and_summary() -> nbformat.NotebookNode:
+    """The toy solution with a rubric right after its hand-graded answer `why` and a solution_only summary."""
+    nb = toy_solution()
+    at = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "why")
+    nb.cells.insert(at + 1, new_markdown_cell(RUBRIC, metadata={"specref": {"rubric": "why"}}))
+    nb.cells.append(new_markdown_cell(SUMMARY, metadata={"specref": {"solution_only": True}}))
+    return nb
+
+
+def test_rubrics_and_solution_only_cells_stay_in_the_solution():
+    sol = with_rubric_and_summary()
+    ex = make_exercise(sol, "solutions/ex_toy.ipynb")
+    text = to_bytes(ex).decode()
+    assert "model answer" not in text and "stated after grading" not in text and '"rubric"' not in text
+    assert "solution_only" not in text
+    assert [c.id for c in ex.cells] == [c.id for c in sol.cells if "specref" not in c.metadata]  # only those two gone
+    assert make_exercises.check_rubrics(sol, "sol") == {"why": RUBRIC}
+    # The tests' version does not move with a rubric: it is not graded.
+    assert ex.metadata["specref"]["version"] == make_exercise(toy_solution())["metadata"]["specref"]["version"]
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda c: c.metadata.__setitem__("specref", {"rubric": "double"}), "not the grade_id of a hand-graded"),
+    (lambda c: c.metadata.__setitem__("specref", {"rubric": "nowhere"}), "not the grade_id of a hand-graded"),
+    (lambda c: c.metadata.__setitem__("specref", {"rubric": 3}), "not the grade_id of a hand-graded"),
+    (lambda c: c.__setitem__("cell_type", "code") or c.update(outputs=[], execution_count=None),
+     "must be a markdown cell"),
+])
+def test_a_rubric_must_name_a_hand_graded_task(change, problem):
+    sol = with_rubric_and_summary()
+    change(next(c for c in sol.cells if "rubric" in c.metadata.get("specref", {})))
+    with pytest.raises(MarkerError, match=problem):
+        make_exercise(sol, "solutions/ex_toy.ipynb")
+
+
+def test_one_rubric_per_task_and_no_task_is_solution_only():
+    sol = with_rubric_and_summary()
+    sol.cells.append(new_markdown_cell("again", metadata={"specref": {"rubric": "why"}}))
+    with pytest.raises(MarkerError, match="a second rubric"):
+        make_exercise(sol)
+    sol = toy_solution()
+    cell(sol, "why").metadata["specref"] = {"solution_only": True}
+    with pytest.raises(MarkerError, match="solution_only cell cannot be graded"):
+        make_exercise(sol)
+
+
+def test_a_solution_only_cell_need_not_be_a_summary():
+    sol = toy_solution()
+    sol.cells.insert(2, new_code_cell("print('the worked answer, after grading')",
+                                      metadata={"specref": {"solution_only": True}}))
+    assert "after grading" not in to_bytes(make_exercise(sol)).decode()
+
+
 def test_check_mode_lists_missing_differing_and_stale_files(tmp_path, capsys):
     sol, ex = tmp_path / "solutions", tmp_path / "exercises"
     sol.mkdir()
@@ -332,7 +389,9 @@ def unbound_reads(exercise, solution) -> list[str]:
     import builtins
 
     known, problems, text = set(dir(builtins)), [], ""
-    for i, (cell, sol) in enumerate(zip(exercise.cells, solution.cells)):
+    kept = [c for c in solution.cells if not make_exercises.left_out(c)]  # the exercise's cells, in the solution
+    assert len(kept) == len(exercise.cells)
+    for i, (cell, sol) in enumerate(zip(exercise.cells, kept)):
         # The stubs' messages name what to write; the question is whether the task's own text asks for it.
         text += "\n" + "\n".join(line for line in cell.source.split("\n")
                                   if not line.strip().startswith("raise NotImplementedError("))

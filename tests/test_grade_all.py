@@ -465,3 +465,32 @@ def test_a_stopped_run_leaves_no_kernel_behind(course, tmp_path, jobs):
 
 # Grades in kernels whose environment specref_grading sets itself: tools/upkeep/portable.py leaves these out.
 pytestmark = pytest.mark.grader
+
+
+def test_the_hand_grading_sheet_carries_the_questions_rubric(tmp_path):
+    """A rubric kept with the solution (a markdown cell marked "specref": {"rubric": grade_id}) is printed on that
+    question's sheet, on every row; a question without one says so. Written from a state, no grading needed."""
+    sol = tmp_path / "solutions"
+    sol.mkdir()
+    d = double_solution()
+    rubric = "double_why (1 point): 1 for 'the function returns 2 * x'. Model answer: it adds x to itself."
+    d["cells"].append({"cell_type": "markdown", "id": "r1", "metadata": {"specref": {"rubric": "double_why"}},
+                       "source": rubric})
+    (sol / "ex90_double.ipynb").write_text(json.dumps(d))
+    (sol / "ex91_pair.ipynb").write_text(json.dumps(pair_solution()))
+    assert '"rubric"' not in json.dumps(exercise(d, "ex90_double.ipynb"))  # the learners' copy lacks it
+
+    def entry(ex, gid, answer):
+        return {"report": {"exercise": ex, "error": "", "manual": [{"grade_id": gid, "points": 1, "answer": answer}],
+                           "tests": []}}
+
+    state = {"solutions_dir": str(sol), "hand": {}, "entries": {
+        "alice/ex90_double.ipynb": entry("ex90_double", "double_why", "Because it doubles."),
+        "bob/ex90_double.ipynb": entry("ex90_double", "double_why", "no idea"),
+        "alice/ex91_pair.ipynb": entry("ex91_pair", "pair_why", "It sorts.")}}
+    GA.write_sheets(state, tmp_path / "sheets")
+    rows = list(csv.DictReader((tmp_path / "sheets" / "ex90_double.double_why.csv").open(encoding="utf-8")))
+    assert [r["rubric"] for r in rows] == [rubric, rubric]
+    assert list(rows[0])[-1] == "rubric" and list(rows[0])[:7] == GA.SHEET_COLUMNS[:7]  # the marked columns stay
+    other = next(csv.DictReader((tmp_path / "sheets" / "ex91_pair.pair_why.csv").open(encoding="utf-8")))
+    assert other["rubric"] == GA.NO_RUBRIC

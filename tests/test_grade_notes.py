@@ -52,17 +52,24 @@ def tree_mask_and_positions(parents: list[int], start: int) -> tuple[torch.Tenso
 CALLS = 0
 
 
-def pass_bytes(model: dict, B: int, T: int, S: int) -> float:
-    """Bytes one pass reads: weights and KV cache."""
+def pass_bytes(model, B: int, T: int, S: int) -> int:
+    """Bytes one pass reads: every parameter once, and the KV cache of B rows of S cached tokens."""
     global CALLS
     CALLS += 1  # how often the checks called me
-    return model["n_params"] * model["bytes_per_param"] + model["kv_bytes_per_token"] * B * S
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    kv = sum(2 * model.config.n_embd * block.attn.c_attn.weight.element_size() for block in model.transformer.h)
+    return weights + kv * B * S
 
 
-def pass_flops(model: dict, B: int, T: int, S: int) -> float:
-    """FLOPs of one pass: the weights' matmuls and attention, for B x T new tokens."""
-    return (2 * model["n_params"] + model["attention_flops_per_token"] * S) * B * T
-''', ["ex01_counts_check", "ex01_ridge_check", "ex01_time_check"]),
+def pass_flops(model, B: int, T: int, S: int) -> int:
+    """FLOPs of one pass over B x T new tokens after S cached ones: matrix products and attention."""
+    matrices = [model.lm_head.weight]
+    for block in model.transformer.h:
+        matrices += [block.attn.c_attn.weight, block.attn.c_proj.weight, block.mlp.c_fc.weight,
+                     block.mlp.c_proj.weight]
+    attended = T * S + T * (T + 1) // 2
+    return B * (2 * sum(w.numel() for w in matrices) * T + 4 * model.config.n_embd * model.config.n_layer * attended)
+''', ["ex01_counts_check", "ex01_ridge_check"]),
     "named-tuple": ("ex07_load_aware_k", "ex07_fit_answer", '''\
 import typing
 
@@ -82,15 +89,16 @@ def fit_pass_time(rows) -> np.ndarray:
     return np.asarray(Fit(*coef))
 ''', ["ex07_fit_check", "ex07_speedup_check", "ex07_crossover_check", "ex07_policy_check"]),
     "object-base": ("ex05_prompt_lookup", "ex05_draft_answer", None,  # the solution's class, as LookupDraft(object)
-                    ["ex05_lookup_check", "ex05_draft_check", "ex05_tokens_per_pass_check", "ex05_positions_check"]),
-    "specref-docstring": ("ex03_speedup", "ex03_expected_answer", '''\
-def expected_tokens_per_step(alpha: float, k: int) -> float:
-    """E[tokens per step]; I checked it against specref.theory in the notebook (same values)."""
-    if alpha == 1:
-        return float(k + 1)
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
-''', ["ex03_pmf_check", "ex03_value_check", "ex03_expected_check", "ex03_speedup_check", "ex03_optimal_check",
-      "ex03_measure_check"]),
+                    ["ex05_lookup_check", "ex05_draft_check", "ex05_interval_check", "ex05_positions_check"]),
+    "specref-docstring": ("ex03_speedup", "ex03_bestk_answer", '''\
+def best_k(alpha: float, c: float) -> int:
+    """The best k; I checked it against specref.theory.optimal_k in the notebook (same values)."""
+    k, tokens = 0, 1.0
+    while alpha ** (k + 1) / c > tokens / (1 + c * k):
+        tokens += alpha ** (k + 1)
+        k += 1
+    return k
+''', ["ex03_counts_check", "ex03_pmf_check", "ex03_bestk_check", "ex03_measure_check"]),
 }
 
 
@@ -185,7 +193,8 @@ def test_a_flag_of_the_trusted_side_still_withholds_and_asks_for_review(monkeypa
     results = G.grade_plan(build_plan(sol, sub, "ex06_trees.ipynb", seed=1))
     report = Report("x.ipynb", tests=results)
     assert report.exit_code == 3 and report.flags == [flag]
-    assert {t.grade_id: t.score for t in results} == {"ex06_mask_check": 0.0, "ex06_multi_check": 4.0}
+    assert {t.grade_id: t.score for t in results} == {"ex06_mask_check": 0.0, "ex06_multi_check": 4.0,
+                                                      "ex06_acceptance_check": 3.0}
 
 
 # -- the answers are right, not only unflagged: the exercise's own test cells, in-process -----------------------

@@ -167,12 +167,16 @@ def test_weights_the_learner_writes_never_reach_the_reference_of_later_checks():
 
 # -- 3. answers that a check's own comparison let through ---------------------------------------------
 @pytest.mark.parametrize("value", [float("nan"), torch.tensor(float("nan"))], ids=["float", "tensor"])
-def test_nan_is_not_the_hand_computed_expected_tokens(value):
-    """`abs(v - want) > 0.005` is False for NaN: e_value = float("nan") got ex03_value_check's point."""
-    from specref_grading.checks.speedup import check_expected_tokens_value
+def test_nan_is_no_measurement_nor_law(value):
+    """`abs(v - want) > tol` is False for NaN: a NaN measurement or probability must fail ex03's checks, not pass."""
+    from specref_grading.checks.speedup import check_accepted_count_pmf, check_best_k, check_toy_measurement
 
-    with pytest.raises(AssertionError, match="wrong value"):
-        check_expected_tokens_value(value)
+    with pytest.raises(AssertionError, match="return three numbers"):
+        check_toy_measurement(lambda *a: (value, 0.5, 0.5), n_cases=1)
+    with pytest.raises(AssertionError, match="wrong answer"):
+        check_accepted_count_pmf(lambda alphas: [value] * (len(alphas) + 1))
+    with pytest.raises(AssertionError, match="as an int"):
+        check_best_k(lambda alpha, c: value)
 
 
 # -- 4. the setup's own objects, edited in place -------------------------------------------------------
@@ -215,11 +219,24 @@ def test_clearing_the_setups_cases_in_place_is_flagged_and_undone(toy_cases, att
     assert "double(1) returned 0" in out  # the check ran on the cases the setup made (across the wall: its own)
 
 
-def test_clearing_ex08s_samplers_does_not_pass_the_classification(tmp_path):
-    """SAMPLERS.clear() with CLASSIFICATION = {} got ex08_classification_check's 2 points."""
-    nb = with_answer(exercise("ex08_lossless_or_not"), "ex08_classification", "SAMPLERS.clear()\nCLASSIFICATION = {}")
+def test_ex08s_threshold_cannot_be_taken_from_the_courses_distribution_test(tmp_path):
+    """Task 2's threshold is what specref.checks.montecarlo.distribution_test computes (tv_bound): in the jail that
+    module is absent, so an answer that asks it for the bound scores 0."""
+    answer = ("import math\n\n\ndef tv_threshold(n_cells, n, level):\n"
+              "    from specref.checks.montecarlo import distribution_test\n"
+              "    import torch\n"
+              "    p = torch.full((n_cells,), 1.0 / n_cells, dtype=torch.float64)\n"
+              "    return distribution_test(p, samples=torch.zeros(n, dtype=torch.long), alpha=level).tv_bound\n\n\n"
+              "def samples_needed(tv, n_cells, level):\n"
+              "    return math.ceil((2 * tv_threshold(n_cells, 1, level) / tv) ** 2)\n")
+    from specref_grading.checks import pitfalls
+
+    outside: dict = {}
+    exec(answer, outside)  # outside the jail the module is there, and its bound passes the check: the attack is real
+    pitfalls.check_resolution.__wrapped__(outside["tv_threshold"], outside["samples_needed"])
+    nb = with_answer(exercise("ex08_lossless_or_not"), "ex08_resolution_answer", answer)
     code, report, out = grade_exercise(nb, tmp_path)
-    assert scores(report)["ex08_classification_check"] == 0 and code in (1, 3), out
+    assert scores(report)["ex08_resolution_check"] == 0 and code in (1, 3), out
 
 
 # -- 5. what must not take the grader or the host down -------------------------------------------------

@@ -262,13 +262,13 @@ def test_the_scanner_notes_the_routes_and_file_reads(source, word):
 
 
 def test_the_exercises_own_helpers_are_allowed_in_answers():
-    """ex08: TorchRNG over a seeded generator, and distribution_test (which the task suggests): no note."""
+    """ex08: TorchRNG over a seeded generator, and exact_distribution (which the task suggests): no note."""
     sol = json.loads((REPO / "solutions" / "ex08_lossless_or_not.ipynb").read_text())
     sub = copy.deepcopy(sol)
     cell = answer(sub, "ex08_check_answer")
     cell["source"] = ("def is_lossless(sampler) -> bool:\n"
                       "    rng = TorchRNG(torch.Generator().manual_seed(0))\n"
-                      "    result = distribution_test\n"
+                      "    result = exact_distribution\n"
                       "    return bool(result) and rng is not None\n")
     plan = grade_plan.build_plan(sol, sub, "ex08_lossless_or_not.ipynb")
     assert not [n for n in plan.notes if "ex08_check_answer" in n], plan.notes

@@ -12,9 +12,8 @@ from scipy import stats
 from specref_grading.checks import accept_reject
 from specref_grading.checks import speedup as speedup_grading
 from specref.checks.exact import step_distribution_formula
-from specref.checks.montecarlo import simulate
 from specref.checks.rng import TorchRNG, exact_distribution
-from specref.rejection import acceptance_probability  # Task 6 measures with it (the exercise's setup imports it)
+from specref.rejection import verify_chain  # ex03's Task 4 loop calls it (the exercise's setup imports it)
 
 
 # The answers a learner writes. A task may not call the specref function it asks for (the reference rule,
@@ -25,16 +24,44 @@ def residual(p, q):
     return torch.where(mass > 0, diff / torch.where(mass > 0, mass, torch.ones_like(mass)), p)
 
 
-def expected_tokens_per_step(alpha, k):
-    return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+def simulate_accepted(alphas, n, generator, bug=None):
+    """ex03 Task 1 as the solution writes it, with `bug` in (the negative controls)."""
+    k = len(alphas)
+    a = torch.tensor(alphas, dtype=torch.float64).reshape(k)
+    if bug == "one_alpha" and k:
+        a = a[:1].expand(k)  # every position at the first position's rate
+    if bug == "shifted" and k:
+        a = torch.cat([a[1:], a[:1]])  # the rates one position off
+    u = torch.rand((n, k), generator=generator, dtype=torch.float64)
+    accepted = (u > a if bug == "flipped" else u < a).long()
+    if bug == "no_stop":
+        return accepted.sum(1)  # every draft judged on its own: no first rejection
+    if bug == "global_rng":
+        accepted = (torch.rand((n, k), dtype=torch.float64) < a).long()
+    return accepted.cumprod(1).sum(1)
 
 
-def speedup(alpha, k, c):
-    return expected_tokens_per_step(alpha, k) / (1 + c * k)
+def accepted_count_pmf(alphas):
+    """ex03 Task 2 as the solution writes it."""
+    pmf, reach = [], 1.0
+    for a in alphas:
+        pmf.append(reach * (1 - a))
+        reach *= a
+    pmf.append(reach)
+    return pmf
 
 
-def optimal_k(alpha, c, k_max=16):
-    return max(range(k_max + 1), key=lambda k: (speedup(alpha, k, c), -k))
+def _speedup(alpha, k, c):
+    return sum(alpha**i for i in range(k + 1)) / (1 + c * k)
+
+
+def best_k(alpha, c):
+    """ex03 Task 3 as the solution writes it: the marginal argument, stopping at the first draft that does not pay."""
+    k, tokens = 0, 1.0
+    while alpha ** (k + 1) / c > tokens / (1 + c * k):
+        tokens += alpha ** (k + 1)
+        k += 1
+    return k
 
 # --------------------------------------------------------------------------------------
 # Reference answers, written with the learner's interface
@@ -77,10 +104,6 @@ def emit_parts(p, q):
     accepted = torch.minimum(p, q)
     excess = (p - q).clamp(min=0)
     return accepted, excess  # (1 - beta) * residual = max(0, p - q)
-
-
-def pmf(alpha, k):
-    return [alpha**j * (1 - alpha) for j in range(k)] + [alpha**k]
 
 
 # --------------------------------------------------------------------------------------
@@ -293,12 +316,10 @@ def test_correct_answers_pass_every_grader(capsys):
     accept_reject.check_residual(residual)
     accept_reject.check_accept_reject_step(step)
     accept_reject.check_accept_reject_step(step_multiplied, n_cases=20, seed=5)
-    speedup_grading.check_expected_tokens_value(2.18)
-    speedup_grading.check_expected_tokens(expected_tokens_per_step)
-    speedup_grading.check_accepted_count_pmf(pmf)
-    speedup_grading.check_speedup(speedup)
-    speedup_grading.check_optimal_k(optimal_k)
-    assert capsys.readouterr().out.count("passed") == 9
+    speedup_grading.check_accepted_counts(simulate_accepted)
+    speedup_grading.check_accepted_count_pmf(accepted_count_pmf)
+    speedup_grading.check_best_k(best_k)
+    assert capsys.readouterr().out.count("passed") == 7
 
 
 def test_graders_leave_the_global_random_state_alone():
@@ -313,7 +334,9 @@ def test_an_unsolved_stub_reaches_the_learner_as_not_implemented():
     def stub(*args):
         raise NotImplementedError()
 
-    for check in (accept_reject.check_residual, accept_reject.check_accept_reject_step, speedup_grading.check_expected_tokens):
+    for check in (accept_reject.check_residual, accept_reject.check_accept_reject_step,
+                  speedup_grading.check_accepted_counts, speedup_grading.check_accepted_count_pmf,
+                  speedup_grading.check_best_k, speedup_grading.check_toy_measurement):
         with pytest.raises(NotImplementedError):
             check(stub)
 
@@ -470,120 +493,171 @@ def test_step_grader_failure_shows_the_input_and_both_distributions():
         assert part in text
 
 
-def _e_alpha_k(alpha, k):
-    return (1 - alpha**k) / (1 - alpha) if alpha < 1 else k
+# ex03 Task 1: the accepted counts by simulation. Each negative control is flagged by the chi-square test (or, for the
+# generator, by the determinism checks) on the visible cases and on the hidden ones.
 
 
-def _e_k_plus_one(alpha, k):
-    return expected_tokens_per_step(alpha, k + 1)
+@pytest.mark.parametrize(
+    "bug, message",
+    [
+        ("no_stop", "do not follow the left-to-right rule"),
+        ("flipped", "do not follow the left-to-right rule|cannot happen"),
+        ("one_alpha", "do not follow the left-to-right rule"),
+        ("shifted", "do not follow the left-to-right rule"),
+        ("global_rng", "seeded alike gave different counts"),
+    ],
+)
+@pytest.mark.parametrize("seed, n_cases", [(0, 6), (1, 8)], ids=["visible", "hidden"])
+def test_accepted_counts_grader_flags_each_negative_control(bug, message, seed, n_cases):
+    with pytest.raises(AssertionError, match=message):
+        speedup_grading.check_accepted_counts(lambda a, n, g: simulate_accepted(a, n, g, bug=bug),
+                                              n_cases=n_cases, seed=seed)
 
 
-def _e_no_alpha_one(alpha, k):
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
+def test_accepted_counts_grader_refuses_a_generator_seeded_inside_and_counts_out_of_range():
+    with pytest.raises(AssertionError, match="seeded differently gave the same counts"):
+        speedup_grading.check_accepted_counts(lambda a, n, g: simulate_accepted(a, n, torch.Generator().manual_seed(0)))
+    with pytest.raises(AssertionError, match="each in 0..k"):
+        speedup_grading.check_accepted_counts(lambda a, n, g: simulate_accepted(a, n, g) + 1)
 
 
-def _e_accepted_only(alpha, k):
-    return expected_tokens_per_step(alpha, k) - 1
+def test_accepted_counts_test_has_power_against_a_small_shift():
+    """Power at the grader's sample size, as its docstring states it: 0.025 of probability moved from A = k to A = 0
+    at alphas = [0.8] * 4 is flagged by the 1e-6 test with probability above 0.9999 (noncentral chi-square), and a
+    sample drawn from that shifted law fails; a shift of 0.01 is below the test's reach (power about 0.05)."""
+    law = np.array(speedup_grading._pmf([0.8] * 4))
+    n, dof = speedup_grading.COUNT_SAMPLES, len(law) - 1
+    critical = stats.chi2.isf(speedup_grading._P_FAIL, dof)
+
+    def power(d):
+        shifted = law.copy()
+        shifted[0] += d
+        shifted[-1] -= d
+        return stats.ncx2.sf(critical, dof, n * float(((shifted - law) ** 2 / law).sum())), shifted
+
+    assert power(0.025)[0] > 0.9999 and power(0.01)[0] < 0.1
+    rng = np.random.default_rng(0)
+    counts = rng.multinomial(n, power(0.025)[1]).astype(np.float64)
+    assert speedup_grading.chi_square(counts, law)[2] < speedup_grading._P_FAIL
+
+
+def test_accepted_counts_false_fail_rate_on_the_law_itself():
+    """Counts drawn from the true law, 200 times over the visible cases: the test's level is 1e-6 per case, so none
+    may fail (1 in 800 runs would, were the stated rate 1e-6 off by a factor of a thousand)."""
+    rng = np.random.default_rng(1)
+    for alphas in speedup_grading._count_cases(6, 0):
+        law = speedup_grading._pmf(alphas)
+        for _ in range(200):
+            counts = rng.multinomial(speedup_grading.COUNT_SAMPLES, law).astype(np.float64)
+            stat, dof, p = speedup_grading.chi_square(counts, law)
+            assert dof == 0 or p >= speedup_grading._P_FAIL, (alphas, stat, dof, p)
+
+
+# ex03 Task 2: the law in closed form
 
 
 @pytest.mark.parametrize(
     "wrong, message",
     [
-        (_e_alpha_k, "one term short"),
-        (_e_k_plus_one, "one term too many"),
-        (_e_no_alpha_one, "alpha == 1 separately"),
-        (_e_accepted_only, "counts only accepted drafts"),
-        (lambda a, k: [expected_tokens_per_step(a, k)], "single number"),
+        (lambda a: [float(np.prod(a[:j])) * (1 - (a + [0.0])[j]) for j in range(len(a))] + [0.0],
+         "do not sum to 1"),
+        (lambda a: accepted_count_pmf(a)[:-1], "k \\+ 1 = "),
+        (lambda a: [float(np.prod(a[:j])) * (1 - a[j]) for j in range(len(a))]
+         + [float(np.prod(a)) * (1 - a[-1]) if a else 1.0], "no rejection is left|do not sum to 1"),
+        (lambda a: [0.8**j * 0.2 for j in range(len(a))] + [0.8 ** len(a)], "P\\(A >= i\\)"),
     ],
 )
-def test_expected_tokens_grader_rejects_typical_mistakes(wrong, message):
+def test_accepted_count_pmf_grader_rejects_typical_mistakes(wrong, message):
     with pytest.raises(AssertionError, match=message):
-        speedup_grading.check_expected_tokens(wrong)
+        speedup_grading.check_accepted_count_pmf(wrong)
 
 
-@pytest.mark.parametrize(
-    "value, message",
-    [
-        (1.96, "one term short"),
-        (1.18, "counts only accepted"),
-        (2.8, "a rejection ends the step"),
-        (3.1, "recompute it"),
-    ],
-)
-def test_expected_tokens_value_rejects_typical_mistakes(value, message):
-    with pytest.raises(AssertionError, match=message):
-        speedup_grading.check_expected_tokens_value(value)
+# ex03 Task 3: the best k, with no upper limit
 
 
-def test_accepted_count_pmf_grader_rejects_a_missing_last_term():
-    with pytest.raises(AssertionError, match="P\\(A = k\\) is alpha\\^k"):
-        speedup_grading.check_accepted_count_pmf(lambda a, k: [a**j * (1 - a) for j in range(k + 1)])
-    with pytest.raises(AssertionError, match="k \\+ 1 = "):
-        speedup_grading.check_accepted_count_pmf(lambda a, k: pmf(a, k)[:-1])
+def _best_k_searched(alpha, c, k_max=16):
+    return max(range(k_max + 1), key=lambda k: (_speedup(alpha, k, c), -k))
+
+
+def _best_k_wrong_reason(alpha, c):
+    """Stop when a draft yields fewer tokens than it costs (the reason notebook 03 no longer gives)."""
+    k = 0
+    while alpha ** (k + 1) > c:
+        k += 1
+    return k
 
 
 @pytest.mark.parametrize(
     "wrong, message",
     [
-        (lambda a, k, c: expected_tokens_per_step(a, k) / (1 + c * (k + 1)), "not k \\+ 1"),
-        (lambda a, k, c: (_e_alpha_k(a, k) if a < 1 else k) / (1 + c * k), "k \\+ 1 terms"),
-        (lambda a, k, c: expected_tokens_per_step(a, k) / (c * k) if c * k else 1.0, "on top of the k draft steps"),
+        (_best_k_searched, "not within the range you searched"),
+        (_best_k_wrong_reason, "the speedup is an average"),
+        (lambda a, c: best_k(a, c) + 1, "largest speedup"),
+        (lambda a, c: str(best_k(a, c)), "as an int"),
+        (lambda a, c: max(1, best_k(a, c)), "largest speedup"),
     ],
 )
-def test_speedup_grader_rejects_typical_mistakes(wrong, message):
+def test_best_k_grader_rejects_typical_mistakes(wrong, message):
     with pytest.raises(AssertionError, match=message):
-        speedup_grading.check_speedup(wrong)
+        speedup_grading.check_best_k(wrong, n_cases=60)
 
 
-def _argmax_from_one(alpha, c, k_max):
-    return 1 + int(np.argmax([speedup(alpha, k, c) for k in range(1, k_max + 1)]))
-
-
-@pytest.mark.parametrize(
-    "wrong, message",
-    [
-        (lambda a, c, k_max: k_max, "maximize the speedup, not E"),
-        (_argmax_from_one, "k = 0 \\(no speculation"),
-        (lambda a, c, k_max: optimal_k(a, c, k_max) + 1, "off by one"),
-        (lambda a, c, k_max: str(optimal_k(a, c, k_max)), "as an int"),
-    ],
-)
-def test_optimal_k_grader_rejects_typical_mistakes(wrong, message):
-    with pytest.raises(AssertionError, match=message):
-        speedup_grading.check_optimal_k(wrong)
+def test_best_k_reference_is_the_argmax_over_a_range_past_the_optimum():
+    for alpha, c in speedup_grading._best_k_cases(200, 1):
+        ks = np.arange(0, 5000)
+        s = speedup_grading._speedup(alpha, ks, c)
+        assert s[speedup_grading._best_k(alpha, c)] >= s.max() * (1 - 1e-12), (alpha, c)
 
 
 # --------------------------------------------------------------------------------------
-# Exercise 3.6: tokens per step measured on toy chains
+# Exercise 3, Task 4: tokens per step measured on toy chains with the learner's own loop
 # --------------------------------------------------------------------------------------
 
 
 def measure_toy(target, draft, k, runs, n, generator, bug=None):
-    """The solution notebook's measurement, with `bug` in."""
-    sim = simulate(target, draft, start_token=0, k=k, n=n, runs=runs, generator=generator)
-    beta = acceptance_probability(target.transition, draft.transition)
-    starts = sim.context[sim.active]
-    tokens = (sim.n_accepted[sim.active] + (0 if bug == "accepted_only" else 1)).double().mean().item()
-    a_states = beta[starts].mean().item() if bug == "states_weighted" else beta.mean().item()
-    a_steps = beta.mean().item() if bug == "steps_unweighted" else beta[starts].mean().item()
-    if bug == "observed_acceptance":
-        a_steps = (sim.n_accepted[sim.active] >= 1).double().mean().item()
-    return tokens, a_states, a_steps
+    """The solution notebook's loop, with `bug` in."""
+    last = torch.zeros(runs, dtype=torch.long)
+    emitted = torch.zeros(runs, dtype=torch.long)
+    steps = tokens = accepted = examined = firsts = drafted = 0
+    while bool((emitted < n).any()):
+        active = torch.ones(runs, dtype=torch.bool) if bug == "all_steps" else emitted < n
+        context = last[:, None]
+        drafts, q = draft.propose(context, k, generator)
+        p = target.score(context, drafts)
+        out, n_acc = verify_chain(drafts, q, p, generator=generator)
+        a = n_acc[active]
+        steps += int(active.sum())
+        tokens += int((a + 1).sum())
+        accepted += int(a.sum())
+        examined += int((a + 1).clamp(max=k).sum())
+        firsts += int((a >= 1).sum())
+        drafted += k * int(active.sum())
+        last = out.gather(1, n_acc[:, None]).squeeze(1)
+        emitted = emitted + n_acc + 1
+    result = [tokens / steps, accepted / examined, firsts / steps]
+    if bug == "accepted_only":
+        result[0] -= 1
+    if bug == "per_drafted":
+        result[1] = accepted / drafted
+    if bug == "swapped":
+        result[1], result[2] = result[2], result[1]
+    if bug == "global_rng":
+        result[0] += 1e-9 * float(torch.rand(()))
+    return tuple(result)
 
 
 def test_toy_measurement_grader_passes_the_solution(capsys):
     speedup_grading.check_toy_measurement(measure_toy)
-    # alpha measured as the share of steps accepting their first draft estimates the same number: it passes too
-    speedup_grading.check_toy_measurement(lambda *a: measure_toy(*a, bug="observed_acceptance"))
-    assert capsys.readouterr().out.count("passed") == 2
+    assert capsys.readouterr().out.count("passed") == 1
 
 
 @pytest.mark.parametrize(
     "bug, message",
     [
         ("accepted_only", "accepted drafts only"),
-        ("states_weighted", "weighs every state equally"),
-        ("steps_unweighted", "unweighted mean over states"),
+        ("per_drafted", "accepted per examined is off"),
+        ("swapped", "looks like the first-draft rate"),
+        ("global_rng", "seeded alike measured different"),
     ],
 )
 def test_toy_measurement_grader_rejects_typical_mistakes(bug, message):
@@ -592,13 +666,15 @@ def test_toy_measurement_grader_rejects_typical_mistakes(bug, message):
 
 
 @pytest.mark.parametrize("n_cases, seed", [(3, 0), (6, 1)], ids=["visible", "hidden"])
-def test_toy_measurement_cases_separate_the_two_alphas(n_cases, seed):
-    """Some graded pair puts the two alphas more than twice the tolerance apart, so the unweighted one fails."""
+def test_toy_measurement_cases_separate_the_two_rates(n_cases, seed):
+    """Some graded pair puts accepted / examined and the first-draft rate more than twice the tolerance apart, so
+    swapping them fails, visible and hidden."""
     gaps = []
     for n, (_, target, draft, k) in enumerate(speedup_grading._toy_cases(n_cases, seed), 1):
         ref = speedup_grading.toy_reference(target, draft, k, speedup_grading.TOY_N, speedup_grading._REF_RUNS,
                                             speedup_grading._reference_generator(seed, n))  # the grader's own
-        gaps.append(abs(ref["alpha_states"] - ref["alpha_steps"]) / speedup_grading.toy_tolerances(ref)[1])
+        tol = speedup_grading.toy_tolerances(ref)
+        gaps.append(abs(ref["accepted_per_examined"] - ref["first_accepted"]) / tol["accepted_per_examined"])
     assert max(gaps) > 2
 
 
@@ -658,21 +734,6 @@ def _message(check, *args) -> str:
     return str(e.value)
 
 
-@pytest.mark.parametrize("value", [0, 3.1, 1.96])
-def test_a_wrong_hand_computed_e_does_not_show_the_right_one_nor_the_formula(value):
-    msg = _message(speedup_grading.check_expected_tokens_value, value)
-    assert "wrong value" in msg and f"got {value:.4g}" in msg  # the learner's input and output are shown
-    for leak in ("2.18", "2.17", "2.2", "(1 - alpha^(k+1))", "alpha^i"):
-        assert leak not in msg, msg
-
-
-def test_a_wrong_e_function_does_not_show_the_hand_computed_value_nor_the_formula():
-    msg = _message(speedup_grading.check_expected_tokens, lambda alpha, k: 0.0)
-    assert "alpha = 0.6, k = 3" in msg and "got 0" in msg
-    for leak in ("2.176", "2.18", "(1 - alpha^(k+1))", "alpha^i"):
-        assert leak not in msg, msg
-
-
 @pytest.mark.parametrize("beta", [0, 0.3, 1.3, 0.5])
 def test_a_wrong_hand_computed_beta_does_not_show_the_right_one_nor_the_formula(beta):
     msg = _message(accept_reject.check_worked_example, beta, [1, 0, 0], emit_parts)
@@ -702,15 +763,15 @@ def test_a_wrong_emit_parts_shows_its_output_not_the_expected_parts_nor_their_fo
         assert leak not in msg, msg
 
 
-def test_a_wrong_speedup_does_not_show_the_right_one_nor_the_formulas():
-    msg = _message(speedup_grading.check_speedup, lambda alpha, k, c: 1.0)
-    assert "alpha = 0.6, k = 3, c = 0.05" in msg and "got 1" in msg
-    for leak in ("expected", "1.89", "2.176", "(1 - alpha", "/ (1 + c k)"):
+def test_a_wrong_best_k_shows_neither_the_best_k_nor_the_speedups():
+    msg = _message(speedup_grading.check_best_k, lambda alpha, c: 3)
+    assert "got k = 3" in msg and "largest speedup" in msg
+    for leak in ("expected", "best k is", "speedup of", "= 8"):
         assert leak not in msg, msg
 
 
-def test_a_wrong_optimal_k_shows_neither_the_best_k_nor_the_speedups():
-    msg = _message(speedup_grading.check_optimal_k, lambda alpha, c, k_max: k_max)
-    assert "got k = " in msg and "largest speedup" in msg
-    for leak in ("expected", "speedups:", "k=0:"):
+def test_a_wrong_pmf_shows_the_learners_numbers_not_the_law():
+    msg = _message(speedup_grading.check_accepted_count_pmf, lambda a: [1.0] + [0.0] * len(a))
+    assert "got [1.0, 0.0" in msg
+    for leak in ("expected", "0.2, 0.16", "alpha^j (1 - alpha)", "cumprod"):
         assert leak not in msg, msg

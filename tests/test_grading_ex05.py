@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 
-from specref_grading.checks import prompt_lookup as G
 from specref.drafts.prompt_lookup import lookup
+from specref_grading.checks import prompt_lookup as G
 
 
 def _start(context, max_ngram, min_ngram):
@@ -146,8 +147,8 @@ def test_the_reference_rule_and_draft_pass_every_check(capsys):
     G.check_draft(LookupDraft)
     G.check_draft(LookupDraft, seed=1)
     G.check_draft(CachingDraft, seed=7)
-    G.check_tokens_per_pass(reference)
-    G.check_tokens_per_pass(reference, seed=1)
+    G.check_tau_interval(compare_tau)
+    G.check_tau_interval(compare_tau, n_cases=200, seed=1)
     assert capsys.readouterr().out.count("passed") == 7
 
 
@@ -174,16 +175,77 @@ def test_the_proposal_check_flags_each_broken_rule(rule, message):
         G.check_proposals(rule)
 
 
-@pytest.mark.parametrize("rule", [earliest, shortest_first, one_token_only, repeat_last, lambda c, k, a, b: [0] * k])
-@pytest.mark.parametrize("seed", [0, 1, 7])
-def test_wrong_rules_fall_clearly_below_the_bar_of_task_3(rule, seed):
-    """The review streams make the rule's choices matter: every wrong rule gets under 0.5 x the reference's tokens per
-    pass (the bar is 0.9 x), at the visible seed and at hidden ones."""
-    streams = G.review_streams(6, seed)
-    ratio = G.stream_tokens_per_pass(rule, streams, 8) / G.stream_tokens_per_pass(lookup, streams, 8)
-    assert ratio < 0.5, ratio
-    with pytest.raises(AssertionError, match="too few tokens per target pass"):
-        G.check_tokens_per_pass(rule, seed=seed)
+def _interval(steps, level, quantile=None, ddof=1):
+    """(mean, low, high), written here independently of the grader: mean -+ t s / sqrt(n)."""
+    x = np.asarray(steps, dtype=np.float64)
+    t = stats.t.ppf((1 + level) / 2, len(x) - 1) if quantile is None else quantile(level, len(x))
+    half = t * x.std(ddof=ddof) / np.sqrt(len(x))
+    return x.mean(), x.mean() - half, x.mean() + half
+
+
+def _compare(a, b, level=0.95, **kw):
+    ia, ib = _interval(a, level, **kw), _interval(b, level, **kw)
+    return ia, ib, 1 if ia[1] > ib[2] else -1 if ia[2] < ib[1] else 0
+
+
+def compare_tau(a, b, level=0.95):
+    """The solution's answer."""
+    return _compare(a, b, level)
+
+
+def compare_tau_scipy(a, b, level=0.95):
+    """The same answer through scipy's own interval."""
+    def one(x):
+        m = float(np.mean(x))
+        low, high = stats.t.interval(level, len(x) - 1, loc=m, scale=stats.sem(x))
+        return m, low, high
+    ia, ib = one(a), one(b)
+    return ia, ib, 1 if ia[1] > ib[2] else -1 if ia[2] < ib[1] else 0
+
+
+def compare_tau_float32(a, b, level=0.95):
+    """The solution's arithmetic in float32: within the check's tolerance."""
+    def one(x):
+        x = torch.tensor(x, dtype=torch.float32)
+        half = float(stats.t.ppf((1 + level) / 2, len(x) - 1)) * x.std() / len(x) ** 0.5
+        return float(x.mean()), float(x.mean() - half), float(x.mean() + half)
+    ia, ib = one(a), one(b)
+    return ia, ib, 1 if ia[1] > ib[2] else -1 if ia[2] < ib[1] else 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_the_interval_check_accepts_scipy_and_float32_answers(seed):
+    G.check_tau_interval(compare_tau_scipy, n_cases=200, seed=seed)
+    G.check_tau_interval(compare_tau_float32, n_cases=200, seed=seed)
+
+
+@pytest.mark.parametrize("answer, message", [
+    (lambda a, b, level=0.95: _compare(a, b, level, quantile=lambda lv, n: stats.norm.ppf((1 + lv) / 2)),
+     "Student's t"),  # a normal quantile
+    (lambda a, b, level=0.95: _compare(a, b, level, ddof=0), "sample standard deviation"),
+    (lambda a, b, level=0.95: _compare(a, b, level, quantile=lambda lv, n: stats.t.ppf(lv, n - 1)),
+     "Student's t"),  # one-sided
+    (lambda a, b, level=0.95: (*_compare(a, b, level)[:2], int(np.sign(np.mean(a) - np.mean(b)))),
+     "a difference inside the intervals decides nothing"),  # the verdict by the means alone
+    (lambda a, b, level=0.95: (*_compare(a, b, level)[:2], True), "expected verdict"),
+    (lambda a, b, level=0.95: (_compare(a, b, level)[0], _compare(a, b, level)[0], 0), "expected for b"),
+    (lambda a, b, level=0.95: (_interval([len(a)] + a[1:], level), *_compare(a, b, level)[1:]), "tau is the mean"),
+    (lambda a, b, level=0.95: _compare(a, b, level)[:2], "return \\(\\(tau"),
+    (lambda a, b, level=0.95: (a.sort(), _compare(a, b, level))[1], "changed its input lists in place"),
+])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_interval_check_flags_each_usual_mistake(answer, message, seed):
+    with pytest.raises(AssertionError, match=message):
+        G.check_tau_interval(answer, seed=seed)
+
+
+def test_the_interval_cases_hold_decided_and_undecided_pairs_none_on_the_edge():
+    for seed in (0, 1, 2):
+        cases = G.tau_cases(200, seed)
+        verdicts = [_compare(a, b, level)[2] for a, b, level in cases]
+        assert verdicts.count(0) >= 20 and verdicts.count(1) >= 20 and verdicts.count(-1) >= 20, seed
+        assert all(2 <= len(a) <= 400 and 2 <= len(b) <= 400 and len(set(a)) > 1 for a, b, _ in cases)
+    assert G.tau_cases(60, 0) == G.tau_cases(60, 0) and G.tau_cases(60, 0) != G.tau_cases(60, 1)
 
 
 @pytest.mark.parametrize("draft, message", [
@@ -217,10 +279,10 @@ def test_the_distribution_test_has_power_against_a_smoothed_q_and_passes_the_one
 
 def test_one_line_library_calls_score_zero_with_a_message_that_says_why():
     """Each task's answer made of the reference it asks for fails at the visible check, and says why."""
-    from specref_grading.checks.draft_positions import check_acceptance_counts
     from specref.decoding import record
     from specref.drafts import PromptLookupDraft
     from specref.drafts import prompt_lookup as pl
+    from specref_grading.checks.draft_positions import check_acceptance_counts
 
     def lookup_proposal(context, k, max_ngram, min_ngram):
         return lookup(context, k, max_ngram, min_ngram)
@@ -235,7 +297,7 @@ def test_one_line_library_calls_score_zero_with_a_message_that_says_why():
         return record.acceptance_by_position(steps, k)
 
     for check, answer, task in [(G.check_proposals, lookup_proposal, 1), (G.check_proposals, via_module, 1),
-                                (G.check_tokens_per_pass, lookup, 3), (G.check_draft, Subclass, 2),
+                                (G.check_draft, Subclass, 2),
                                 (G.check_draft, lambda V, a, b: PromptLookupDraft(V, a, b), 2),
                                 (check_acceptance_counts, acceptance_by_position, 5)]:
         with pytest.raises(AssertionError, match=rf"Task {task}: your .* uses specref\.") as e:
@@ -259,7 +321,7 @@ def test_constant_answers_fail_every_task():
     with pytest.raises(AssertionError):
         G.check_proposals(lambda c, k, a, b: [0] * k)
     with pytest.raises(AssertionError):
-        G.check_tokens_per_pass(lambda c, k, a, b: [c[-1]] * k)
+        G.check_tau_interval(lambda a, b, level=0.95: ((2.0, 1.0, 3.0), (2.0, 1.0, 3.0), 0))
     with pytest.raises(AssertionError, match="wrong proposal"):
         G.check_draft(lambda V, a, b: LookupDraft(V, a, b, rule=lambda c, k, x, y: [0] * k))
 
@@ -280,9 +342,14 @@ def test_an_unsolved_stub_says_which_task_is_not_done_yet():
         def __init__(self, *args):
             raise NotImplementedError("Task 2: write LookupDraft.__init__ (see the task above)")
 
-    for check in (G.check_proposals, G.check_tokens_per_pass):
-        with pytest.raises(NotImplementedError, match=r"^Task 1 is not done yet: write lookup_proposal"):
-            check(stub)
+    with pytest.raises(NotImplementedError, match=r"^Task 1 is not done yet: write lookup_proposal"):
+        G.check_proposals(stub)
+
+    def stub3(*args):
+        raise NotImplementedError("Task 3: write compare_tau (see the task above)")
+
+    with pytest.raises(NotImplementedError, match=r"^Task 3 is not done yet: write compare_tau"):
+        G.check_tau_interval(stub3)
     with pytest.raises(NotImplementedError, match=r"^Task 2 is not done yet: write LookupDraft.__init__"):
         G.check_draft(StubDraft)
     with pytest.raises(NotImplementedError, match=r"^Task 2 is not done yet"):

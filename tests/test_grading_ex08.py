@@ -1,9 +1,12 @@
 """Exercise 8's graders: the grader's own verdicts are right, hidden samplers are built from the seed, the reference
-check and evidence pass (an honest sampled check too), and broken, constant or library-calling answers fail without
-being told which verdict is wrong.
+check passes (an honest sampled check too), and broken, constant or library-calling answers fail without being told
+which verdict is wrong; Task 2's threshold and sample size are graded by simulation, sound derivations pass and
+invalid, loose or powerless ones fail.
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -48,34 +51,22 @@ def make_check(*bugs: str):
     return is_lossless
 
 
-def make_evidence(*bugs: str):
-    """evidence as the solution writes it, with `bugs` in."""
+def tv_threshold(n_cells, n, level):
+    """Task 2 as the solution derives it: E[TV] bound plus bounded differences."""
+    return 0.5 * math.sqrt((n_cells - 1) / n) + math.sqrt(math.log(1 / level) / (2 * n))
 
-    def evidence(sampler):
-        worst = 0.0
-        for target, draft, start in G.reference_cases():
-            want = MarkovChain(target).processed(G.TEMPERATURE).joint(start, N)
-            changed = set()
 
-            def run(rng, target=target, draft=draft, start=start):
-                t, d = target.clone(), draft.clone()
-                out = tuple(int(x) for x in sampler(t, d, start, N, rng))
-                changed.update(n for n, a, b in (("target", t, target), ("draft", d, draft)) if not torch.equal(a, b))
-                return out[:1] if "first_token_only" in bugs else out
+def samples_needed(tv, n_cells, level):
+    return math.ceil((2 * tv_threshold(n_cells, 1, level) / tv) ** 2)
 
-            got = exact_distribution(run)
-            if changed and "no_input_check" not in bugs:
-                return "target" if "target" in changed else "draft"
-            if "first_token_only" in bugs:
-                want = want.sum(-1)
-            cells = set(got) | {tuple(c) for c in torch.nonzero(want > 0).tolist()}
-            tv = 0.5 * sum(abs(got.get(c, 0.0) - (float(want[c]) if len(c) == want.dim() else 0.0)) for c in cells)
-            if "first_case_only" in bugs:
-                return tv
-            worst = max(worst, tv)
-        return worst
 
-    return evidence
+def bhc_threshold(n_cells, n, level):
+    """Another sound derivation (Bretagnolle-Huber-Carol, a union over the 2^m events): it passes too."""
+    return math.sqrt((n_cells * math.log(2) + math.log(1 / level)) / (2 * n))
+
+
+def bhc_samples(tv, n_cells, level):
+    return math.ceil((2 * bhc_threshold(n_cells, 1, level) / tv) ** 2)
 
 
 def sampled_check(samples: int = 2000):
@@ -146,17 +137,14 @@ def test_lossless_hidden_samplers_are_lossless_beyond_the_tokens_checked():
 # --------------------------------------------------------------------------------------
 
 
-def report(check, evidence):
-    return {name: (check(s), evidence(s)) for name, s in G.SAMPLERS.items()}
-
-
-def test_the_reference_check_and_evidence_pass(capsys):
-    check, evidence = make_check(), make_evidence()
+def test_the_reference_check_and_resolution_pass(capsys):
+    check = make_check()
     G.check_lossless_check(check)
     G.check_lossless_check(check, hidden=True, seed=1)
-    G.check_evidence(evidence, report(check, evidence))
-    G.check_evidence(evidence, report(check, evidence), hidden=True, seed=7)
-    assert capsys.readouterr().out.count("passed") == 4
+    G.check_resolution(tv_threshold, samples_needed)
+    G.check_resolution(tv_threshold, samples_needed, seed=7)
+    G.check_resolution(bhc_threshold, bhc_samples, seed=3)
+    assert capsys.readouterr().out.count("passed") == 5
 
 
 @pytest.mark.slow
@@ -227,43 +215,37 @@ def test_a_check_must_return_a_bool():
         G.check_lossless_check(lambda s: "yes")
 
 
-@pytest.mark.parametrize("is_lossless, evidence, message", [
-    (make_check(), make_evidence("first_token_only"), "not every verdict and its evidence"),
-    (make_check(), make_evidence("first_case_only"), "not every verdict and its evidence"),
-    (make_check(), make_evidence("no_input_check"), "contradicts its own evidence"),  # F looks right on its copies
-    (make_check(), lambda s: 0.0, "contradicts its own evidence"),  # the check itself says some are lossy
-    (lambda s: True, make_evidence(), "contradicts its own evidence"),
-    (make_check(), lambda s: "yes", "must name an input"),
-    (make_check(), lambda s: [0.1], "neither an input's name nor a total variation"),
-    (make_check(), lambda s: 0.0 if make_check()(s) else 1.0, "not every verdict and its evidence"),
+@pytest.mark.parametrize("threshold, needed, message", [
+    (lambda m, n, level: 0.5 * math.sqrt((m - 1) / n), samples_needed, "is not valid"),  # the mean, no deviation
+    (lambda m, n, level: 0.1, lambda tv, m, level: 1000, "is not valid"),  # one number for every n
+    (lambda m, n, level: 0.5 * m * math.sqrt(math.log(2 * m / level) / (2 * n)), samples_needed, "too loose"),  # per cell
+    (lambda m, n, level: 1.0, samples_needed, "too loose"),  # a test that flags nothing
+    (tv_threshold, lambda tv, m, level: math.ceil((tv_threshold(m, 1, level) / tv) ** 2), "misses a sampler"),  # no 2x
+    (tv_threshold, lambda tv, m, level: 10**9, "too many samples"),
+    (tv_threshold, lambda tv, m, level: 12.5, "not a positive whole number"),
+    (lambda m, n, level: -1.0, samples_needed, "positive, finite"),
+    (lambda m, n, level: float("nan"), samples_needed, "positive, finite"),
 ])
-def test_a_wrong_report_fails_without_saying_which_entry(is_lossless, evidence, message):
-    with pytest.raises(AssertionError, match=message) as e:
-        G.check_evidence(make_evidence(), report(is_lossless, evidence))
-    _no_oracle(str(e.value))
-
-
-@pytest.mark.parametrize("evidence, message", [
-    (make_evidence("first_token_only"), "not all the evidence matches"),
-    (lambda s: 0.0, "not all the evidence matches"),
-    (lambda s: "target", "not all the evidence matches"),
-    (lambda s: None, "neither an input's name nor a total variation"),
-])
-def test_wrong_evidence_fails_on_the_hidden_samplers_without_saying_which(evidence, message):
-    with pytest.raises(AssertionError, match=message) as e:
-        G.check_evidence(evidence, None, hidden=True, seed=1)
-    _no_oracle(str(e.value))
-
-
-@pytest.mark.parametrize("answer, message", [
-    (None, "not a dict"),
-    ({"A": (True, 0.0)}, "one entry per sampler"),
-    ({n: (True, 0.0) for n in "ABCDEF"} | {"B": [False, 0.5]}, "not a pair"),
-    (type("Lying", (dict,), {})({n: (True, 0.0) for n in "ABCDEF"}), "not a dict"),
-])
-def test_a_malformed_report_is_flagged(answer, message):
+def test_a_wrong_threshold_or_sample_size_fails(threshold, needed, message):
     with pytest.raises(AssertionError, match=message):
-        G.check_evidence(make_evidence(), answer)
+        G.check_resolution(threshold, needed)
+
+
+def test_the_resolution_check_holds_its_false_fail_rate_on_a_threshold_at_the_edge():
+    """A threshold exactly at the uniform target's simulated (1 - level) quantile, the tightest valid one there,
+    passes the validity part on uniform targets at several seeds: the binomial quantile absorbs the simulation's noise."""
+    import numpy as np
+
+    rng = np.random.default_rng(123)
+    quantile = {}
+    for m in (2, 9, 27):
+        for n in (50, 1000):
+            for level in (0.05, 0.01):
+                tv = G._empirical_tv(rng, np.full(m, 1 / m), np.full(m, 1 / m), n, 200_000)
+                quantile[m, n, level] = float(np.quantile(tv, 1 - level))
+    edge = lambda m, n, level: quantile.get((m, n, level), tv_threshold(m, n, level))  # noqa: E731
+    for seed in range(3):
+        G.check_resolution(edge, samples_needed, seed=seed)
 
 
 def test_the_graders_own_verdicts_used_as_the_answer_score_zero_with_a_message_that_says_why():
@@ -272,14 +254,21 @@ def test_the_graders_own_verdicts_used_as_the_answer_score_zero_with_a_message_t
     def is_lossless(sampler):
         return _evidence_of(sampler, G.reference_cases())[1] < 1e-9
 
-    def evidence(sampler):
-        changed, tv = _evidence_of(sampler, G.reference_cases())
-        return changed or tv
+    def needed(tv, n_cells, level):
+        return G._grader_samples(tv, n_cells, level)
+
+    def from_the_course(n_cells, n, level):
+        from specref.checks.montecarlo import distribution_test
+
+        p = torch.full((n_cells,), 1 / n_cells, dtype=torch.float64)
+        return distribution_test(p, samples=torch.zeros(n, dtype=torch.long), alpha=level).tv_bound
 
     with pytest.raises(AssertionError, match=r"Task 1: your is_lossless uses specref_grading\.checks\.pitfalls\._evidence_of"):
         G.check_lossless_check(is_lossless)
-    with pytest.raises(AssertionError, match=r"Task 2: your evidence uses .*_evidence_of.*scores 0"):
-        G.check_evidence(evidence, {})
+    with pytest.raises(AssertionError, match=r"Task 2: your needed uses .*_grader_samples.*scores 0"):
+        G.check_resolution(tv_threshold, needed)
+    with pytest.raises(AssertionError, match=r"Task 2: your from_the_course uses specref\.checks\.montecarlo"):
+        G.check_resolution(from_the_course, samples_needed)
     G.check_lossless_check(make_check())  # the exercise's own setup names (reference_cases, TEMPERATURE) are allowed
 
 
@@ -287,10 +276,10 @@ def test_an_unsolved_stub_says_which_task_is_not_done_yet():
     def stub1(sampler):
         raise NotImplementedError("Task 1: write is_lossless (see the task above)")
 
-    def stub2(sampler):
-        raise NotImplementedError("Task 2: write evidence (see the task above)")
+    def stub2(n_cells, n, level):
+        raise NotImplementedError("Task 2: write tv_threshold (see the task above)")
 
     with pytest.raises(NotImplementedError, match="^Task 1 is not done yet: write is_lossless"):
         G.check_lossless_check(stub1)
-    with pytest.raises(NotImplementedError, match="^Task 2 is not done yet: write evidence"):
-        G.check_evidence(stub2, None, hidden=True, seed=1)
+    with pytest.raises(NotImplementedError, match="^Task 2 is not done yet: write tv_threshold"):
+        G.check_resolution(stub2, samples_needed)

@@ -212,3 +212,55 @@ def test_main_exits_non_zero_and_names_the_check_on_a_bad_notebook(tmp_path: Pat
     assert lint_notebooks.main([str(good), str(bad)]) == 1
     out = capsys.readouterr().out
     assert out == f"{bad}: python3_kernel: kernelspec is 'conda-env-x', not 'python3'\n"
+
+
+# --- rubrics and solution_only cells (solutions/ and exercises/) ---------------------------
+
+def _hand_graded(gid: str) -> nbformat.NotebookNode:
+    cell = _md("Explain.\n\n### BEGIN SOLUTION\nBecause.\n### END SOLUTION")
+    cell.metadata["nbgrader"] = {"grade": True, "solution": True, "grade_id": gid, "points": 1, "locked": False,
+                                 "schema_version": 3}
+    return cell
+
+
+def _rubric(gid: object) -> nbformat.NotebookNode:
+    cell = _md("1 point for naming the residual. Model answer: ...")
+    cell.metadata["specref"] = {"rubric": gid}
+    return cell
+
+
+def test_rubrics_flags_a_hand_graded_task_without_one_and_passes_one_with_it() -> None:
+    nb = _good()
+    nb.cells.insert(4, _hand_graded("why"))
+    assert lint_notebooks.rubrics(nb) == [
+        "cell 4: hand-graded task 'why' has no rubric (a markdown cell after it with the metadata "
+        '"specref": {"rubric": "why"})']
+    nb.cells.insert(5, _rubric("why"))
+    assert lint_notebooks.rubrics(nb) == []
+
+
+def test_rubrics_flags_a_misplaced_rubric_and_one_naming_no_hand_graded_task() -> None:
+    nb = _good()
+    nb.cells[4:4] = [_hand_graded("why"), _md("an aside"), _rubric("why")]
+    assert lint_notebooks.rubrics(nb) == ["cell 4: the rubric of 'why' is not the cell right after it"]
+    nb = _good()
+    nb.cells[4:4] = [_hand_graded("why"), _rubric("wyh")]
+    assert len(lint_notebooks.rubrics(nb)) == 1 and "rubric for 'wyh'" in lint_notebooks.rubrics(nb)[0]
+
+
+def test_a_solution_only_cell_of_any_kind_is_allowed_in_a_solution() -> None:
+    nb = _good()
+    nb.cells[3].metadata["specref"] = {"solution_only": True}  # a code cell, not a summary
+    assert all(check(nb) == [] for check in lint_notebooks.SOLUTION_CHECKS)
+
+
+def test_an_exercise_needs_no_summary_but_holds_no_rubric_or_solution_only_cell() -> None:
+    checks = lint_notebooks.checks_for(REPO / "exercises" / "ex01_x.ipynb")
+    assert summary not in checks and lint_notebooks.nothing_solution_only in checks
+    assert lint_notebooks.rubrics in lint_notebooks.checks_for(REPO / "solutions" / "ex01_x.ipynb")
+    assert summary in lint_notebooks.checks_for(REPO / "solutions" / "ex01_x.ipynb")
+    nb = _good()
+    assert lint_notebooks.nothing_solution_only(nb) == []
+    nb.cells[1:1] = [_rubric("why")]
+    nb.cells[4].metadata["specref"] = {"solution_only": True}
+    assert len(lint_notebooks.nothing_solution_only(nb)) == 2

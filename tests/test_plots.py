@@ -11,10 +11,12 @@ import torch
 
 from specref.course.plots import (
     accept_reject_view,
+    crossover_view,
     jensen_view,
     normalize_weights,
     plot_acceptance_spread,
     plot_accept_reject,
+    plot_crossover,
     plot_jensen,
     plot_speedup_curves,
     speedup_curves,
@@ -332,3 +334,49 @@ def test_batch_plots_draw_the_measured_points_and_the_model():
     measured = [line for line in ax.get_lines() if line.get_label() == "plain, measured"][0]
     assert measured.get_ydata().tolist() == [100.0, 180.0]
     plt.close(ax.figure)
+
+
+def test_crossover_view_is_the_cost_models_speedup_and_its_first_loss():
+    from specref.perf.costmodel import crossover_batch, h100_cost_model
+
+    h100 = h100_cost_model()
+    view = crossover_view({"H100": h100}, [0.8], [1, 4, 8], [1, 8, 64, 128, 256])
+    assert [c["k"] for c in view["curves"]] == [1, 4, 8]
+    for c in view["curves"]:
+        assert np.allclose(c["speedup"], [h100.predict_speedup(0.8, c["k"], B) for B in view["batch_sizes"]],
+                           rtol=1e-12)
+        assert c["crossover"] == crossover_batch(0.8, c["k"], h100)
+    # The chapter's claim the plot shows: a longer draft stops paying at a smaller batch (75 for k = 4 at 40 %).
+    cross = [c["crossover"] for c in view["curves"]]
+    assert cross == sorted(cross, reverse=True) and cross[1] == 75
+
+
+def test_crossover_view_moves_the_crossover_down_as_alpha_falls():
+    from specref.perf.costmodel import h100_cost_model
+
+    view = crossover_view({"H100": h100_cost_model()}, [0.6, 0.8, 0.9], [4], [1, 16, 256])
+    cross = [c["crossover"] for c in view["curves"]]
+    assert cross[0] < cross[1] < cross[2]
+
+
+@pytest.mark.parametrize("kw, match", [({"batch_sizes": []}, "batch_sizes"), ({"batch_sizes": [0, 4]}, "batch_sizes"),
+                                       ({"alphas": []}, "alphas")])
+def test_crossover_view_rejects_empty_or_bad_inputs(kw, match):
+    from specref.perf.costmodel import h100_cost_model
+
+    args = {"models": {"H100": h100_cost_model()}, "alphas": [0.8], "ks": [4], "batch_sizes": [1, 2]} | kw
+    with pytest.raises(ValueError, match=match):
+        crossover_view(**args)
+
+
+def test_crossover_plot_draws_one_line_per_curve_and_marks_each_crossover():
+    from specref.perf.costmodel import h100_cost_model
+
+    view = crossover_view({"H100": h100_cost_model(), "H100 at peak": h100_cost_model(efficiency=1.0)}, [0.8], [2, 4],
+                          [1, 2, 4, 8, 16, 32, 64, 128, 256])
+    fig, ax = plt.subplots()
+    plot_crossover(view, ax)
+    markers = [ln for ln in ax.get_lines() if ln.get_marker() == "v"]
+    assert len([ln for ln in ax.get_lines() if len(ln.get_xdata()) == 9]) == 4
+    assert len(markers) == sum(c["crossover"] is not None and c["crossover"] <= 256 for c in view["curves"])
+    plt.close(fig)

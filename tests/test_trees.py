@@ -571,6 +571,67 @@ def test_multi_candidate_grader_fails_the_broken_rules(kwargs, hint):
         check_multi_candidate(lambda *a: _one_level(*a, **kwargs), n_cases=15)
 
 
+
+def _node_acceptance(p, q, m, deterministic, update=True, onehot=True):
+    """How often a node accepts one of m children, as a learner derives it; the flags break it on purpose."""
+    from specref import residual
+
+    if deterministic and onehot:
+        return float(p[torch.topk(q, m).indices].sum())
+    reject = 1.0
+    for _ in range(m):
+        reject *= 1.0 - float(torch.minimum(p, q).sum())
+        p = residual(p, q) if update else p
+    return 1.0 - reject
+
+
+def test_node_acceptance_closed_form_equals_the_enumeration_of_verify_tree():
+    from specref_grading.checks import trees as grader
+
+    for seed in range(3):
+        for _, p, q, m, det, small in grader._acceptance_cases(30, seed):
+            if small:
+                assert abs(grader._acceptance_closed_form(p, q, m, det)
+                           - grader._acceptance_by_enumeration(p, q, m, det)) < 1e-12
+
+
+def test_node_acceptance_grader_passes_the_derivation():
+    from specref_grading.checks.trees import check_node_acceptance
+
+    check_node_acceptance(_node_acceptance)
+    check_node_acceptance(_node_acceptance, n_cases=60, seed=5)
+
+
+@pytest.mark.parametrize("wrong,hint", [
+    (lambda p, q, m, det: _node_acceptance(p, q, m, det, update=False), "residual"),  # every child against p
+    (lambda p, q, m, det: _node_acceptance(p, q, m, det, onehot=False), "onehot"),  # top-k children as draws from q
+    (lambda p, q, m, det: float(torch.minimum(p, q).sum()), "wrong answer"),  # one child's beta, whatever m
+    (lambda p, q, m, det: 1.0, "wrong answer"),
+])
+def test_node_acceptance_grader_fails_wrong_derivations(wrong, hint):
+    from specref_grading.checks.trees import check_node_acceptance
+
+    with pytest.raises(AssertionError, match=hint):
+        check_node_acceptance(wrong)
+
+
+def test_node_acceptance_grader_refuses_the_stub_and_the_reference():
+    from specref_grading.checks.trees import check_node_acceptance
+
+    def stub(p, q, m, deterministic):
+        raise NotImplementedError("Task 3: write node_acceptance (see the task above)")
+
+    with pytest.raises(NotImplementedError, match="Task 3 is not done yet"):
+        check_node_acceptance(stub)
+
+    def by_reference(p, q, m, deterministic):
+        trees.verify_tree  # noqa: B018 - a forbidden reference, whatever it computes
+        return _node_acceptance(p, q, m, deterministic)
+
+    with pytest.raises(AssertionError, match="specref.trees"):
+        check_node_acceptance(by_reference)
+
+
 def test_dynamic_tree_stops_growing_when_no_deeper_node_can_make_the_cut():
     calls = []
     flat = torch.full((8,), 1 / 8, dtype=torch.float64)

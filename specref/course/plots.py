@@ -455,3 +455,52 @@ def plot_load_view(view: dict, measured: dict | None = None, ax=None):
                     label=lab)
     ax.set_yscale("log")
     return _batch_axes(ax, "tokens per second over the batch", f"alpha = {view['alpha']:.2f}, k = {view['k']}")
+
+
+def crossover_view(models: dict, alphas: Sequence[float], ks: Sequence[int], batch_sizes: Sequence[int]) -> dict:
+    """Notebook 03's E / (v + c k) against the batch size, for each cost model, alpha and k, and where it drops below 1.
+
+    `models` maps a name to a `specref.perf.CostModel`. Returns `batch_sizes` [nB] and `curves`: one dict per
+    (model name, alpha, k) with `name`, `alpha`, `k`, `speedup` [nB] (`CostModel.predict_speedup`) and `crossover`
+    (`specref.perf.costmodel.crossover_batch`: the first batch size that loses, None up to its search limit).
+    """
+    from ..perf.costmodel import crossover_batch  # perf sits below course: a lazy import keeps plots light
+
+    Bs = np.array([int(B) for B in batch_sizes])
+    if Bs.ndim != 1 or len(Bs) == 0 or (Bs < 1).any():
+        raise ValueError(f"batch_sizes must hold at least one batch size >= 1, got {list(batch_sizes)!r}")
+    if not models or not alphas or not ks:
+        raise ValueError("models, alphas and ks must each hold at least one entry")
+    curves = [{"name": name, "alpha": float(a), "k": int(k),
+               "speedup": np.array([m.predict_speedup(float(a), int(k), int(B)) for B in Bs]),
+               "crossover": crossover_batch(float(a), int(k), m)}
+              for name, m in models.items() for a in alphas for k in ks]
+    return {"batch_sizes": Bs, "curves": curves}
+
+
+def plot_crossover(view: dict, ax=None):
+    """Speedup against the batch size, one line per curve of `crossover_view`, each crossover marked on the 1x line.
+
+    Lines of one model share a line style; colours follow alpha or k, whichever varies. Returns the Axes.
+    """
+    ax = _axes(ax)
+    Bs, curves = view["batch_sizes"], view["curves"]
+    names = list(dict.fromkeys(c["name"] for c in curves))
+    vary_alpha = len({c["alpha"] for c in curves}) > 1
+    keys = sorted({c["alpha"] if vary_alpha else c["k"] for c in curves})
+    styles = ["-", "--", ":", "-."]
+    for c in curves:
+        key = c["alpha"] if vary_alpha else c["k"]
+        colour = f"C{keys.index(key) % 10}"
+        label = f"{c['name']}, " + (f"alpha {c['alpha']:.2f}, k = {c['k']}" if vary_alpha else f"k = {c['k']}")
+        ax.plot(Bs, c["speedup"], styles[names.index(c["name"]) % len(styles)], color=colour, label=label)
+        if c["crossover"] is not None and Bs[0] <= c["crossover"] <= Bs[-1]:
+            ax.plot([c["crossover"]], [1.0], "v", color=colour, ms=7)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(Bs, [str(int(B)) for B in Bs])
+    ax.set_xlabel("batch size B")
+    ax.set_ylabel("predicted speedup E / (v + c k)")
+    ax.legend(fontsize=6, ncol=2)
+    ax.grid(alpha=0.3)
+    return ax

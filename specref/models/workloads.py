@@ -1,4 +1,4 @@
-"""Prompt workloads for the bundled target (nb 05): ordinary code, and a copy-heavy "apply an edit" task.
+"""Prompt workloads for the bundled target (nb 05, 08): ordinary code, an "apply an edit" task, and a quote.
 
 `heldout_prompts` (in `pair`) is the ordinary-code workload: the start of a held-out
 function, continued freely. `edit_prompts` is the copy-heavy one. Rule: a prompt holds
@@ -6,10 +6,16 @@ a held-out snippet (whole lines of a held-out text, at most `n_tokens` tokens), 
 marker line naming the edit, then the start of the same snippet re-emitted with one
 identifier renamed, from its start to the first word after the first renamed line. The continuation that
 fits is the rest of the edited snippet, which is mostly a copy of text already in the
-prompt: the workload where copying drafts (prompt lookup) pay.
+prompt: the workload where copying drafts (prompt lookup) would pay with a target that copies.
 Every prompt leaves at least `EDIT_ROOM` positions of the target's 256-token window free.
 `repeat_tokens` and `copy_agreement` measure whether a target copies at all (nb 05,
 benchmarks/target_copies.py).
+
+`quote_prompts` is the copy workload for a target that copies only what it would write anyway (the
+bundled one: its argmax continues an exact repeat of a held-out snippet at about half the positions).
+Rule: a passage is an opening of a held-out text followed by the target's own greedy continuation of
+it; the prompt is the passage, a blank line, and the opening again: a reply that starts quoting its
+context. `span_continuations` counts how much of a continuation copies the prompt.
 """
 
 from __future__ import annotations
@@ -107,6 +113,82 @@ def _edit_case(text: str, source: int, n_tokens: int, rng: random.Random, tok) -
     if len(tokens) > N_POSITIONS - EDIT_ROOM:
         return None
     return EditPrompt(tokens, snippet, edited, head, old, new, source)
+
+
+QUOTE_SEPARATOR = "\n\n"  # between the quoted passage and the reply that starts quoting it
+
+
+@dataclass(frozen=True)
+class QuotePrompt:
+    """One "reply quoting its context" prompt: passage, separator, then the passage's opening again."""
+
+    tokens: list[int]  # passage + separator + opening
+    passage: list[int]  # opening + the target's greedy continuation of it: the text the reply quotes
+    opening: list[int]  # the first n_opening tokens of a held-out text
+    source: int  # index of the held-out text (`specref.models.pair.heldout_texts`)
+
+
+@torch.no_grad()
+def _greedy(target, ids: torch.Tensor, n_new: int) -> torch.Tensor:  # [B, L] -> [B, L + n_new]
+    """The target's greedy continuation with its KV cache (this floor has no decoding loop to call)."""
+    cache = target.new_cache(ids.shape[0], max_len=ids.shape[1] + n_new)
+    x = target(ids, cache=cache)[:, -1].argmax(-1, keepdim=True)  # [B, 1]
+    out = [ids, x]
+    for _ in range(n_new - 1):
+        x = target(x, cache=cache)[:, -1].argmax(-1, keepdim=True)
+        out.append(x)
+    return torch.cat(out, dim=1)
+
+
+def quote_cases(target, n: int = 8, n_opening: int = 32, n_passage: int = 96, seed: int = 0) -> list[QuotePrompt]:
+    """n quote prompts for `target`, from distinct held-out texts chosen by `seed` (same target and seed, same prompts).
+
+    The passage is the first n_opening tokens of a held-out text (16 to 64) and n_passage (32 to 128) tokens of
+    the target's greedy continuation; the prompt is passage + QUOTE_SEPARATOR + opening, and leaves at least
+    EDIT_ROOM positions of the window free. Greedy ties are broken by the target's own arithmetic: use float64
+    for prompts that are the same on every CPU.
+    """
+    n = check_int("n", n, 1, "prompts")
+    n_opening = check_int("n_opening", n_opening, 16, "the opening's length in tokens")
+    n_passage = check_int("n_passage", n_passage, 32, "the passage's generated tokens")
+    if n_opening > 64 or n_passage > 128:
+        raise ValueError(f"n_opening must be <= 64 and n_passage <= 128, got {n_opening} and {n_passage}")
+    seed = check_int("seed", seed, 0, "the workload's seed")
+    tok = bundled_tokenizer()
+    sep = tok.encode(QUOTE_SEPARATOR)
+    if 2 * n_opening + n_passage + len(sep) + EDIT_ROOM > N_POSITIONS:
+        raise ValueError(f"2 * n_opening + n_passage must be <= {N_POSITIONS - EDIT_ROOM - len(sep)}, "
+                         f"so the prompt leaves {EDIT_ROOM} positions free; got {2 * n_opening + n_passage}")
+    texts = heldout_texts()
+    sources = [i for i in random.Random(seed).sample(range(len(texts)), len(texts))
+               if len(tok.encode(texts[i])) >= n_opening][:n]
+    if len(sources) < n:
+        raise ValueError(f"only {len(sources)} held-out texts have {n_opening} tokens; ask for n <= {len(sources)}")
+    openings = [tok.encode(texts[i])[:n_opening] for i in sources]
+    device = next(target.parameters()).device
+    passages = _greedy(target, torch.tensor(openings, device=device), n_passage).tolist()  # [n, n_opening + n_passage]
+    return [QuotePrompt(p + sep + o, p, o, i) for p, o, i in zip(passages, openings, sources)]
+
+
+def quote_prompts(target, n: int = 8, n_opening: int = 32, n_passage: int = 96, seed: int = 0) -> list[list[int]]:
+    """The token lists of `quote_cases(target, n, n_opening, n_passage, seed)`: the copy workload a target copies."""
+    return [case.tokens for case in quote_cases(target, n, n_opening, n_passage, seed)]
+
+
+def span_continuations(prompt: list[int], output: list[int], n: int = 2) -> tuple[int, int]:
+    """(tokens of output that continue a span of prompt, len(output)).
+
+    Output token j continues a span when the n tokens before it (in prompt + output) followed by it occur as
+    n + 1 consecutive tokens of the prompt: a lookup of those n tokens in the prompt could have proposed it.
+    """
+    n = check_int("n", n, 1, "the span's length before the continued token")
+    grams = {tuple(prompt[i : i + n + 1]) for i in range(len(prompt) - n)}
+    context = list(prompt)
+    hits = 0
+    for t in output:
+        hits += tuple(context[len(context) - n :] + [t]) in grams
+        context.append(t)
+    return hits, len(output)
 
 
 def repeat_tokens(case: EditPrompt) -> tuple[list[int], int]:  # tokens [L], start

@@ -21,13 +21,14 @@ flaw of a random kind and random parameters, kept only when exactly lossless or 
 
 * `check_lossless_check(is_lossless)`: the right verdict on fresh copies of the six, or (hidden) on
   samplers built from the seed;
-* `check_evidence(evidence, REPORT)`: the six verdicts each together with its evidence (the input the sampler
-  writes into, or its exact largest TV from the target over `reference_cases()`), and (hidden) the learner's
-  evidence on samplers built from the seed.
+* `check_resolution(tv_threshold, samples_needed)`: a sampled check's threshold, valid for every target
+  distribution at the level it is given, and the sample size at which it flags a given TV (see its docstring).
 
-False-fail rate: 0. Neither check draws a sample: the grader's truth and a correct answer's are both exact
-enumerations, so a correct answer passes at every seed (the seed only composes the samplers;
-tests/test_grade_false_fail.py runs the solution's answers over many seeds).
+False-fail rates: `check_lossless_check` 0 (it draws no sample: the grader's truth and a correct answer's are
+both exact enumerations, so a correct answer passes at every seed; the seed only composes the samplers).
+`check_resolution` simulates multinomial counts from a seeded generator and fails an answer only where a count
+exceeds its binomial quantile at 1 - 1e-6: a correct answer fails with probability below 1e-6 per
+configuration, below 1e-4 over all of them (tests/test_grade_false_fail.py runs the solution over many seeds).
 
 Samplers handed to the learner's code are fresh function objects under opaque names, in an order drawn anew; a
 failure shows what the learner's code returned and which property failed, never which verdict is wrong.
@@ -41,6 +42,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from specref.checks.rng import exact_distribution
@@ -329,7 +331,7 @@ def _truth(spec: Spec, seed: int = 0) -> tuple[bool, str | float]:
 
 
 # --------------------------------------------------------------------------------------
-# The learner's check and evidence, on fresh samplers under opaque names
+# The learner's check, on fresh samplers under opaque names
 # --------------------------------------------------------------------------------------
 
 
@@ -353,13 +355,14 @@ def _specs(hidden: bool, seed: int | None) -> list[Spec]:
 
 # What the tasks must not call: the graders' insides (the exercise's own setup names stay allowed).
 ALLOWED = tuple(f"specref_grading.checks.pitfalls.{n}" for n in (
-    "reference_cases", "check_lossless_check", "check_evidence", "SAMPLERS", "TEMPERATURE"))
-FORBIDDEN = ("specref_grading",)
+    "reference_cases", "check_lossless_check", "check_resolution", "SAMPLERS", "TEMPERATURE"))
+# specref.checks.montecarlo: its distribution_test computes a TV threshold from the sample size, Task 2's answer.
+FORBIDDEN = ("specref_grading", "specref.checks.montecarlo")
 
 _CHECK_HINT = ("lossless means the first N tokens have exactly the processed target's joint on every case, and a "
                "sampler that writes into its inputs is not lossless. Compare exact distributions (a tolerance like "
                "1e-9) or use a distribution test whose threshold a correct sampler passes, with enough samples to "
-               "resolve a TV of 0.08 over 9 cells; check the inputs after every call.")
+               "resolve a TV of 0.08 over 9 cells (Task 2 says how many); check the inputs after every call.")
 
 
 @graded(1, "check_lossless_check", FORBIDDEN, ALLOWED)
@@ -389,85 +392,122 @@ def check_lossless_check(fn: Callable[[Sampler], object], hidden: bool = False, 
     passed(g, f"{len(specs)} samplers, {n_lossless} lossless" + (", unseen ones included" if hidden else ""))
 
 
-def _judge(g: str, verdict: object, found: object, shown: list[str]) -> None:
-    """The properties of one (verdict, evidence) pair that need no answer key: types, and agreement with each other."""
-    if not isinstance(verdict, bool):
-        raise failure(g, "a verdict is not a bool.", shown, "True (lossless) or False.")
-    if isinstance(found, str):
-        if found not in ("target", "draft"):
-            raise failure(g, "evidence that is a string must name an input.", shown, 'say "target" or "draft".')
-        if verdict:
-            raise failure(g, "a verdict contradicts its own evidence.", shown,
-                        "a sampler that writes into its inputs is not lossless.")
-        return
-    tv = as_float(found)
-    if tv is None or not math.isfinite(tv) or not -TOL <= tv <= 1 + TOL:
-        raise failure(g, "evidence is neither an input's name nor a total variation in [0, 1].", shown,
-                    'give "target", "draft" or the largest exact TV over reference_cases().')
-    if verdict != (tv <= TOL):
-        raise failure(g, "a verdict contradicts its own evidence.", shown,
-                    f"a sampler is lossless exactly when its TV from the target is 0 (to {TOL:g}).")
+# --------------------------------------------------------------------------------------
+# Task 2: a sampled check's resolution, from the sample size
+# --------------------------------------------------------------------------------------
+
+_FALSE_FAIL = 1e-6  # per configuration: a count is held against its binomial quantile at 1 - _FALSE_FAIL
+_LOOSE = 2.5  # a threshold above 2.5 x the uniform target's simulated (1 - level) quantile has too little power
 
 
-def _matches(found: object, want: str | float) -> bool:
-    if isinstance(want, str) or isinstance(found, str):
-        return found == want
-    return abs(as_float(found) - want) <= TOL
+def _targets(m: int, rng: np.random.Generator) -> list[tuple[str, np.ndarray]]:
+    """Target distributions over m cells: uniform (the largest empirical TV), a random one, one heavy cell."""
+    heavy = np.full(m, 0.3 / (m - 1))
+    heavy[0] = 0.7
+    return [("uniform", np.full(m, 1.0 / m)), ("random", rng.dirichlet(np.full(m, 0.5))), ("one heavy cell", heavy)]
 
 
-_EVIDENCE_HINT = ("for each sampler: the input it writes into, else the largest exact TV of its first N tokens from the "
-                  "processed target's joint over reference_cases() (every outcome of the enumeration, and every cell "
-                  "of the joint).")
+def _empirical_tv(rng: np.random.Generator, sample_from: np.ndarray, target: np.ndarray, n: int,
+                  repeats: int) -> np.ndarray:
+    """[repeats]: the TV between the empirical distribution of n samples from `sample_from` and `target`."""
+    counts = rng.multinomial(n, sample_from, size=repeats)  # [repeats, m]
+    return 0.5 * np.abs(counts / n - target).sum(1)
 
 
-@graded(2, "check_evidence", FORBIDDEN, ALLOWED)
-def check_evidence(evidence: Callable[[Sampler], object], report: object, hidden: bool = False,
-                   seed: int | None = None, order_seed: int | None = None, n_hidden: int = 4) -> None:
-    """Grade Task 2: REPORT, the six verdicts each with its evidence; hidden, evidence(s) on samplers built from `seed`.
+def _shifted(target: np.ndarray, tv: float, spread: bool) -> np.ndarray:
+    """A distribution exactly `tv` from target: mass tv moved from the largest cell to the smallest (spread: from
+    the larger half of the cells to the smaller half, in proportion)."""
+    order = np.argsort(-target)
+    out = target.copy()
+    if not spread:
+        left = tv
+        for i in order[:-1]:  # from the largest cells down, each keeping at least half its mass
+            take = min(left, out[i] / 2)
+            out[i] -= take
+            left -= take
+        out[order[-1]] += tv
+    else:
+        top, bottom = order[: len(order) // 2], order[len(order) // 2:]
+        out[top] -= tv * target[top] / target[top].sum()
+        out[bottom] += tv / len(bottom)
+    assert out.min() >= 0 and abs(0.5 * np.abs(out - target).sum() - tv) < 1e-12
+    return out
 
-    report: {name: (verdict, evidence)} for every sampler in SAMPLERS, plain data. evidence(s): the input s writes
-    into ("target" or "draft", on the first case where it does, the target first), else the largest exact TV over
-    reference_cases() between its first N = 2 tokens and the processed target's joint. Both are compared with the
-    grader's own enumeration, to 1e-9. A failure says which property of the learner's own answer failed, never
-    which verdict or evidence the grader expects.
+
+def _grader_samples(tv: float, m: int, level: float) -> int:
+    """The grader's own sample size: bounded differences put the empirical TV of a correct sampler above
+    0.5 sqrt((m - 1) / n) + sqrt(ln(1 / level) / (2 n)) with probability at most level; a sampler tv away stays above
+    tv minus that, so n with twice the threshold at most tv flags it with probability at least 1 - level."""
+    a = 0.5 * math.sqrt(m - 1) + math.sqrt(math.log(1 / level) / 2)
+    return math.ceil((2 * a / tv) ** 2)
+
+
+def _learner_float(g: str, where: str, inputs: list[str], fn: Callable[..., object], *args: object) -> float:
+    got = call_learner(g, where, inputs, fn, *args)
+    value = as_float(got)
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise failure(g, where, inputs + [f"got {got!r}"], "return a positive, finite number.")
+    return value
+
+
+@graded(2, "check_resolution", FORBIDDEN, ALLOWED, learner_args=2)
+def check_resolution(tv_threshold: Callable[..., object], samples_needed: Callable[..., object],
+                     seed: int = 0, repeats: int = 4000) -> None:
+    """Grade tv_threshold(n_cells, n, level) -> t and samples_needed(tv, n_cells, level) -> n by simulation.
+
+    Valid: for every configuration below and each of three targets, the empirical TV of n samples from the target
+    exceeds t in a fraction of `repeats` simulations that a true rate of `level` explains (binomial quantile at
+    1 - 1e-6). Useful: t at most 2.5 times the uniform target's simulated (1 - level) quantile. Powerful:
+    at samples_needed(tv, ...) samples, a sampler exactly tv away (two kinds of shift) exceeds t(n) in all but a
+    fraction that `level` explains; and that n is at most three times the grader's own bound's.
     """
-    g = "check_evidence"
-    if not hidden:
-        if type(report) is not dict:  # a plain dict: a subclass could answer differently each time it is read
-            raise failure(g, "REPORT is not a dict.", [f"got {type(report).__name__}"],
-                        "give {name: (verdict, evidence)} for every sampler in SAMPLERS.")
-        report = dict(report)
-        if sorted(report) != sorted(_VISIBLE):
-            raise failure(g, "REPORT does not have one entry per sampler.", [f"keys: {sorted(report)!r}"],
-                        f"give an entry for each of {sorted(_VISIBLE)}, and nothing else.")
-        right = True
-        for name in sorted(_VISIBLE):
-            entry = report[name]
-            if not (isinstance(entry, tuple) and len(entry) == 2):
-                raise failure(g, f"REPORT[{name!r}] is not a pair.", [f"got {entry!r}"], "(verdict, evidence).")
-            _judge(g, entry[0], entry[1], [f"REPORT[{name!r}] = {entry!r}"])
-            lossless, want = _truth(_VISIBLE[name])
-            right &= entry[0] == lossless and _matches(entry[1], want)
-        if not right:
-            raise failure(g, "not every verdict and its evidence in REPORT match what the six samplers do.", [],
-                        _EVIDENCE_HINT)
-        passed(g, f"{len(_VISIBLE)} verdicts, each with its evidence")
-        return
-    rnd = random.Random(order_seed)
-    specs = hidden_specs(0 if seed is None else seed)
-    rnd.shuffle(specs)  # half of the n_hidden lossless and half not: a constant evidence is wrong on half of them
-    lossless = [s for s in specs if _truth(s)[0]]
-    specs = lossless[: n_hidden // 2] + [s for s in specs if s not in lossless][: n_hidden - n_hidden // 2]
-    rnd.shuffle(specs)
-    right = True
-    for spec in specs:
-        name, sampler = _opaque(spec, rnd)
-        found = call_learner(g, f"your evidence raised on {name}.", [f"sampler: {name}"], evidence, sampler)
-        lossless, want = _truth(spec)
-        _judge(g, not isinstance(found, str) and (as_float(found) or 0.0) <= TOL, found,
-               [f"sampler: {name}", f"evidence: {found!r}"])
-        right &= _matches(found, want)
-    if not right:
-        raise failure(g, f"not all the evidence matches what these {len(specs)} samplers (built from the hidden seed) do.",
-                    [], _EVIDENCE_HINT)
-    passed(g, f"evidence on {len(specs)} samplers built from the hidden seed")
+    from scipy.stats import binom
+
+    g = "check_resolution"
+    rng = np.random.default_rng([int(seed) % 2**63, 8])
+    allowed_misses = lambda level: int(binom.ppf(1 - _FALSE_FAIL, repeats, level))  # noqa: E731
+    for m in (2, 9, 27):
+        for n in (50, 1000):
+            for level in (0.05, 0.01):
+                inputs = [f"n_cells = {m}", f"n = {n}", f"level = {level}"]
+                where = f"tv_threshold({m}, {n}, {level})"
+                t = _learner_float(g, f"{where} failed.", inputs, tv_threshold, m, n, level)
+                for name, target in _targets(m, rng):
+                    over = int((_empirical_tv(rng, target, target, n, repeats) > t).sum())
+                    if over > allowed_misses(level):
+                        raise failure(g, f"{where} = {t:.4f} is not valid: a correct sampler exceeds it too often.",
+                                      inputs + [f"target: {name} over {m} cells",
+                                                f"{over} of {repeats} simulated tests of a correct sampler exceed it "
+                                                f"(a rate of {level} allows at most {allowed_misses(level)})"],
+                                      "the threshold must hold for every target distribution, small n included.")
+                q = float(np.quantile(_empirical_tv(rng, np.full(m, 1 / m), np.full(m, 1 / m), n, 20000), 1 - level))
+                if t > _LOOSE * q:
+                    raise failure(g, f"{where} = {t:.4f} is too loose to resolve anything.", inputs + [
+                        f"a correct sampler's empirical TV stays below {q:.4f} in {1 - level:.0%} of simulations"],
+                        f"a useful threshold is at most {_LOOSE} times that: bound the TV as a whole, not each "
+                        "cell on its own.")
+    for tv, m, level in ((0.08, 9, 0.01), (0.2, 4, 0.05), (0.05, 27, 0.01)):
+        inputs = [f"tv = {tv}", f"n_cells = {m}", f"level = {level}"]
+        where = f"samples_needed({tv}, {m}, {level})"
+        got = call_learner(g, f"{where} failed.", inputs, samples_needed, tv, m, level)
+        n = as_float(got)
+        if n is None or not math.isfinite(n) or n != int(n) or n < 1:
+            raise failure(g, f"{where} is not a positive whole number.", inputs + [f"got {got!r}"], "return an int.")
+        n = int(n)
+        ceiling = 3 * _grader_samples(tv, m, level)
+        if n > ceiling:
+            raise failure(g, f"{where} = {n} asks for too many samples.", inputs,
+                          f"a sound derivation needs at most {ceiling}: use your threshold's own size at n.")
+        t = _learner_float(g, f"tv_threshold({m}, {n}, {level}) failed.", inputs, tv_threshold, m, n, level)
+        target = rng.dirichlet(np.ones(m))
+        target = 0.5 * target + 0.5 / m  # every cell at least 1 / (2m): room for the shifts
+        for spread in (False, True):
+            broken = _shifted(target, tv, spread)
+            missed = int((_empirical_tv(rng, broken, target, n, repeats) <= t).sum())
+            if missed > allowed_misses(level):
+                raise failure(g, f"at {where} = {n} samples your test misses a sampler {tv} away too often.",
+                              inputs + [f"tv_threshold({m}, {n}, {level}) = {t:.4f}",
+                                        f"{missed} of {repeats} simulated tests pass a sampler exactly {tv} away "
+                                        f"(a rate of {level} allows at most {allowed_misses(level)})"],
+                              "a sampler tv away can look closer by as much as a correct sampler's own noise.")
+    passed(g, "thresholds valid on 3 targets x 12 configurations, not loose, and sample sizes with power")

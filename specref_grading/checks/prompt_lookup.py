@@ -18,10 +18,14 @@ Its false-fail rate at a random seed is at most FALSE_FAIL_RATE = 5e-4 (1 in
 its Bretagnolle-Huber-Carol bound at that level (each with probability at most SAMPLING_ALPHA);
 tests/test_grade_false_fail.py measures it.
 
-Task 3, the rule's effect: tokens per target pass, greedy, against a target that continues a known
-stream: successive versions of a line, each a copy of the previous one with a few tokens changed. The
-reference rule copies from the latest version; the wrong rules (earliest occurrence, shortest n-gram
-first, one token only) fall well below the bar there. Passes are counted, never timed.
+Task 3, compare_tau(a, b, level) -> ((tau_a, low_a, high_a), (tau_b, low_b, high_b), verdict): tokens per
+target pass from per-step counts, each with its two-sided t-interval, and the decision the intervals allow (+1: a
+above b, -1: below, 0: they overlap). Graded against the same statistics computed here with scipy on seeded
+per-step counts (sizes 2 to 400, levels 0.80 to 0.99, pairs that overlap and pairs that do not, none on the
+edge); no sampling in the check, so a correct answer never fails (FALSE_FAIL_RATE_TAU = 0). Tolerance
+INTERVAL_RTOL = 1e-6 relative: float32 arithmetic of a mean and a quantile stays within it, and the usual
+mistakes (a normal quantile for the t one, ddof = 0, a one-sided quantile) are at least 50 times further out
+on the check's cases (tests/test_grading_ex05.py).
 
 The reference rule (`specref_grading.checks.rules`): a task that calls the specref function it asks the
 learner to write scores 0, with a message that says why.
@@ -34,6 +38,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from scipy import stats
 
 from specref.checks.montecarlo import distribution_test
 from specref.decoding.chain import speculative_generate
@@ -41,6 +46,7 @@ from specref.drafts import Draft
 from specref.drafts.prompt_lookup import lookup
 from specref.models.gpt2 import GPT2, GPT2Config
 from specref.sampling import SamplingParams
+
 from .report import call_learner, failure, passed
 from .rules import graded
 
@@ -48,7 +54,7 @@ Proposal = Callable[[list[int], int, int, int], object]
 
 # What the tasks must not call: the reference they ask the learner to write, and the graders' insides.
 ALLOWED = ("specref_grading.checks.prompt_lookup.check_proposals", "specref_grading.checks.prompt_lookup.check_draft",
-           "specref_grading.checks.prompt_lookup.check_tokens_per_pass",
+           "specref_grading.checks.prompt_lookup.check_tau_interval",
            "specref_grading.checks.draft_positions.check_acceptance_counts")
 FORBIDDEN = ("specref.drafts.prompt_lookup", "specref_grading")
 
@@ -292,7 +298,7 @@ def check_draft(draft_cls: object, seed: int = 0, runs: int = RUNS) -> None:
         raise failure(g, where, [f"prompt = {prompt}", str(e)]) from None
     except NotImplementedError:
         raise
-    except Exception as e:  # noqa: BLE001 - the learner's draft ran inside the loop
+    except Exception as e:
         raise failure(g, where, [f"prompt = {prompt}", f"speculative decoding with your draft raised "
                                f"{type(e).__name__}: {e}"]) from e
     if not test.passed:
@@ -304,72 +310,88 @@ def check_draft(draft_cls: object, seed: int = 0, runs: int = RUNS) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# Task 3: tokens per target pass against a target that continues a known stream
+# Task 3: tau with its interval, and the decision the intervals allow
 # --------------------------------------------------------------------------------------
 
-
-def review_streams(n_streams: int, seed: int, vocab: int = 16, width: int = 40) -> list[tuple[list[int], list[int]]]:
-    """(prompt, continuation): review comments quoting a line, the line, then the line written again with one edit.
-
-    Each comment quotes three tokens of the line followed by a suggested token that differs from the line's,
-    so every three-token suffix of the line also occurs, earlier, followed by something else; the vocabulary is
-    small, so a single token occurs all over. Token `vocab` ends a line.
-    """
-    rnd = random.Random(seed)
-    out = []
-    for _ in range(n_streams):
-        line = [rnd.randrange(vocab) for _ in range(width)]
-        comments: list[int] = []
-        for j in rnd.sample(range(3, width), width - 3):
-            comments += line[j - 3 : j] + [rnd.choice([x for x in range(vocab) if x != line[j]])]
-        again = list(line)
-        again[rnd.randrange(width)] = rnd.randrange(vocab)
-        stream = comments + [vocab] + line + [vocab]
-        out.append((stream + again[:1], again[1:] + [vocab]))
-    return out
+INTERVAL_RTOL = 1e-6  # relative tolerance on tau and the interval's ends: see the module docstring
+FALSE_FAIL_RATE_TAU = 0.0  # check_tau_interval draws no samples: a correct answer always passes
 
 
-def stream_tokens_per_pass(fn: Proposal, streams: list[tuple[list[int], list[int]]], k: int,
-                           max_ngram: int = 3, min_ngram: int = 1) -> float:
-    """Tokens per target pass, greedy, when the target's output is each stream's continuation.
-
-    One pass per step: the drafts agreeing with the continuation are kept, and the target adds its own token.
-    """
-    emitted = passes = 0
-    for prompt, cont in streams:
-        context, i = list(prompt), 0
-        while i < len(cont):
-            out = fn(list(context), k, max_ngram, min_ngram)
-            got = _as_proposal(out, k)
-            if got is None:
-                raise _BadProposal(context, k, out)
-            a = 0
-            while a < k and i + a < len(cont) - 1 and got[a] == cont[i + a]:
-                a += 1
-            n = min(a + 1, len(cont) - i)
-            context += cont[i : i + n]
-            i, emitted, passes = i + n, emitted + n, passes + 1
-    return emitted / passes
+def _t_interval(steps: list[int], level: float) -> tuple[float, float, float]:
+    """(mean, low, high): the two-sided t-interval of the mean at `level`, sample standard deviation (ddof 1)."""
+    x = np.asarray(steps, dtype=np.float64)
+    half = float(stats.t.ppf((1 + level) / 2, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
+    return float(x.mean()), float(x.mean()) - half, float(x.mean()) + half
 
 
-@graded(3, "check_tokens_per_pass", FORBIDDEN, ALLOWED)
-def check_tokens_per_pass(fn: Proposal, n_streams: int = 6, k: int = 8, seed: int = 0, margin: float = 0.9) -> None:
-    """On review streams, the learner's rule gets at least `margin` x the reference rule's tokens per target pass."""
-    g = "check_tokens_per_pass"
-    streams = review_streams(n_streams, seed)
-    where = f"too few tokens per target pass on {n_streams} review streams (k = {k}, greedy)."
+def _verdict(a: tuple[float, float, float], b: tuple[float, float, float]) -> int:
+    return 1 if a[1] > b[2] else -1 if a[2] < b[1] else 0
+
+
+def tau_cases(n_cases: int, seed: int) -> list[tuple[list[int], list[int], float]]:
+    """(steps_a, steps_b, level): per-step token counts 1..k+1 of two drafts, none with a verdict on the edge."""
+    rng = np.random.default_rng(seed)
+    cases: list[tuple[list[int], list[int], float]] = [
+        ([1, 2, 1, 3, 1, 1, 2, 1], [5, 4, 5, 5, 3, 5, 5, 4], 0.95),  # clearly apart: b above a
+        ([2, 3, 1, 2, 2, 3], [2, 1, 3, 2, 3, 2], 0.95),  # the same counts, reordered: they overlap
+        ([1, 2], [4, 5], 0.95),  # two steps each: the t quantile is large
+    ]
+    while len(cases) < n_cases:
+        k = int(rng.integers(2, 9))
+        level = float(rng.choice([0.8, 0.9, 0.95, 0.99]))
+        runs = []
+        for _ in range(2):  # one draft's steps: 1 + accepted drafts, each accepted with one rate
+            alpha, n = rng.uniform(0.1, 0.9), int(rng.integers(2, 401))
+            runs.append([int(x) for x in 1 + rng.binomial(k, alpha, size=n)])
+        a, b = runs
+        ia, ib = _t_interval(a, level), _t_interval(b, level)
+        if len(set(a)) < 2 or len(set(b)) < 2:
+            continue  # a constant sample has no spread to estimate
+        if min(abs(ia[1] - ib[2]), abs(ia[2] - ib[1])) < 1e-3 * max(ia[0], ib[0]):
+            continue  # on the edge: a rounding could flip the verdict
+        cases.append((a, b, level))
+    return cases[:n_cases]
+
+
+def _as_triple(x: object) -> tuple[float, float, float] | None:
     try:
-        got = stream_tokens_per_pass(fn, streams, k)
-    except _BadProposal as e:
-        raise failure(g, where, [str(e)], "return exactly k token ids.") from None
-    except NotImplementedError:
-        raise
-    except Exception as e:  # noqa: BLE001
-        raise failure(g, where, [f"your function raised {type(e).__name__}: {e}"]) from e
-    want = stream_tokens_per_pass(lookup, streams, k)
-    if not got >= margin * want:
-        raise failure(g, where, [f"prompt of the first stream (last 24 tokens): {streams[0][0][-24:]}",
-                               f"the reference rule: {want:.2f} tokens per pass", f"yours: {got:.2f}"],
-                    "the comments quote pieces of the line followed by other tokens: which occurrence of a suffix "
-                    "predicts what the target writes next, and how long a suffix tells them apart?")
-    passed(g, f"{got:.2f} tokens per target pass on review streams, at least {margin} x the reference rule's")
+        t = tuple(float(v) for v in x)  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        return None
+    return t if len(t) == 3 and all(np.isfinite(t)) else None
+
+
+@graded(3, "check_tau_interval", FORBIDDEN, ALLOWED)
+def check_tau_interval(fn: Callable, n_cases: int = 60, seed: int = 0) -> None:
+    """compare_tau(a, b, level): both (tau, low, high) triples and the verdict, on seeded per-step counts."""
+    g = "check_tau_interval"
+    for n, (a, b, level) in enumerate(tau_cases(n_cases, seed), 1):
+        where = f"wrong answer on case {n} of {n_cases}."
+        show = lambda xs: str(xs) if len(xs) <= 12 else f"{xs[:12]}... ({len(xs)} steps)"
+        inputs = [f"a = {show(a)}", f"b = {show(b)}", f"level = {level}"]
+        arg_a, arg_b = list(a), list(b)
+        out = call_learner(g, where, inputs, fn, arg_a, arg_b, level)
+        if arg_a != a or arg_b != b:
+            raise failure(g, where, inputs, "your function changed its input lists in place; read them only.")
+        if not (isinstance(out, tuple) and len(out) == 3):
+            raise failure(g, where, inputs + [f"got {out!r}"], "return ((tau, low, high), (tau, low, high), verdict).")
+        got_a, got_b, verdict = _as_triple(out[0]), _as_triple(out[1]), out[2]
+        if got_a is None or got_b is None:
+            raise failure(g, where, inputs + [f"got {out!r}"], "each of the first two items is (tau, low, high), "
+                                                               "three finite numbers.")
+        want_a, want_b = _t_interval(a, level), _t_interval(b, level)
+        for label, got, want in (("a", got_a, want_a), ("b", got_b, want_b)):
+            if not np.allclose(got, want, rtol=INTERVAL_RTOL, atol=0):
+                hint = ("tau is the mean tokens per step." if not np.isclose(got[0], want[0], rtol=INTERVAL_RTOL) else
+                        "the interval is mean +- t * s / sqrt(n): t the (1 + level) / 2 quantile of Student's t with "
+                        "n - 1 degrees of freedom, s the sample standard deviation (n - 1 in its denominator).")
+                raise failure(g, where, inputs + [f"expected for {label}: {tuple(round(v, 6) for v in want)}",
+                                                  f"got          {tuple(round(v, 6) for v in got)}"], hint)
+        if isinstance(verdict, (bool, np.bool_)) or not isinstance(verdict, (int, np.integer)) or \
+                int(verdict) != _verdict(want_a, want_b):
+            raise failure(g, where, inputs + [(f"intervals: a {want_a[1]:.4f}..{want_a[2]:.4f}, "
+                                               f"b {want_b[1]:.4f}..{want_b[2]:.4f}"),
+                                              f"expected verdict {_verdict(want_a, want_b)}", f"got {verdict!r}"],
+                          "the verdict is 1 when a's interval lies wholly above b's, -1 when wholly below, and 0 "
+                          "when they overlap: a difference inside the intervals decides nothing.")
+    passed(g, f"{n_cases} pairs of drafts: tau, intervals and verdicts equal the reference")

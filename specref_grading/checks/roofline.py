@@ -1,19 +1,29 @@
-"""Graders for the chapter 1 exercise: the roofline of one pass, by value against `specref.perf`.
+"""Graders for the chapter 1 exercise: what one pass reads and computes, counted from the model object.
 
-A model is a dict of plain numbers: `n_params`, `bytes_per_param`, `kv_bytes_per_token` (bytes of K
-and V per row and cached token, all layers) and `attention_flops_per_token` (FLOPs per new token and
-cached token, all layers). A machine: `peak_flops` (FLOP/s), `bandwidth` (bytes/s), `efficiency` (the
-share of the peak its matmuls reach) and `overhead_s` (seconds per pass that are neither). The
-reference for every quantity is `specref.perf.costmodel.PassModel.roofline` of the same numbers (the
-bytes and FLOPs are its memory and compute times times the bandwidth and the reached FLOP/s) and
-`CostModel.v` for v(k).
+Task 1: `pass_bytes(model, B, T, S)` and `pass_flops(model, B, T, S)` of a specref GPT2 model. The
+learner reads the model (its parameters and their dtypes, its blocks, its config); the task's text says
+what is counted in words, never as a formula:
 
-Every answer is a closed form of a few float64 operations: the learner's and the reference's differ by
-a few ulps (about 1e-15 relative), so a relative REL = 1e-9 cannot fail a correct answer, while any
-wrong term (a factor of 2, a missing KV read, a sum instead of a maximum) moves the value by far more
-on the cases below. Visible and hidden checks are separate functions with their own case generators;
-the hidden ones draw from the grader's seed. Feedback shows the input, the learner's output and which
-quantity is wrong, never the expected value.
+* bytes: every parameter once, at its own dtype's size (a tied matrix is one parameter), and the KV
+  cache: per layer, per row and per cached token, one key and one value of `n_embd` numbers each, in
+  the dtype of that layer's `attn.c_attn.weight`;
+* FLOPs: 2 (a multiply and an add) per weight of every matrix a new token's activations are multiplied
+  by, the output layer included (embedding lookups, biases and layer norms not counted), and attention:
+  in every layer each new token scores every position it attends to (the S cached tokens of its row,
+  and the new tokens up to itself) with a dot product over `n_embd` numbers and adds that position's
+  value vector (`n_embd` multiply-adds).
+
+Task 2: `memory_bound_batch(model, machine, k, S)`: the largest batch size at which a verification pass
+over k + 1 tokens per row, S cached tokens per row, is memory-bound by the roofline (its arithmetic at
+`efficiency x peak_flops` takes no longer than reading its bytes at `bandwidth`); None where it is
+memory-bound at every batch size (the KV cache grows with the batch as fast as the arithmetic does), 0
+where not even at batch 1.
+
+Every graded value is an integer (bytes, FLOPs, a batch size): they are compared exactly. The reference
+counts are computed here from the model's own parameters and config, with integers only. For Task 2 the
+real-valued boundary batch is a ratio of floats; cases whose boundary lies within 1e-6 of an integer are
+never drawn, so any correct order of float64 arithmetic gives the same integer. Feedback shows the input
+(the model's shape and dtypes) and the learner's output, never the expected value.
 """
 
 from __future__ import annotations
@@ -22,179 +32,226 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+import torch
 
-from specref.perf.costmodel import CostModel, PassModel
-from .report import as_float, call_learner, failure, passed
+from specref.models.gpt2 import GPT2, GPT2Config
+from specref.models.pair import load_pair
+
+from .report import call_learner, derived_seed, failure, passed
 from .rules import graded
 
-REL = 1e-9  # closed forms in float64
-
-# The examples the exercise shows (bf16 weights and KV on GPUs; float32 on the CPU).
-MODELS = {
-    "7B": {"n_params": 7e9, "bytes_per_param": 2.0, "kv_bytes_per_token": 2 * 32 * 4096 * 2.0,
-           "attention_flops_per_token": 4 * 32 * 4096.0},
-    "70B": {"n_params": 70e9, "bytes_per_param": 2.0, "kv_bytes_per_token": 2 * 80 * 1024 * 2.0,
-            "attention_flops_per_token": 4 * 80 * 8192.0},
-    "bundled target": {"n_params": 2936576.0, "bytes_per_param": 4.0, "kv_bytes_per_token": 2 * 12 * 128 * 4.0,
-                       "attention_flops_per_token": 4 * 12 * 128.0},
-}
+# The machines the exercise names (dense bf16 peak and HBM bandwidth from the data sheets; the sustained share
+# of the peak is specref.perf's default assumption for an H100, 40 %).
 MACHINES = {
-    "H100": {"peak_flops": 990e12, "bandwidth": 3.35e12, "efficiency": 0.4, "overhead_s": 20e-6},
-    "A100": {"peak_flops": 312e12, "bandwidth": 2.0e12, "efficiency": 0.6, "overhead_s": 20e-6},
-    "laptop CPU": {"peak_flops": 100e9, "bandwidth": 20e9, "efficiency": 0.8, "overhead_s": 2e-3},
+    "H100": {"peak_flops": 990e12, "bandwidth": 3.35e12, "efficiency": 0.4},
+    "A100": {"peak_flops": 312e12, "bandwidth": 2.0e12, "efficiency": 0.6},
+    "laptop CPU": {"peak_flops": 100e9, "bandwidth": 20e9, "efficiency": 0.8},
 }
 
-# Answers must not call the reference of what the tasks ask for.
-FORBIDDEN = ("specref.perf.costmodel", "specref.perf.costs.forward_flops", "specref.perf.costs.weight_bytes",
-             "specref.perf.costs.arithmetic_intensity",
+# Answers must not call what computes the counts for them (the machine's measurements stay allowed: Task 3 uses them).
+FORBIDDEN = ("specref.perf.costmodel", "specref.perf.costs.weight_bytes", "specref.perf.costs.forward_flops",
+             "specref.perf.costs.arithmetic_intensity", "specref.perf.draft_costs", "specref.perf.live",
              "specref_grading.checks.roofline")
-ALLOWED = ("specref_grading.checks.roofline.MODELS", "specref_grading.checks.roofline.MACHINES")
+ALLOWED = ("specref_grading.checks.roofline.MACHINES",)
+
+_BOUNDARY_GAP = 1e-6  # Task 2's cases keep their real-valued boundary this far from an integer
 
 
-def _roofline(model: dict, machine: dict) -> PassModel:
-    return PassModel.roofline(model["n_params"], machine["bandwidth"], machine["peak_flops"], model["bytes_per_param"],
-                              model["kv_bytes_per_token"], model["attention_flops_per_token"],
-                              machine["efficiency"], machine["overhead_s"])
+# -- the reference counts (integers) ----------------------------------------------------------------
 
 
-def reference(model: dict, machine: dict, B: int, T: int, S: int, k: int) -> dict[str, float]:
-    """Every graded quantity of one case, from specref.perf."""
-    m = _roofline(model, machine)
-    flops_per_s = machine["efficiency"] * machine["peak_flops"]
-    return {"bytes": (m.weights + m.kv * B * S) * machine["bandwidth"],
-            "flops": (m.per_token * B * T + m.attention * B * T * S) * flops_per_s,
-            "ridge_point": flops_per_s / machine["bandwidth"],
-            "ridge_tokens": m.ridge_tokens(S),
-            "pass_time": m(B, T, S),
-            "v": CostModel(m, 0.0, context=S).v(k, B)}
+def _matmul_weights(model: GPT2) -> int:
+    """Weights a new token's activations are multiplied by: the blocks' four matrices and the output layer."""
+    per_block = sum(b.attn.c_attn.weight.numel() + b.attn.c_proj.weight.numel() + b.mlp.c_fc.weight.numel()
+                    + b.mlp.c_proj.weight.numel() for b in model.transformer.h)
+    return per_block + model.lm_head.weight.numel()
 
 
-# -- cases ------------------------------------------------------------------------------------------
+def reference_bytes(model: GPT2, B: int, T: int, S: int) -> int:
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())  # parameters() yields a tied one once
+    kv_per_token = sum(2 * model.config.n_embd * b.attn.c_attn.weight.element_size() for b in model.transformer.h)
+    return weights + kv_per_token * B * S
 
 
-def _visible_cases() -> list[tuple[str, dict, str, dict, int, int, int, int]]:
-    """(model name, model, machine name, machine, B, T, S, k): the examples, small batches to past the ridge."""
-    picks = [("7B", "H100", 1, 1, 0, 4), ("7B", "H100", 8, 5, 512, 4), ("70B", "H100", 128, 5, 1024, 4),
-             ("70B", "A100", 32, 3, 4096, 2), ("bundled target", "laptop CPU", 1, 8, 64, 7),
-             ("bundled target", "laptop CPU", 64, 1, 192, 1), ("7B", "A100", 256, 9, 2048, 8)]
-    return [(mn, MODELS[mn], hn, MACHINES[hn], B, T, S, k) for mn, hn, B, T, S, k in picks]
+def reference_flops(model: GPT2, B: int, T: int, S: int) -> int:
+    attended = T * S + T * (T + 1) // 2  # new token i (1..T) attends to S cached tokens and i new ones
+    attention = 4 * model.config.n_embd * model.config.n_layer * attended  # a score and a value, 2 FLOPs each
+    return B * (2 * _matmul_weights(model) * T + attention)
 
 
-def _unseen_cases(seed: int, n: int = 40) -> list[tuple[str, dict, str, dict, int, int, int, int]]:
-    """Made-up models and machines: any size, weight format, efficiency and overhead, drawn from `seed`."""
-    rng = np.random.default_rng([seed, 101])
-    cases = []
+def boundary_batch(model: GPT2, machine: dict, k: int, S: int) -> float:
+    """The real B where a pass over k + 1 tokens per row stops being memory-bound (inf: never; may be < 1)."""
+    T = k + 1
+    weights_s = reference_bytes(model, 1, T, 0) / machine["bandwidth"]  # S = 0: the weights alone
+    kv_row_s = (reference_bytes(model, 1, T, S) - reference_bytes(model, 1, T, 0)) / machine["bandwidth"]
+    flops_row_s = reference_flops(model, 1, T, S) / (machine["efficiency"] * machine["peak_flops"])
+    return math.inf if flops_row_s <= kv_row_s else weights_s / (flops_row_s - kv_row_s)
+
+
+def reference_batch(model: GPT2, machine: dict, k: int, S: int) -> int | None:
+    b = boundary_batch(model, machine, k, S)
+    return None if math.isinf(b) else math.floor(b)
+
+
+# -- the models graded on ---------------------------------------------------------------------------
+
+
+def _describe(model: GPT2) -> str:
+    cfg = model.config
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
+    tied = model.lm_head.weight is model.transformer.wte.weight
+    return (f"GPT2 with n_layer = {cfg.n_layer}, n_embd = {cfg.n_embd}, n_head = {cfg.n_head}, "
+            f"n_inner = {cfg.n_inner}, vocab_size = {cfg.vocab_size}, n_positions = {cfg.n_positions}; "
+            f"parameter dtypes {dtypes}; output layer {'tied to' if tied else 'apart from'} the token embedding")
+
+
+def _build(cfg: GPT2Config, dtype: torch.dtype, mixed: bool = False, untie: bool = False) -> GPT2:
+    """A model of that shape: `dtype` everywhere, or (mixed) matrices in `dtype`, layer norms and biases float32."""
+    torch.manual_seed(0)  # the values do not matter (nothing is run); seeded so the model is the same each time
+    model = GPT2(cfg)
+    if untie:
+        model.lm_head.weight = torch.nn.Parameter(model.transformer.wte.weight.detach().clone())
+    model = model.to(dtype)
+    if mixed:
+        for m in model.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.float()
+            b = getattr(m, "bias", None)
+            if isinstance(b, torch.nn.Parameter):
+                m.bias = torch.nn.Parameter(b.detach().float())
+    return model.eval()
+
+
+def _bundled(dtype: torch.dtype) -> GPT2:
+    target, _, _ = load_pair(dtype=dtype)
+    return target
+
+
+def _visible_models() -> list[GPT2]:
+    small = GPT2Config(vocab_size=96, n_positions=64, n_embd=32, n_layer=3, n_head=4, n_inner=80)
+    return [_bundled(torch.float32), _bundled(torch.bfloat16), _build(small, torch.float16, mixed=True, untie=True)]
+
+
+def _visible_count_cases() -> list[tuple[GPT2, int, int, int]]:
+    f32, bf16, mixed = _visible_models()
+    return [(f32, 1, 1, 0), (f32, 1, 5, 64), (bf16, 8, 5, 192), (bf16, 32, 1, 100), (mixed, 4, 3, 17),
+            (mixed, 1, 9, 0)]
+
+
+def _unseen_models(seed: int, n: int) -> list[GPT2]:
+    rng = np.random.default_rng(derived_seed(seed, "roofline models"))
+    models = []
     for i in range(n):
-        layers, width = int(rng.integers(2, 129)), int(2 ** rng.integers(6, 15))
-        bpp = float(rng.choice([0.5, 1.0, 2.0, 4.0]))
-        model = {"n_params": float(12 * layers * width**2 * rng.uniform(0.8, 1.5)), "bytes_per_param": bpp,
-                 "kv_bytes_per_token": float(2 * layers * width * rng.choice([0.125, 0.25, 1.0]) * bpp),
-                 "attention_flops_per_token": float(4 * layers * width)}
-        machine = {"peak_flops": float(10 ** rng.uniform(11, 15.5)), "bandwidth": float(10 ** rng.uniform(10, 13)),
-                   "efficiency": float(rng.uniform(0.1, 1.0)), "overhead_s": float(rng.choice([0.0, 10 ** rng.uniform(-6, -2)]))}
-        B, T = int(2 ** rng.integers(0, 10)), int(rng.integers(1, 17))
-        cases.append((f"model {i + 1}", model, f"machine {i + 1}", machine, B, T, int(rng.integers(0, 8193)),
-                      int(rng.integers(0, 12))))
-    return cases
+        n_head = int(rng.choice([1, 2, 4]))
+        n_embd = n_head * int(rng.integers(2, 9)) * 4
+        n_inner = None if rng.random() < 0.5 else int(rng.integers(1, 6)) * n_embd // 2 + int(rng.integers(1, 9))
+        cfg = GPT2Config(vocab_size=int(rng.integers(20, 300)), n_positions=int(rng.integers(16, 200)),
+                         n_embd=n_embd, n_layer=int(rng.integers(1, 5)), n_head=n_head, n_inner=n_inner)
+        dtype = [torch.float32, torch.bfloat16, torch.float16, torch.float64][i % 4]
+        models.append(_build(cfg, dtype, mixed=bool(rng.random() < 0.4), untie=bool(rng.random() < 0.4)))
+    return models
 
 
-def _inputs(mn: str, model: dict, hn: str, machine: dict, **sizes: int) -> list[str]:
-    return [f"model ({mn}) = {model}", f"machine ({hn}) = {machine}", ", ".join(f"{k} = {v}" for k, v in sizes.items())]
-
-
-def _compare(g: str, where: str, inputs: list[str], name: str, out: object, want: float, hint: str) -> None:
-    got = as_float(out)
-    if got is None:
-        raise failure(g, where, inputs + [f"{name} returned {out!r}"], f"{name} returns one number.")
-    if not math.isclose(got, want, rel_tol=REL):
-        raise failure(g, where, inputs + [f"your {name}: {got!r}"], f"{name} is wrong here: {hint}")
+def _unseen_count_cases(seed: int) -> list[tuple[GPT2, int, int, int]]:
+    rng = np.random.default_rng(derived_seed(seed, "roofline sizes"))
+    return [(m, int(2 ** rng.integers(0, 9)), int(rng.integers(1, 12)), int(rng.integers(0, 3000)))
+            for m in _unseen_models(seed, 8) for _ in range(2)]
 
 
 # -- Task 1: bytes and FLOPs ------------------------------------------------------------------------
 
-_BYTES = "a pass reads every weight once, and every row reads its own KV cache of S cached tokens."
-_FLOPS = ("each new token (B x T of them) costs about 2 FLOPs per weight, plus attention over its S cached "
-          "tokens.")
+_BYTES = ("a pass reads every parameter once, at its own dtype's size (a tied matrix is one parameter), and every "
+          "row's KV cache: each layer keeps a key and a value of n_embd numbers per cached token, in the dtype of "
+          "that layer's attention weights.")
+_FLOPS = ("every new token (B x T of them) costs 2 FLOPs per weight of each matrix it is multiplied by (the output "
+          "layer too; lookups, biases and layer norms not), and in every layer attention to each position it sees: "
+          "the S cached tokens and the new tokens up to itself.")
+
+
+def _exact(g: str, where: str, inputs: list[str], name: str, out: object, want: int, hint: str) -> None:
+    if isinstance(out, bool) or not isinstance(out, (int, float, np.integer, np.floating)):
+        raise failure(g, where, inputs + [f"{name} returned {out!r}"], f"{name} returns one number (a count).")
+    if not math.isfinite(float(out)) or float(out) != int(float(out)) or int(float(out)) != want:
+        raise failure(g, where, inputs + [f"your {name}: {out!r}"], f"{name} is wrong here: {hint}")
 
 
 def _grade_counts(g: str, pass_bytes: Callable, pass_flops: Callable, cases: list) -> None:
-    for n, (mn, model, hn, machine, B, T, S, _k) in enumerate(cases, 1):
-        where, inputs = f"case {n} of {len(cases)}.", [f"model ({mn}) = {model}", f"B = {B}, T = {T}, S = {S}"]
-        want = reference(model, machine, B, T, S, 1)
-        _compare(g, where, inputs, "pass_bytes", call_learner(g, where, inputs, pass_bytes, dict(model), B, T, S),
-                 want["bytes"], _BYTES)
-        _compare(g, where, inputs, "pass_flops", call_learner(g, where, inputs, pass_flops, dict(model), B, T, S),
-                 want["flops"], _FLOPS)
-    passed(g, f"{len(cases)} cases against specref.perf")
+    for n, (model, B, T, S) in enumerate(cases, 1):
+        where, inputs = f"case {n} of {len(cases)}.", [f"model: {_describe(model)}", f"B = {B}, T = {T}, S = {S}"]
+        want_b, want_f = reference_bytes(model, B, T, S), reference_flops(model, B, T, S)
+        _exact(g, where, inputs, "pass_bytes", call_learner(g, where, inputs, pass_bytes, model, B, T, S), want_b,
+               _BYTES)
+        _exact(g, where, inputs, "pass_flops", call_learner(g, where, inputs, pass_flops, model, B, T, S), want_f,
+               _FLOPS)
+    passed(g, f"{len(cases)} cases, counted exactly")
 
 
 @graded(1, "check_bytes_and_flops", FORBIDDEN, ALLOWED, learner_args=2)
 def check_bytes_and_flops(pass_bytes: Callable, pass_flops: Callable) -> None:
-    """Grade pass_bytes(model, B, T, S) and pass_flops(model, B, T, S) on the exercise's examples."""
-    _grade_counts("check_bytes_and_flops", pass_bytes, pass_flops, _visible_cases())
+    """Grade pass_bytes(model, B, T, S) and pass_flops(model, B, T, S) on the bundled target and a small model."""
+    _grade_counts("check_bytes_and_flops", pass_bytes, pass_flops, _visible_count_cases())
 
 
 @graded(1, "check_bytes_and_flops_unseen", FORBIDDEN, ALLOWED, learner_args=2)
 def check_bytes_and_flops_unseen(pass_bytes: Callable, pass_flops: Callable, seed: int) -> None:
-    """The hidden test of Task 1: made-up models drawn from `seed`."""
-    _grade_counts("check_bytes_and_flops_unseen", pass_bytes, pass_flops, _unseen_cases(seed))
+    """The hidden test of Task 1: models of other shapes and dtypes, drawn from `seed`."""
+    _grade_counts("check_bytes_and_flops_unseen", pass_bytes, pass_flops, _unseen_count_cases(seed))
 
 
-# -- Task 2: intensity and the ridge ----------------------------------------------------------------
+# -- Task 2: the largest memory-bound batch ---------------------------------------------------------
 
 
-def _grade_ridge(g: str, intensity: Callable, ridge_point: Callable, ridge_tokens: Callable, cases: list) -> None:
-    for n, (mn, model, hn, machine, B, T, S, _k) in enumerate(cases, 1):
-        where, inputs = f"case {n} of {len(cases)}.", _inputs(mn, model, hn, machine, B=B, T=T, S=S)
-        want = reference(model, machine, B, T, S, 1)
-        _compare(g, where, inputs, "intensity", call_learner(g, where, inputs, intensity, dict(model), B, T, S),
-                 want["flops"] / want["bytes"], "FLOPs of the pass per byte it reads, both from Task 1.")
-        _compare(g, where, inputs, "ridge_point", call_learner(g, where, inputs, ridge_point, dict(machine)),
-                 want["ridge_point"], "the machine's FLOP/s as its matmuls reach them, per byte/s of bandwidth.")
-        _compare(g, where, inputs, "ridge_tokens",
-                 call_learner(g, where, inputs, ridge_tokens, dict(model), dict(machine), S),
-                 want["ridge_tokens"], "the T at which one sequence's pass (B = 1, S cached tokens) spends as long "
-                                       "on arithmetic as on reading memory.")
-    passed(g, f"{len(cases)} cases against specref.perf")
+def _clear(b: float) -> bool:
+    """A boundary far enough from an integer that float64 rounding cannot move its floor (or none at all)."""
+    return math.isinf(b) or (b < 5000 and abs(b - round(b)) > _BOUNDARY_GAP * max(1.0, b))
 
 
-@graded(2, "check_intensity_and_ridge", FORBIDDEN, ALLOWED, learner_args=3)
-def check_intensity_and_ridge(intensity: Callable, ridge_point: Callable, ridge_tokens: Callable) -> None:
-    """Grade intensity(model, B, T, S), ridge_point(machine) and ridge_tokens(model, machine, S)."""
-    _grade_ridge("check_intensity_and_ridge", intensity, ridge_point, ridge_tokens, _visible_cases())
+def _visible_batch_cases() -> list[tuple[GPT2, str, dict, int, int]]:
+    f32, bf16, mixed = _visible_models()
+    picks = [(bf16, "H100", 4, 0), (bf16, "H100", 4, 128), (bf16, "A100", 1, 64), (f32, "laptop CPU", 4, 64),
+             (mixed, "H100", 2, 256), (mixed, "laptop CPU", 8, 32), (bf16, "H100", 4, 1024)]
+    return [(m, hn, MACHINES[hn], k, S) for m, hn, k, S in picks if _clear(boundary_batch(m, MACHINES[hn], k, S))]
 
 
-@graded(2, "check_intensity_and_ridge_unseen", FORBIDDEN, ALLOWED, learner_args=3)
-def check_intensity_and_ridge_unseen(intensity: Callable, ridge_point: Callable, ridge_tokens: Callable,
-                                     seed: int) -> None:
-    """The hidden test of Task 2: made-up models and machines drawn from `seed`."""
-    _grade_ridge("check_intensity_and_ridge_unseen", intensity, ridge_point, ridge_tokens, _unseen_cases(seed))
+def _unseen_batch_cases(seed: int) -> list[tuple[GPT2, str, dict, int, int]]:
+    rng = np.random.default_rng(derived_seed(seed, "roofline machines"))
+    cases, models = [], _unseen_models(seed, 6)
+    while len(cases) < 18:
+        model = models[len(cases) % len(models)]
+        machine = {"peak_flops": float(10 ** rng.uniform(11, 15.3)), "bandwidth": float(10 ** rng.uniform(10, 12.7)),
+                   "efficiency": float(rng.uniform(0.1, 1.0))}
+        k, S = int(rng.integers(0, 9)), int(rng.choice([0, int(rng.integers(1, 64)), int(rng.integers(64, 4096))]))
+        b = boundary_batch(model, machine, k, S)
+        if _clear(b) and (math.isinf(b) or b >= 1 or rng.random() < 0.2):  # mostly a boundary inside 1..5000
+            cases.append((model, f"machine {len(cases) + 1}", machine, k, S))
+    return cases
 
 
-# -- Task 3: pass time and v(k) ---------------------------------------------------------------------
+def _grade_batch(g: str, memory_bound_batch: Callable, cases: list) -> None:
+    kinds = set()
+    for n, (model, hn, machine, k, S) in enumerate(cases, 1):
+        where = f"case {n} of {len(cases)}."
+        inputs = [f"model: {_describe(model)}", f"machine ({hn}) = {machine}", f"k = {k}, S = {S}"]
+        want = reference_batch(model, machine, k, S)
+        out = call_learner(g, where, inputs, memory_bound_batch, model, dict(machine), k, S)
+        kinds.add(want is None)
+        ok = out is None if want is None else (
+            not isinstance(out, bool) and isinstance(out, (int, np.integer)) and int(out) == want)
+        if not ok:
+            raise failure(g, where, inputs + [f"your memory_bound_batch: {out!r}"],
+                          "the largest B whose pass over B x (k + 1) tokens spends no longer on arithmetic (at the "
+                          "FLOP/s the machine reaches) than on reading its bytes, KV cache included; None if that "
+                          "holds at every B, 0 if at none.")
+    passed(g, f"{len(cases)} cases, the batch size exactly")
 
 
-def _grade_time(g: str, pass_time: Callable, v: Callable, cases: list) -> None:
-    for n, (mn, model, hn, machine, B, T, S, k) in enumerate(cases, 1):
-        where, inputs = f"case {n} of {len(cases)}.", _inputs(mn, model, hn, machine, B=B, T=T, S=S, k=k)
-        want = reference(model, machine, B, T, S, k)
-        _compare(g, where, inputs, "pass_time",
-                 call_learner(g, where, inputs, pass_time, dict(model), dict(machine), B, T, S), want["pass_time"],
-                 "memory traffic and arithmetic overlap: the slower of the two sets the time, and the overhead "
-                 "comes on top.")
-        _compare(g, where, inputs, "v", call_learner(g, where, inputs, v, dict(model), dict(machine), k, B, S),
-                 want["v"],
-                 "v(k) is a verification pass over k + 1 tokens per row against a plain step over 1, at batch B.")
-    passed(g, f"{len(cases)} cases against specref.perf")
+@graded(2, "check_memory_bound_batch", FORBIDDEN, ALLOWED)
+def check_memory_bound_batch(memory_bound_batch: Callable) -> None:
+    """Grade memory_bound_batch(model, machine, k, S) on the exercise's machines."""
+    _grade_batch("check_memory_bound_batch", memory_bound_batch, _visible_batch_cases())
 
 
-@graded(3, "check_pass_time_and_v", FORBIDDEN, ALLOWED, learner_args=2)
-def check_pass_time_and_v(pass_time: Callable, v: Callable) -> None:
-    """Grade pass_time(model, machine, B, T, S) and v(model, machine, k, B, S)."""
-    _grade_time("check_pass_time_and_v", pass_time, v, _visible_cases())
-
-
-@graded(3, "check_pass_time_and_v_unseen", FORBIDDEN, ALLOWED, learner_args=2)
-def check_pass_time_and_v_unseen(pass_time: Callable, v: Callable, seed: int) -> None:
-    """The hidden test of Task 3: made-up models and machines drawn from `seed`."""
-    _grade_time("check_pass_time_and_v_unseen", pass_time, v, _unseen_cases(seed))
+@graded(2, "check_memory_bound_batch_unseen", FORBIDDEN, ALLOWED)
+def check_memory_bound_batch_unseen(memory_bound_batch: Callable, seed: int) -> None:
+    """The hidden test of Task 2: made-up machines and models, drawn from `seed`."""
+    _grade_batch("check_memory_bound_batch_unseen", memory_bound_batch, _unseen_batch_cases(seed))

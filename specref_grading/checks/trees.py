@@ -1,11 +1,15 @@
-"""Graders for the chapter 6 exercises: the tree mask and position ids, and the multi-candidate rule.
+"""Graders for the chapter 6 exercises: the tree mask and position ids, the multi-candidate rule, and how often
+a node accepts one of its children.
 
 The rule is graded by exact enumeration (`specref.checks.rng.exact_distribution`)
-against `specref.trees.verify_tree`, on one level of a tree with sampled or top-k children.
+against `specref.trees.verify_tree`, on one level of a tree with sampled or top-k children; the acceptance
+probability against the same enumeration on small nodes and against its closed form on large ones.
+False-fail rate: 0 (no check draws a sample).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -14,13 +18,14 @@ import torch
 from specref.checks.exact_trees import random_parents
 from specref.checks.rng import exact_distribution
 from specref.trees import ROOT, Tree, tree_attention_mask, tree_position_ids, verify_tree
-from .report import call_learner, failure, fmt, passed
+from .report import as_float, call_learner, failure, fmt, passed
 from .rules import graded
 
 # The reference rule: the tasks write what specref.trees does; specref.residual stays allowed (the setup imports it).
 FORBIDDEN = ("specref.trees", "specref.rejection.verify_chain", "specref.rejection.verify_chain_unchecked",
              "specref_grading")
-ALLOWED = ("specref_grading.checks.trees.check_tree_mask", "specref_grading.checks.trees.check_multi_candidate")
+ALLOWED = ("specref_grading.checks.trees.check_tree_mask", "specref_grading.checks.trees.check_multi_candidate",
+           "specref_grading.checks.trees.check_node_acceptance")
 
 
 # --------------------------------------------------------------------------------------
@@ -245,3 +250,106 @@ def _multi_hint(p, q, children, det, got, want) -> str:
             "child; if all are rejected, sample the token from what is left of p.")
 
 
+
+
+# --------------------------------------------------------------------------------------
+# Exercise 6.3: how often a node accepts one of its children, in closed form
+# --------------------------------------------------------------------------------------
+
+
+def _acceptance_by_enumeration(p: torch.Tensor, q: torch.Tensor, m: int, deterministic: bool) -> float:
+    """P(some child is accepted) under `verify_tree`, enumerated over the children's draws and every uniform."""
+    total = 0.0
+    for children, w in _children_draws(q, m, deterministic):
+        dist = _reference_one_level(p, q, children, deterministic)
+        total += w * sum(prob for (idx, _), prob in dist.items() if idx is not None)
+    return total
+
+
+def _acceptance_closed_form(p: torch.Tensor, q: torch.Tensor, m: int, deterministic: bool) -> float:
+    """The same probability without enumerating: top-m children accept with the target's mass on them; m children
+    drawn from q are each a fresh draw against the residual left by the rejections before them (which does not
+    depend on the rejected tokens), so each is accepted with beta_i = sum min(p_i, q) and P = 1 - prod(1 - beta_i).
+    tests/test_trees.py holds it against `_acceptance_by_enumeration`."""
+    if deterministic:
+        return float(p[torch.topk(q, m).indices].sum())
+    reject, cur = 1.0, p
+    for _ in range(m):
+        beta = float(torch.minimum(cur, q).sum())
+        reject *= 1.0 - beta
+        diff = (cur - q).clamp(min=0)
+        cur = diff / diff.sum() if float(diff.sum()) > 0 else cur
+    return 1.0 - reject
+
+
+def _acceptance_cases(n_cases: int, seed: int) -> list[tuple[str, torch.Tensor, torch.Tensor, int, bool, bool]]:
+    """(label, p, q, m, deterministic, small): small cases are graded against enumeration, large ones (up to 40
+    tokens and 4 children, far too many draws to enumerate in a grading run) against the closed form."""
+    rng = np.random.default_rng(seed)
+    t = lambda x: torch.tensor(np.asarray(x, dtype=np.float64))
+    cases = [
+        ("worked example, 2 sampled children", t([0.6, 0.3, 0.1]), t([0.3, 0.6, 0.1]), 2, False, True),
+        ("worked example, top-2 children", t([0.6, 0.3, 0.1]), t([0.3, 0.6, 0.1]), 2, True, True),
+        ("p == q, 3 sampled children", t([0.5, 0.3, 0.2]), t([0.5, 0.3, 0.2]), 3, False, True),
+        ("one sampled child", t([0.2, 0.7, 0.1]), t([0.5, 0.2, 0.3]), 1, False, True),
+    ]
+    while len(cases) < n_cases:
+        small = len(cases) % 2 == 0
+        V = int(rng.integers(2, 5)) if small else int(rng.integers(8, 41))
+        m = int(rng.integers(1, 4)) if small else int(rng.integers(2, 5))
+        det = bool(rng.integers(2))
+        m = min(m, V)
+        p = rng.dirichlet(np.full(V, 0.7))
+        q = rng.dirichlet(np.full(V, 0.7))
+        kind = int(rng.integers(4))
+        label = "random p and q"
+        if kind == 1:
+            q = 0.5 * p + 0.5 * q  # a draft close to the target
+            label = "q close to p"
+        elif kind == 2:
+            p[np.argsort(-q)[0]] = 0  # the draft's favourite is impossible for the target
+            p = p / p.sum()
+            label = "p is 0 at q's top token"
+        cases.append((f"{label}, V = {V}, {m} {'top-' + str(m) if det else 'sampled'} children", t(p), t(q), m, det,
+                      small))
+    return cases[:n_cases]
+
+
+
+@graded(3, "check_node_acceptance", FORBIDDEN, ALLOWED)
+def check_node_acceptance(fn: Callable[..., object], n_cases: int = 30, seed: int = 0) -> None:
+    """Grade fn(p, q, m, deterministic) -> float: the exact probability that a node accepts one of its m children.
+
+    Sampled children are m i.i.d. draws from q (the probability averaged over the draws); deterministic children are
+    the top-m tokens of q (no ties in the cases). Small cases are compared with an exact enumeration of
+    `verify_tree` over every draw and uniform, large ones with the closed form that enumeration confirms; to 1e-9.
+    """
+    g = "check_node_acceptance"
+    for n, (label, p, q, m, det, small) in enumerate(_acceptance_cases(n_cases, seed), 1):
+        where = f"wrong answer on case {n} of {n_cases} ({label})."
+        inputs = [f"p = {fmt(p)}" if small else f"p over {p.shape[0]} tokens",
+                  f"q = {fmt(q)}" if small else f"q over {q.shape[0]} tokens", f"m = {m}", f"deterministic = {det}"]
+        p_in, q_in = p.clone(), q.clone()
+        got = call_learner(g, where, inputs, fn, p_in, q_in, m, det)
+        if not (torch.equal(p_in, p) and torch.equal(q_in, q)):
+            raise failure(g, where, inputs, "your function changed p or q in place; use new tensors.")
+        value = as_float(got)
+        if value is None or not math.isfinite(value):
+            raise failure(g, where, inputs + [f"got {got!r}"], "return the probability as a float.")
+        want = _acceptance_by_enumeration(p, q, m, det) if small else _acceptance_closed_form(p, q, m, det)
+        if abs(value - want) > 1e-9:
+            raise failure(g, where, inputs + [f"expected {want:.6f}", f"got      {value:.6f}"], _acceptance_hint(
+                p, q, m, det, value))
+    passed(g, f"{n_cases} nodes, sampled and top-k children, small ones against exact enumeration")
+
+
+def _acceptance_hint(p: torch.Tensor, q: torch.Tensor, m: int, det: bool, value: float) -> str:
+    if det:
+        return ("a top-k child x is a draft from onehot(x): accepted with what is left of p at x, and a rejection "
+                "removes x from p. Follow the children in turn.")
+    beta = float(torch.minimum(p, q).sum())
+    if abs(value - (1 - (1 - beta) ** m)) < 1e-9 and m > 1:
+        return ("after a rejection the next child is tried against the residual of p, not against p: its acceptance "
+                "probability is not the first child's.")
+    return ("average over the children's draws: the i-th child is a fresh draw from q, tried against what the "
+            "rejections before it left of p. Does what is left depend on which tokens were rejected?")
