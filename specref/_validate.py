@@ -86,10 +86,11 @@ def check_gpt2(target: object) -> torch.nn.Module:
     return target
 
 
-def check_int(name: str, x: object, minimum: int, what: str) -> int:
-    """x as an int >= minimum (`what` says what it counts); TypeError for a non-int or a bool, else ValueError."""
+def check_int(name: str, x: object, minimum: int, what: str, wrong_type: type[Exception] = TypeError) -> int:
+    """x as an int >= minimum (`what` says what it counts); `wrong_type` (TypeError) for a non-int or a bool,
+    else ValueError. The one "an int but not a bool" check: a bool is an int to Python, never a count here."""
     if isinstance(x, bool) or not isinstance(x, int):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {x!r}")
+        raise wrong_type(f"{name} must be an int >= {minimum}, got {x!r}")
     if x < minimum:
         raise ValueError(f"{name} must be >= {minimum} ({what}), got {x}")
     return x

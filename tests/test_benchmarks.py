@@ -154,6 +154,44 @@ def test_target_copies_reports_both_settings_as_counts():
         assert int(f1) <= int(n1) and int(f2) <= int(n2)
 
 
+def test_bench_gpu_smoke_runs_every_section_and_prints_every_goal(tmp_path):
+    import json
+    out_file = tmp_path / "gpu.json"
+    out = _run("bench_gpu.py", "--smoke", "--out", str(out_file))
+    grid = re.findall(r"^ +([12]) +([125]) +\d+\.\d{3} +\d+\.\d{3} +\d+\.\d\d +\d+\.\d{3} +\d+\.\d{3}$", out, flags=re.M)
+    assert grid == [(b, t) for b in "12" for t in "125"], out  # B x T, eager and graphed beside the models
+    assert re.search(r"^fitted PassModel \((sum|roofline)\): largest error", out, flags=re.M), out
+    assert len(re.findall(r"^ +[12]  +\d+\.\d\d \(", out, flags=re.M)) == 2, out  # v(k) per batch size
+    assert re.findall(r"^ ?([12])  [01]\.\d{3} +\d+\.\d\d  (identical|DIFFERS)$", out, flags=re.M) == \
+        [("1", "identical"), ("2", "identical")], out  # greedy speculative output equals plain decoding's
+    goals = re.findall(r"^\[(met|NOT met|not measured)\] ", out, flags=re.M)
+    assert len(goals) == 6 and goals[-2:] == ["not measured"] * 2, out
+    record = json.loads(out_file.read_text())
+    assert {"machine", "bandwidth", "peak_flops", "grid", "v", "pair", "goals"} <= set(record)
+    assert len(record["grid"]) == 6 and record["mode"] == "smoke"
+
+
+def test_bench_gpu_without_cuda_says_so_and_exits_2():
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--quick"], capture_output=True,
+                          text=True, env=env, timeout=120, check=False)
+    assert done.returncode == 2 and "needs a CUDA GPU" in done.stdout, done.stdout + done.stderr
+
+
+def test_bench_gpu_roofline_reads_the_weights_and_the_kv_cache_at_the_bandwidth():
+    import torch
+    from specref.models import GPT2Config
+    from specref.models.pretrained import random_gpt2
+    from specref.perf.costs import weight_bytes
+
+    model = random_gpt2(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2), "cpu",
+                        torch.bfloat16)
+    roof = _bench("bench_gpu").roofline_of(model, bandwidth=1e9, peak=1e12)
+    assert roof(1, 1, 0) == pytest.approx(weight_bytes(model) / 1e9)  # memory-bound: the weights once
+    kv = 2 * 2 * 32 * 2  # K and V, 2 layers, 32 wide, 2 bytes each, per row and cached token
+    assert roof(4, 1, 10) == pytest.approx((weight_bytes(model) + 4 * 10 * kv) / 1e9)
+
+
 def _notebook(path: Path, *sources: str) -> Path:
     import nbformat
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])

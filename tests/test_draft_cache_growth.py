@@ -1,14 +1,14 @@
-"""A draft's KV cache starts small and grows as the rows do (`KVCache.reserve`), with no change in what it computes.
+"""Caches are allocated once per generation, at the size it needs, and never grow or move.
 
-Before, `ModelDraft.begin` allocated the draft model's whole window for every row: 1 GB at B = 2,000 in
-float64 for the bundled 1-layer draft (notebook 04's distribution test, which needs 22 of its 256
-slots). The tests here start the cache at 3 slots, so that every decode below grows it several times,
-and require the same tokens, greedy and sampled, chains and trees, as a cache allocated at full size.
-Only the sampled runs can flag a draft's cache that loses its contents as it grows (greedy output is the
-target's whatever the draft proposes): without the copy in `reserve` they fail. The target's caches in
-`tree_generate` and lookahead decoding are sized to the run (prompt, new tokens and one pass's tree or
-window) and grow through the same `reserve` if a pass needs more: the last tests start them at the
-prompt's length, so that every pass must grow them, and require the same tokens.
+A draft that allocated its model's whole window for every row held 1 GB at B = 2,000 in float64 for
+the bundled 1-layer draft (notebook 04's distribution test needs 22 of its 256 slots); one that grew
+as the rows did reallocated its K/V (new addresses, which a captured CUDA graph cannot follow). Now
+`run_steps` sizes the target's cache and, through `Draft.size_for`, the draft's to prompt +
+max_new_tokens + the step's room (k drafts, a tree, a lookahead window), within the window, and
+`begin` allocates that once. The tests check the sizes, that the buffers keep their addresses for
+the whole run, and that a cache sized to the need gives the same tokens, greedy and sampled, chains
+and trees, model drafts and EAGLE, as one of the whole window. A tree or lookahead pass is cut to
+the room its cache has, never grown past it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import specref.drafts.cached as cached_module
 from specref.decoding.chain import generate, speculative_generate
 from specref.decoding.lookahead import lookahead_generate
 from specref.decoding.tree import tree_generate
@@ -31,7 +30,7 @@ from model_factory import noisy_copy, small_gpt2
 
 @pytest.fixture(scope="module")
 def pair():
-    target = small_gpt2(vocab=40, n_embd=32, n_layer=2, seed=11, n_positions=64, scale=2.0)
+    target = small_gpt2(vocab=40, n_embd=32, n_layer=2, seed=11, n_positions=128, scale=2.0)
     return target, noisy_copy(target, noise=0.3, seed=12)
 
 
@@ -39,85 +38,85 @@ def _prompts(B: int, T: int = 5) -> torch.Tensor:
     return torch.randint(0, 40, (B, T), generator=torch.Generator().manual_seed(B))
 
 
-def test_reserve_keeps_the_cached_tokens_and_lengths_and_the_model_continues_exactly(pair):
-    target, _ = pair
-    ids = _prompts(3, 12)
-    full = target.new_cache(3)  # the whole window
-    small = target.new_cache(3, max_len=7)
-    with torch.no_grad():
-        target(ids[:, :7], cache=full)
-        target(ids[:, :7], cache=small)
-        small.truncate(torch.tensor([7, 5, 6]))
-        full.truncate(torch.tensor([7, 5, 6]))
-        small.reserve(12, limit=target.config.n_positions)
-        assert small.max_len == 14  # doubled: more than asked for, so growth is rare
-        assert small.lengths.tolist() == [7, 5, 6]
-        rest = ids[:, 7:]
-        assert torch.equal(target(rest, cache=small), target(rest, cache=full))
-    assert torch.equal(small.k[:, :, :, :12], full.k[:, :, :, :12])
+class _WholeWindow:
+    """Wraps a draft so that it ignores `size_for`: its cache is its window, as before the sizing."""
+
+    def __init__(self, draft) -> None:
+        draft.size_for = lambda n_rows: None
+        self.draft = draft
 
 
-def test_reserve_stops_at_its_limit_and_does_nothing_when_there_is_room(pair):
-    target, _ = pair
-    cache = target.new_cache(2, max_len=8)
-    k = cache.k
-    cache.reserve(8, limit=64)
-    assert cache.k is k  # room enough: nothing reallocated
-    cache.reserve(9, limit=10)
-    assert cache.max_len == 10
-    cache.reserve(40, limit=10)
-    assert cache.max_len == 10
-    with torch.no_grad(), pytest.raises(ValueError, match="max_len=10"):
-        target(torch.zeros((2, 11), dtype=torch.long), cache=cache)  # past the limit: the model's own check
+def test_a_cache_can_no_longer_grow():
+    cache = KVCache(1, 2, 1, 2, 8)
+    assert not hasattr(cache, "reserve") and not hasattr(cache, "make_room")
 
 
-@pytest.mark.parametrize("n_slots, limit, error", [(-1, 8, ValueError), (2.0, 8, TypeError), (4, 0, ValueError),
-                                                   (4, True, TypeError)])
-def test_reserve_refuses_bad_arguments(n_slots, limit, error):
-    cache = KVCache(1, 1, 1, 2, 4)
-    with pytest.raises(error, match="n_slots|limit"):
-        cache.reserve(n_slots, limit=limit)
-
-
-def test_begin_allocates_only_the_first_size():
+def test_begin_alone_allocates_the_window_and_size_for_only_what_a_generation_needs():
     model = small_gpt2(vocab=40, n_embd=16, n_layer=1, seed=1, n_positions=1024)
     draft = ModelDraft(model)
     draft.begin(4)
-    assert draft.cache.max_len == cached_module.FIRST_CACHE_LEN < model.config.n_positions
+    assert draft.cache.max_len == 1024  # a draft used on its own does not know the run
+    draft.size_for(30)
+    draft.begin(4)
+    assert draft.cache.max_len == 30
+    draft.begin(4)
+    assert draft.cache.max_len == 1024  # a size holds for one generation only
+
+
+@pytest.mark.parametrize("B", [1, 64])
+def test_a_chain_generation_sizes_both_caches_to_its_need_and_never_moves_them(pair, B):
+    target, draft_model = pair
+    ids, k, new = _prompts(B), 4, 20
+    draft = ModelDraft(draft_model)
+    made, real = [], type(target).new_cache
+
+    def recording(batch_size, max_len=None, device=None, dtype=None):
+        made.append(real(target, batch_size, max_len, device, dtype))
+        return made[-1]
+
+    addresses = set()
+    target.new_cache = recording
+    try:
+        speculative_generate(target, draft, ids, k=k, max_new_tokens=new, temperature=0,
+                             on_step=lambda step: addresses.add((draft.cache.k.data_ptr(), draft.cache.v.data_ptr(),
+                                                                 draft.cache.lengths.data_ptr())))
+    finally:
+        del target.new_cache
+    need = ids.shape[1] + new + k
+    assert [c.max_len for c in made] == [need]  # one target cache, of the run's size
+    assert draft.cache.max_len == need < draft_model.config.n_positions
+    assert len(addresses) == 1  # the draft's buffers kept their addresses for the whole run
+    # Memory at a large batch: the draft's K/V is need / window of what the whole window would hold.
+    assert draft.cache.k.numel() == draft_model.config.n_layer * B * draft_model.config.n_head * need * (
+        draft_model.config.n_embd // draft_model.config.n_head)
 
 
 @pytest.mark.parametrize("B", [1, 4])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_chain_draft_grown_from_3_slots_gives_the_same_tokens_as_a_full_cache(pair, monkeypatch, B, temperature):
+def test_a_chain_draft_sized_to_the_run_gives_the_same_tokens_as_a_whole_window(pair, B, temperature):
     target, draft_model = pair
     ids = _prompts(B)
-    runs, full = {}, cached_module.FIRST_CACHE_LEN
-    for first in (full, 3):
-        monkeypatch.setattr(cached_module, "FIRST_CACHE_LEN", first)
-        draft = ModelDraft(draft_model)
-        runs[first], _ = speculative_generate(target, draft, ids, k=4, max_new_tokens=40, temperature=temperature,
-                                              generator=torch.Generator().manual_seed(5))
-        assert draft.cache.max_len >= 40  # it grew (3, 6, 12, 24, 48)
-    assert torch.equal(runs[3], runs[full])
+    runs = [speculative_generate(target, d, ids, k=4, max_new_tokens=40, temperature=temperature,
+                                 generator=torch.Generator().manual_seed(5))[0]
+            for d in (ModelDraft(draft_model), _WholeWindow(ModelDraft(draft_model)).draft)]
+    assert torch.equal(runs[0], runs[1])
     if temperature == 0:
-        assert torch.equal(runs[3], generate(target, ids, 40, temperature=0))
+        assert torch.equal(runs[0], generate(target, ids, 40, temperature=0))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_tree_draft_grown_from_3_slots_gives_the_same_tokens_as_a_full_cache(pair, monkeypatch, temperature):
+def test_a_tree_draft_sized_to_the_run_gives_the_same_tokens_as_a_whole_window(pair, temperature):
     target, draft_model = pair
     ids = _prompts(2)
-    runs, full = {}, cached_module.FIRST_CACHE_LEN
-    for first in (full, 3):
-        monkeypatch.setattr(cached_module, "FIRST_CACHE_LEN", first)
-        runs[first], _ = tree_generate(target, TreeModelDraft(draft_model), ids, (3, 2, 2), max_new_tokens=30,
-                                       temperature=temperature, generator=torch.Generator().manual_seed(6))
-    assert torch.equal(runs[3], runs[full])
+    runs = [tree_generate(target, d, ids, (3, 2, 2), max_new_tokens=30, temperature=temperature,
+                          generator=torch.Generator().manual_seed(6))[0]
+            for d in (TreeModelDraft(draft_model), _WholeWindow(TreeModelDraft(draft_model)).draft)]
+    assert torch.equal(runs[0], runs[1])
     if temperature == 0:
-        assert torch.equal(runs[3], generate(target, ids, 30, temperature=0))
+        assert torch.equal(runs[0], generate(target, ids, 30, temperature=0))
 
 
-# -- EagleDraft's one-layer cache grows the same way ---------------------------------------------------
+# -- EagleDraft's one-layer cache is sized the same way ---------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -126,105 +125,96 @@ def eagle_layer():
     return EagleLayer(32, 2, (2,), True).double().eval()
 
 
-def _eagle_runs(pair, eagle_layer, monkeypatch, decode) -> dict[int, torch.Tensor]:
-    """{first cache size: decode(draft)} for the full first size and for 3 slots; the caches' contents must agree.
+def _eagle_runs(pair, eagle_layer, decode) -> list[torch.Tensor]:
+    """[decode(sized draft), decode(whole-window draft)]; their caches' contents must agree too.
 
-    A random layer's q hardly depends on what its cache attends to, so the tokens alone
-    would not notice a cache that lost its contents as it grew: its K/V entries are compared too.
+    A random layer's q hardly depends on what its cache attends to, so the tokens alone would not
+    notice a cache that lost or misplaced entries: its K/V entries are compared too.
     """
     target, _ = pair
-    runs, caches, full = {}, {}, cached_module.FIRST_CACHE_LEN
-    for first in (full, 3):
-        monkeypatch.setattr(cached_module, "FIRST_CACHE_LEN", first)
-        draft = EagleDraft(target, eagle_layer)
-        runs[first] = decode(draft)
-        caches[first] = draft.cache
-        assert draft.cache.max_len >= 24  # it grew from 3
-    grown, whole = caches[3], caches[full]
-    assert torch.equal(grown.lengths, whole.lengths)
-    for b, n in enumerate(grown.lengths.tolist()):
-        for a, w in ((grown.k, whole.k), (grown.v, whole.v)):
+    drafts = [EagleDraft(target, eagle_layer), _WholeWindow(EagleDraft(target, eagle_layer)).draft]
+    runs = [decode(d) for d in drafts]
+    sized, whole = drafts[0].cache, drafts[1].cache
+    assert sized.max_len < whole.max_len == target.config.n_positions
+    assert torch.equal(sized.lengths, whole.lengths)
+    for b, n in enumerate(sized.lengths.tolist()):
+        for a, w in ((sized.k, whole.k), (sized.v, whole.v)):
             torch.testing.assert_close(a[:, b, :, :n], w[:, b, :, :n], atol=1e-12, rtol=0)
     return runs
 
 
 @pytest.mark.parametrize("B", [1, 4])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_an_eagle_chain_grown_from_3_slots_gives_the_same_tokens_as_a_full_cache(pair, eagle_layer, monkeypatch, B,
-                                                                                  temperature):
+def test_an_eagle_chain_sized_to_the_run_gives_the_same_tokens_as_a_whole_window(pair, eagle_layer, B, temperature):
     target, _ = pair
     ids = _prompts(B)
-    runs = _eagle_runs(pair, eagle_layer, monkeypatch, lambda d: speculative_generate(
+    runs = _eagle_runs(pair, eagle_layer, lambda d: speculative_generate(
         target, d, ids, k=4, max_new_tokens=40, temperature=temperature,
         generator=torch.Generator().manual_seed(7))[0])
-    assert torch.equal(runs[3], runs[cached_module.FIRST_CACHE_LEN])
+    assert torch.equal(runs[0], runs[1])
     if temperature == 0:
-        assert torch.equal(runs[3], generate(target, ids, 40, temperature=0))
+        assert torch.equal(runs[0], generate(target, ids, 40, temperature=0))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_an_eagle_tree_grown_from_3_slots_gives_the_same_tokens_as_a_full_cache(pair, eagle_layer, monkeypatch,
-                                                                                 temperature):
+def test_an_eagle_tree_sized_to_the_run_gives_the_same_tokens_as_a_whole_window(pair, eagle_layer, temperature):
     target, _ = pair
     ids = _prompts(2)
     spec = DynamicTree(8, max_depth=4, top_k=3, beam=2)
-    runs = _eagle_runs(pair, eagle_layer, monkeypatch, lambda d: tree_generate(
+    runs = _eagle_runs(pair, eagle_layer, lambda d: tree_generate(
         target, d, ids, spec, max_new_tokens=30, temperature=temperature,
         generator=torch.Generator().manual_seed(8))[0])
-    assert torch.equal(runs[3], runs[cached_module.FIRST_CACHE_LEN])
+    assert torch.equal(runs[0], runs[1])
     if temperature == 0:
-        assert torch.equal(runs[3], generate(target, ids, 30, temperature=0))
+        assert torch.equal(runs[0], generate(target, ids, 30, temperature=0))
 
 
-def test_make_room_grows_to_the_longest_row_plus_the_new_tokens(pair):
-    target, _ = pair
-    cache = target.new_cache(2, max_len=4)
-    target(torch.tensor([[1, 2, 3], [4, 5, 6]]), cache=cache)
-    cache.truncate(torch.tensor([3, 1]))
-    cache.make_room(2, limit=64)  # 3 + 2 > 4: doubled to 8
-    assert cache.max_len == 8 and cache.lengths.tolist() == [3, 1]
-    cache.make_room(5, limit=64)  # 3 + 5 fits
-    assert cache.max_len == 8
-    with pytest.raises(ValueError, match="n_new must be >= 0"):
-        cache.make_room(-1, limit=64)
+# -- the target's cache in tree_generate and lookahead: a pass is cut to the room it has -----------------------
 
 
-# -- the target's cache in tree_generate and lookahead: sized to the run, grown if a pass needs more ------------
-
-
-def _target_cache_from(monkeypatch, target, first: int) -> list:
-    """Make the target's next caches start at `first` slots per row; returns the caches it hands out."""
+def _target_cache_of(monkeypatch, target, size) -> list:
+    """Make the target's next caches hold `size(max_len asked)` slots per row; returns the caches it hands out."""
     made, real = [], type(target).new_cache
 
-    def small(batch_size, max_len=None, device=None, dtype=None):
-        made.append(real(target, batch_size, max_len=first, device=device, dtype=dtype))
+    def sized(batch_size, max_len=None, device=None, dtype=None):
+        made.append(real(target, batch_size, max_len=size(max_len), device=device, dtype=dtype))
         return made[-1]
 
-    monkeypatch.setattr(target, "new_cache", small)
+    monkeypatch.setattr(target, "new_cache", sized)
     return made
 
 
+def test_a_tree_generation_sizes_the_targets_cache_to_prompt_tokens_and_one_tree(pair, monkeypatch):
+    target, draft_model = pair
+    ids = _prompts(2)
+    made = _target_cache_of(monkeypatch, target, lambda n: n)
+    tree_generate(target, TreeModelDraft(draft_model), ids, (3, 2, 2), max_new_tokens=30, temperature=0)
+    assert [c.max_len for c in made] == [5 + 30 + 21]  # prompt, new tokens, one tree of 3 + 6 + 12 nodes
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_tree_targets_cache_grown_from_the_prompt_gives_the_same_tokens(pair, monkeypatch, temperature):
+def test_a_tree_targets_cache_without_room_for_a_tree_cuts_the_trees_and_keeps_the_tokens(pair, monkeypatch,
+                                                                                          temperature):
     target, draft_model = pair
     ids = _prompts(2)
 
     def run():
         return tree_generate(target, TreeModelDraft(draft_model), ids, (3, 2, 2), max_new_tokens=30,
-                             temperature=temperature, generator=torch.Generator().manual_seed(9))[0]
+                             temperature=temperature, generator=torch.Generator().manual_seed(9))
 
-    sized = run()
-    made = _target_cache_from(monkeypatch, target, ids.shape[1])  # room for the prompt, none for a tree
-    grown = run()
+    sized, sized_stats = run()
+    made = _target_cache_of(monkeypatch, target, lambda n: n - 21 + 3)  # room for 3 nodes past the budget
+    tight, tight_stats = run()
     monkeypatch.undo()
-    assert made and made[0].max_len >= 5 + 21  # it grew to take context, root and 21 nodes
-    assert torch.equal(grown, sized)
+    assert made and made[0].max_len == 5 + 30 + 3
+    assert tight_stats.nodes < sized_stats.nodes  # trees were cut to the room
     if temperature == 0:
-        assert torch.equal(grown, generate(target, ids, 30, temperature=0))
+        assert torch.equal(tight, generate(target, ids, 30, temperature=0))
+        assert torch.equal(sized, tight)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_lookahead_cache_grown_from_the_prompt_gives_the_same_tokens(pair, monkeypatch, temperature):
+def test_a_lookahead_cache_without_room_for_its_window_keeps_the_tokens(pair, monkeypatch, temperature):
     target, _ = pair
     ids = torch.tensor([[1, 2, 3, 1, 2, 3, 1, 2]])  # repeats: with the prompt in the pool, candidates from the start
 
@@ -233,10 +223,10 @@ def test_a_lookahead_cache_grown_from_the_prompt_gives_the_same_tokens(pair, mon
                                   guesses=3, pool_from_prompt=True, generator=torch.Generator().manual_seed(10))[0]
 
     sized = run()
-    made = _target_cache_from(monkeypatch, target, ids.shape[1])
-    grown = run()
+    made = _target_cache_of(monkeypatch, target, lambda n: n - 6)  # less room than root + window + candidates
+    tight = run()
     monkeypatch.undo()
-    assert made and made[0].max_len >= 8 + 1 + 6  # root, window (W (N - 1) = 6) and candidates after the context
-    assert torch.equal(grown, sized)
+    assert made and made[0].max_len == 8 + 30 + 12 - 6
     if temperature == 0:
-        assert torch.equal(grown, generate(target, ids, 30, temperature=0))
+        assert torch.equal(tight, generate(target, ids, 30, temperature=0))
+        assert torch.equal(sized, tight)

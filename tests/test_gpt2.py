@@ -281,3 +281,65 @@ def test_wrong_shapes_raise_value_error(model):
         model(torch.zeros(2, 3, dtype=torch.long), cache=model.new_cache(1))
     with pytest.raises(ValueError, match="attention_mask"):
         model(torch.zeros(1, 3, dtype=torch.long), attention_mask=torch.zeros(1, 3, 3, dtype=torch.bool))
+
+
+# -- captured passes: the routing and the keys, on the CPU with a stand-in graph -----------------------------------
+
+
+class _ReplayingGraph:
+    """A stand-in for a CUDA graph: capture runs the pass once, replay runs it again on the static inputs and
+    writes its outputs into the static ones in place (as kernels replayed on captured addresses do)."""
+
+    made: list = []
+
+    def __init__(self) -> None:
+        self.replays = 0
+        _ReplayingGraph.made.append(self)
+
+    def capture(self, fn, inputs, pool):
+        self.fn, self.inputs = fn, inputs
+        self.outputs = fn(*inputs)
+        return self.outputs
+
+    def replay(self) -> None:
+        self.replays += 1
+        fresh = self.fn(*self.inputs)
+        for static, new in zip(*((x if isinstance(x, tuple) else (x,)) for x in (self.outputs, fresh))):
+            static.copy_(new)
+
+    def pool(self) -> str:
+        return "pool"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_decoding_through_captured_passes_replays_them_and_gives_the_same_tokens(monkeypatch, temperature):
+    import specref.models.gpt2 as gpt2_module
+    from specref.decoding.chain import speculative_generate
+    from specref.drafts import ModelDraft
+    from specref.models.graphs import CapturedPasses
+    from specref.models.pair import heldout_prompts, load_pair
+
+    target, draft, _ = load_pair()
+    ids = torch.tensor([p[:20] for p in heldout_prompts(2, 20)])
+
+    def run():
+        return speculative_generate(target, ModelDraft(draft), ids, k=4, max_new_tokens=40, temperature=temperature,
+                                    generator=torch.Generator().manual_seed(3))[0]
+
+    eager = run()
+    monkeypatch.setattr(gpt2_module, "GRAPHED_DEVICES", ("cpu",))
+    _ReplayingGraph.made.clear()
+    for model in (target, draft):
+        monkeypatch.setattr(model, "graphs", CapturedPasses(graph_factory=_ReplayingGraph, device_types=("cpu",)))
+    graphed = run()
+    assert torch.equal(graphed, eager)
+    replays = sum(g.replays for g in _ReplayingGraph.made)
+    assert replays > len(_ReplayingGraph.made)  # most passes were replays, not captures
+    for model in (target, draft):
+        shapes = {(key[0], key[1], key[2]) for key in model.graphs._captured}  # (B, T, slots) of each graph
+        # T: decode, catch-up and verification passes (1 .. k + 1), and the prompt's (19 or 20 tokens, once)
+        assert all(B == 2 and (T <= 5 or T in (19, 20)) and S in (32, 64, 128) for B, T, S in shapes), shapes
+    graphs_off = CapturedPasses(enabled=False)
+    monkeypatch.setattr(target, "graphs", graphs_off)  # the switch: every pass eager again
+    monkeypatch.setattr(draft, "graphs", graphs_off)
+    assert torch.equal(run(), eager) and len(graphs_off) == 0

@@ -108,7 +108,7 @@ class StaleCacheTarget(torch.nn.Module):
             return self.model(input_ids, None, *args, **kwargs)
         written = self._written.get(id(cache))
         if written is not None:
-            cache.lengths = torch.maximum(cache.lengths, written)  # the bug: the rollback is undone
+            cache.set(torch.maximum(cache.lengths, written))  # the bug: the rollback is undone
         out = self.model(input_ids, cache, *args, **kwargs)
         self._written[id(cache)] = cache.lengths.clone()
         return out

@@ -16,8 +16,9 @@ from functools import partial
 
 import torch
 
-from .._validate import check_generator, check_int
+from .._validate import check_int
 from ..drafts import Draft, as_draft
+from ..models.gpt2 import unchecked
 from ..models.kvcache import KVCache
 from ..rejection import verify_chain_greedy_unchecked, verify_chain_unchecked
 from ..sampling import SamplingParams, sample_unchecked
@@ -26,15 +27,14 @@ from .loop import (
     Sequences,
     SpecStats,
     StepObserver,
-    check_eos,
-    check_inputs,
-    check_logits,
-    check_pair,
+    check_logits_total,
     check_proposal,
+    clock,
     finish,
+    logits_total,
     run_steps,
+    start_generation,
     target_pass,
-    timed,
 )
 
 
@@ -52,29 +52,32 @@ def generate(
     """Plain autoregressive decoding: one target pass per token, sampling process_logits(logits).
 
     A row stops after emitting `eos_token_id`; its remaining positions are filled with EOS.
+    Inputs are checked once; each pass is the model's unchecked core (`GPT2.step`), and the
+    loop reads the done flags back only when a row can stop (with `eos_token_id`).
     """
-    params = SamplingParams(temperature, top_k, top_p)  # raises on bad sampling arguments
-    input_ids = check_inputs(model, input_ids, max_new_tokens)
-    check_eos(eos_token_id, model.config.vocab_size)
-    check_generator(generator, model.device)
+    input_ids, params = start_generation(model, input_ids, max_new_tokens, temperature, top_k, top_p, generator,
+                                         eos_token_id, name="model")
     B, T = input_ids.shape
     tokens = Sequences(input_ids, max_new_tokens).tokens  # [B, T + max_new_tokens]
     lengths = torch.full((B,), T, dtype=torch.long, device=input_ids.device)  # [B]
     done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)  # [B]
     if max_new_tokens == 0:
         return tokens
+    run = unchecked(model)
     cache = model.new_cache(B, max_len=T + max_new_tokens)  # no more: a large batch's cache is the biggest allocation
-    logits = model(input_ids, cache=cache, logits_to_keep=1)[:, -1]  # [B, V]
+    logits = run(input_ids, cache=cache, logits_to_keep=1)[:, -1]  # [B, V]
     for i in range(max_new_tokens):
-        x = logits.argmax(-1) if params.greedy else sample_unchecked(params.probs(logits), generator)  # [B]
+        x = logits.argmax(-1) if params.greedy else sample_unchecked(params.probs_unchecked(logits), generator)  # [B]
         x = torch.where(done, torch.zeros_like(x), x)
         tokens[:, T + i] = x
         lengths = lengths + (~done).long()
         if eos_token_id is not None:
             done = done | (x == eos_token_id)
-        if bool(done.all()) or i == max_new_tokens - 1:
+            if bool(done.all()):  # the one read back per token, and only when a row can stop
+                break
+        if i == max_new_tokens - 1:
             break
-        logits = model(x[:, None], cache=cache)[:, -1]
+        logits = run(x[:, None], cache=cache)[:, -1]
     return finish(tokens, lengths, eos_token_id)
 
 
@@ -115,36 +118,44 @@ def speculative_step(
     dev, B, V = seqs.tokens.device, seqs.batch_size, target.config.vocab_size
     k = max(0, min(k, seqs.room() - 1, target.config.n_positions - max(seqs.lengths_h)))
     # 1. Draft: k tokens per row (or fewer, the same number in every row), with the q each was drawn from.
-    with timed(stats, "time_draft", dev):
+    with clock(stats, "time_draft", dev):
         drafts, q = draft.propose(seqs.tokens, seqs.lengths, k, params, generator)  # [B, k'], [B, k', V]
-    k = check_proposal(drafts, q, B, k, V, params.greedy)  # k' <= k: from here on, k is what was proposed
+    # k' <= k: from here on, k is what was proposed (the values only of a draft the package does not vouch for)
+    k = check_proposal(drafts, q, B, k, V, params.greedy, values=not getattr(draft, "trusted", False))
     stats.draft_passes += k
     # 2. One target pass over [last token, x_1..x_k]: p_1..p_{k+1} (and its features, for a draft that reads them).
-    with timed(stats, "time_target", dev):
+    with clock(stats, "time_target", dev):
         ids = torch.cat([seqs.last_tokens(), drafts], 1)  # [B, k+1]
         logits, features = target_pass(target, draft.feature_layers, ids, cache=cache)  # [B, k+1, V], features
     stats.target_passes += 1
     # 3. Accept or reject left to right, then one token from the target: a correction or the bonus.
-    with timed(stats, "time_verify", dev):
-        check_logits(logits, params)
+    with clock(stats, "time_verify", dev):
         if k == 0:  # nothing proposed (no room, or a draft that declined): the target's own token
-            out, n_acc = _plain_token(logits[:, 0], params, generator)[:, None], [0] * B  # [B, 1]
+            out, n_acc = _plain_token(logits[:, 0], params, generator)[:, None], [0] * B
         elif typical is not None:  # LOSSY: q is ignored
             out, n_acc = typical.verify(drafts, params.probs_unchecked(logits), generator)
         elif params.greedy:
             out, n_acc = verify_chain_greedy_unchecked(drafts, logits)  # [B, k+1], [B]
         else:  # check_proposal checked q
             out, n_acc = verify_chain_unchecked(drafts, q, params.probs_unchecked(logits), generator, None)
-        if k:
-            n_acc = n_acc.tolist()  # waits for the rule to finish
+        n_acc, total = _read_back(n_acc, logits)  # the step's one read back: waits for the rule to finish
+        check_logits_total(total, logits, params)
     # 4. Commit the kept tokens; roll both caches back to context + accepted drafts.
     if features is not None:  # the pass covered positions lengths - 1 ..; rollback keeps the accepted ones
         draft.observe(features, seqs.lengths - 1)
     kept, n_valid = seqs.commit(out, n_acc, eos_token_id)
     _count(stats, n_acc, kept, k)
-    cache.lengths = seqs.lengths - 1  # as the model itself moves them: no check, no read back
+    cache.set(seqs.lengths - 1, max(seqs.lengths_h) - 1)  # every token but the last; the host knows the longest
     draft.rollback(n_valid)
     return ChainStep(drafts, q, logits, out, n_acc, kept)
+
+
+def _read_back(n_acc: torch.Tensor | list[int], logits: torch.Tensor) -> tuple[list[int], float]:  # [B], [B, T, V]
+    """The accepted counts and the logits' total (`check_logits_total`), in one read back from the device."""
+    if isinstance(n_acc, list):  # already on the host (nothing was proposed)
+        return n_acc, float(logits_total(logits))
+    host = torch.cat([n_acc.to(torch.float64), logits_total(logits).to(torch.float64)[None]]).tolist()
+    return [int(n) for n in host[:-1]], host[-1]
 
 
 def _plain_token(logits: torch.Tensor, params: SamplingParams,
@@ -178,6 +189,7 @@ def speculative_generate(
     eos_token_id: int | None = None,
     acceptance: str | TypicalAcceptance = "exact",
     on_step: StepObserver | None = None,
+    timing: bool | None = None,
 ) -> tuple[torch.Tensor, SpecStats]:  # [B, T + max_new_tokens], stats
     """Speculative decoding: the output distribution is exactly the target's (greedy: the same tokens).
 
@@ -187,19 +199,18 @@ def speculative_generate(
     `acceptance=TypicalAcceptance(...)` swaps in Medusa's typical acceptance, which is LOSSY:
     the output is then no longer the target's distribution (`specref.typical`).
     `on_step(step)`, if given, sees each step's `ChainStep` (`specref.decoding.loop.run_steps`).
+    `timing` times the draft's, the target's and the rule's share (`SpecStats.time_*`); None: where
+    it costs no host sync, that is off CUDA (`loop.resolve_timing`).
     """
     as_acceptance(acceptance)
     stats = SpecStats(k=check_int("k", k, 1, "k drafted tokens per step"))
-    params = SamplingParams(temperature, top_k, top_p)  # raises on bad sampling arguments
     drafter = as_draft(draft)
-    check_pair(target, drafter)
-    input_ids = check_inputs(target, input_ids, max_new_tokens, "the target")
-    check_eos(eos_token_id, target.config.vocab_size)
-    check_generator(generator, target.device)
+    input_ids, params = start_generation(target, input_ids, max_new_tokens, temperature, top_k, top_p, generator,
+                                         eos_token_id, drafter)
     step = partial(speculative_step, target, drafter, k=k, params=params, generator=generator,
                    eos_token_id=eos_token_id, stats=stats, acceptance=acceptance)
     # Rows write up to k drafts past the budget of the longest (k shrinks only with the room of the shortest).
     out = run_steps(target, input_ids, max_new_tokens, stats, step, room=k,
                     begin=partial(drafter.begin, input_ids.shape[0]), draft=drafter,
-                    eos_token_id=eos_token_id, on_step=on_step)
+                    eos_token_id=eos_token_id, on_step=on_step, timing=timing)
     return out, stats

@@ -57,11 +57,12 @@ from functools import lru_cache, partial
 
 import torch
 
-from .._validate import check_generator, check_int
+from .._validate import check_int
 from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
 from ..trees import ROOT, Tree, TreeResult, tree_attention_mask, tree_position_ids, verify_tree, verify_tree_greedy
-from .loop import Sequences, StepObserver, check_eos, check_inputs, run_steps, timed
+from ..models.gpt2 import unchecked
+from .loop import Sequences, StepObserver, clock, run_steps, start_generation
 from .tree import TreeSpecStats, commit_tree
 
 
@@ -300,14 +301,15 @@ def lookahead_step(
     dev, B, n_ctx = seqs.tokens.device, seqs.batch_size, target.config.n_positions
     active = [not d for d in seqs.done_h]
     longest = max((n for n, a in zip(seqs.lengths_h, active) if a), default=1)
-    # Slots for root + nodes after the cached context (done rows hold no cache), and depths that stay in the window.
-    slots = n_ctx - (longest - 1)
+    # Slots for root + nodes after the cached context (done rows hold no cache), and depths that stay in the window;
+    # the cache was allocated once for the run and never grows.
+    slots = min(n_ctx, cache.max_len) - (longest - 1)
     max_depth = max(0, min(seqs.room() - 1, n_ctx - longest))  # the last token always comes from the target
     L = W * (N - 1)
     roots = seqs.last_tokens()[:, 0]  # [B]
     roots_h = roots.tolist()
     # 1. Draft: each row's candidates that start at its root, as a trie; the window if it fits.
-    with timed(stats, "time_draft", dev):
+    with clock(stats, "time_draft", dev):
         empty = Tree((), ())
         tries = [candidate_trie(state.candidates(b, roots_h[b]), max_depth, slots - 1) if active[b] else empty
                  for b in range(B)]
@@ -326,13 +328,13 @@ def lookahead_step(
                 off = 1 + (L if windows[b] is not None else 0)
                 ids[b, off : off + tries[b].n_nodes] = torch.tensor(tries[b].tokens)
     # 2. One target pass over both branches.
-    with timed(stats, "time_target", dev):
-        cache.make_room(pos.shape[1], limit=n_ctx)  # root + window + candidates
-        logits = target(ids.to(dev), cache=cache, position_ids=pos.to(dev), attention_mask=mask.to(dev))  # [B, T, V]
+    with clock(stats, "time_target", dev):  # the unchecked pass: the generation checked its inputs
+        logits = unchecked(target)(ids.to(dev), cache=cache, position_ids=pos.to(dev),
+                                   attention_mask=mask.to(dev))  # [B, T, V]
     stats.target_passes += 1
     # 3. Verify each trie: p after the root (row 0) and after each trie node.
     offsets = [1 + (L if w is not None else 0) for w in windows]
-    with timed(stats, "time_verify", dev):
+    with clock(stats, "time_verify", dev):
         probs = None if params.greedy else params.probs(logits)  # [B, T, V] one call for every row
         results = []
         for b, t in enumerate(tries):
@@ -343,7 +345,7 @@ def lookahead_step(
             rows = torch.cat([src[b, :1], src[b, offsets[b] : offsets[b] + t.n_nodes]])  # [n+1, V]
             results.append(verify_tree_greedy(t, rows) if probs is None else verify_tree(t, rows, generator))
     # 4. Jacobi update: the argmax at each top-level cell is the new guess one position further.
-    with timed(stats, "time_draft", dev):
+    with clock(stats, "time_draft", dev):
         if use_window:
             new = logits[:, 1 + (N - 2) * W : 1 + L].argmax(-1).tolist()  # [B, W]
             for b in range(B):
@@ -376,6 +378,7 @@ def lookahead_generate(
     eos_token_id: int | None = None,
     pool_from_prompt: bool = False,
     on_step: StepObserver | None = None,
+    timing: bool | None = None,
 ) -> tuple[torch.Tensor, LookaheadStats]:  # [B, T + max_new_tokens], stats
     """Lookahead decoding: the output distribution is exactly the target's (greedy: the same tokens).
 
@@ -383,13 +386,11 @@ def lookahead_generate(
     the candidates verified per step. `pool_from_prompt` (an option of the reference
     implementation) also seeds the pool with the prompt's own n-grams. Exactly `max_new_tokens`
     tokens per row unless it emits `eos_token_id`. `on_step(step)`, if given, sees each step's
-    `LookaheadStep` (`specref.decoding.loop.run_steps`).
+    `LookaheadStep` (`specref.decoding.loop.run_steps`); `timing` as in `speculative_generate`.
     """
     state = LookaheadState(window, ngram, guesses)  # raises on bad W, N, G
-    params = SamplingParams(temperature, top_k, top_p)  # raises on bad sampling arguments
-    input_ids = check_inputs(target, input_ids, max_new_tokens, "the target")
-    check_eos(eos_token_id, target.config.vocab_size)
-    check_generator(generator)  # any device: verify_tree draws through TorchRNG
+    input_ids, params = start_generation(target, input_ids, max_new_tokens, temperature, top_k, top_p, generator,
+                                         eos_token_id)
     n_ctx = target.config.n_positions
     if 1 + (window + guesses) * (ngram - 1) > n_ctx:
         raise ValueError(f"window={window}, ngram={ngram}, guesses={guesses}: one pass would hold "
@@ -401,10 +402,10 @@ def lookahead_generate(
                            tree=f"lookahead(W={window}, N={ngram}, G={guesses})")
     step = partial(lookahead_step, target, state, params=params, generator=generator, eos_token_id=eos_token_id,
                    stats=stats)
-    # A pass holds more tokens than it keeps: room for one pass's window and candidates (`lookahead_step` grows
-    # the cache should a pass need more).
+    # A pass holds more tokens than it keeps: room for one pass's window and candidates (`lookahead_step` keeps
+    # a pass within the cache).
     out = run_steps(target, input_ids, max_new_tokens, stats, step, room=(window + guesses) * (ngram - 1),
                     begin=partial(state.begin, input_ids, pool_from_prompt), eos_token_id=eos_token_id,
-                    on_step=on_step)
+                    on_step=on_step, timing=timing)
     stats.pool_ngrams = state.pool_size()
     return out, stats

@@ -14,6 +14,13 @@ row is done, finish); chain, tree and lookahead decoding hand it only their step
 step observer: `on_step(record)`, if given, is called with each step's record (a
 `ChainStep`, `TreeStep` or `LookaheadStep`) after the step; instrumentation
 (`specref.decoding.record`, the checks) watches a run through it and changes nothing.
+
+Checked once, read back little: `start_generation` makes every check where a generation
+starts; inside it the passes are the model's unchecked core (`GPT2.step`, through
+`models.gpt2.unchecked`), the caches are allocated once at the run's size (`run_steps`), and
+a chain step reads the device back once (its accepted counts, with the logits' check), plus
+what a draft needs (tests/test_host_syncs.py counts them). The passes are timed only when
+asked (`resolve_timing`): on a GPU each timer waits for the device.
 """
 
 from __future__ import annotations
@@ -21,15 +28,17 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from .._validate import check_int, check_probs, check_tokens
+from .._validate import check_generator, check_int, check_probs, check_tokens
+from ..models.gpt2 import unchecked
 from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
-from ..timing import timed
+from ..timing import sync, timed
 
 
 @dataclass
@@ -51,6 +60,9 @@ class SpecStats:
     time_draft: float = 0.0  # the draft's proposals, its own sampling included
     time_verify: float = 0.0  # the acceptance rule: logits check, p = process_logits, verify
     time_total: float = 0.0
+    # Whether the passes are timed (time_target, time_draft, time_verify): on a GPU each timer waits for
+    # the device, two host syncs per block, so a generation times them only when asked (`resolve_timing`).
+    timing: bool = True
 
     def __post_init__(self) -> None:
         check_int("k", self.k, 0, "drafts per step")
@@ -132,9 +144,7 @@ def check_eos(eos_token_id: object, vocab_size: int) -> None:
     """eos_token_id must be None (no stop token) or a token id in [0, vocab_size)."""
     if eos_token_id is None:
         return
-    if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int):
-        raise TypeError(f"eos_token_id must be an int token id or None, got {eos_token_id!r}")
-    if not 0 <= eos_token_id < vocab_size:
+    if check_int("eos_token_id", eos_token_id, 0, f"a token id in [0, {vocab_size}) or None") >= vocab_size:
         raise ValueError(f"eos_token_id must be a token id in [0, {vocab_size}) or None, got {eos_token_id}")
 
 
@@ -152,8 +162,7 @@ def check_inputs(model: torch.nn.Module, input_ids: object, max_new_tokens: obje
     if input_ids.shape[1] == 0:
         raise ValueError("input_ids is an empty prompt: give at least one token")
     check_tokens("input_ids", input_ids, model.config.vocab_size)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    check_int("max_new_tokens", max_new_tokens, 0, "tokens to generate per row", ValueError)
     n_ctx = model.config.n_positions
     if input_ids.shape[1] + max_new_tokens > n_ctx:
         raise ValueError(
@@ -174,39 +183,51 @@ def check_pair(target: torch.nn.Module, draft: object) -> None:
         raise ValueError(f"target is on {target.device} but the draft is on {draft_device}: put both on one device")
     n_hidden = target.config.n_layer + 1  # GPT2Output.hidden_states: the embeddings, then one per block
     layers = tuple(getattr(draft, "feature_layers", ()))
-    if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_hidden for i in layers):
+    if any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < n_hidden for i in layers):
         raise ValueError(f"the draft reads hidden states {list(layers)} but the target has {n_hidden} "
                          f"(indices 0..{n_hidden - 1}): it was built for another target")
 
 
-def check_proposal(drafts: object, q: object, B: int, k: int, V: int, greedy: bool) -> int:  # [B, k'], [B, k', V]
+def check_proposal(drafts: object, q: object, B: int, k: int, V: int, greedy: bool,
+                   values: bool = True) -> int:  # [B, k'], [B, k', V]
     """A proposal must be k' <= k token ids per row (the same k' in every row) and, when sampling, k' q's per row.
 
     Returns k'. A draft may propose fewer tokens than asked, none included (prompt lookup when
-    nothing matches); the step then verifies the k' it got.
+    nothing matches); the step then verifies the k' it got. The shapes are checked on the host;
+    the values (ids in the vocabulary, q rows that are distributions: two reads back) only with
+    `values`, which the loop clears for the package's own drafts (`Draft.trusted`).
     """
     if not (isinstance(drafts, torch.Tensor) and drafts.dim() == 2 and drafts.shape[0] == B and drafts.shape[1] <= k):
         raise ValueError(f"the draft must propose a [B, k'] tensor of token ids with B = {B} and k' <= k = {k}, "
                          f"got {tuple(getattr(drafts, 'shape', ())) or type(drafts).__name__}")
     n = drafts.shape[1]
-    check_tokens("draft tokens", drafts, V)
+    if values:
+        check_tokens("draft tokens", drafts, V)
     if not greedy:
         if not isinstance(q, torch.Tensor) or tuple(q.shape) != (B, n, V):
             raise ValueError(f"the draft must return q of shape [B, k', V] = [{B}, {n}, {V}] (k' = the tokens it "
                              f"proposed), got {tuple(getattr(q, 'shape', ())) or type(q).__name__}")
-        check_probs("the draft's q", q)
+        if values:
+            check_probs("the draft's q", q)
     return n
 
 
 def check_logits(logits: torch.Tensor, params: SamplingParams) -> None:  # [..., V]
     """The target's logits may hold -inf (masked tokens) but no NaN or +inf, and no row that is all -inf."""
-    # One reduction: NaN or +inf anywhere makes the sum NaN or +inf. A -inf sum (masked
-    # tokens) takes the full check, which also refuses a row that is all -inf.
-    total = float(logits.sum(dtype=torch.float32))  # float16 logits would overflow a sum in their own dtype
+    check_logits_total(float(logits_total(logits)), logits, params)  # one read back
+
+
+def logits_total(logits: torch.Tensor) -> torch.Tensor:  # [..., V] -> [] float32, on the device
+    """One reduction for `check_logits`: NaN or +inf anywhere makes the sum NaN or +inf (read it with other values)."""
+    return logits.sum(dtype=torch.float32)  # float16 logits would overflow a sum in their own dtype
+
+
+def check_logits_total(total: float, logits: torch.Tensor, params: SamplingParams) -> None:
+    """The verdict of `check_logits` from the total read back; a -inf total (masked tokens) takes the full check."""
     if math.isnan(total) or total == math.inf:
         raise ValueError("the target's logits contain NaN or +inf")
     if total == -math.inf:
-        params.probs(logits)
+        params.probs(logits)  # refuses a row that is all -inf
 
 
 # -- the token buffer ----------------------------------------------------------------------------
@@ -303,10 +324,12 @@ def finish(
 def target_pass(
     target: torch.nn.Module, feature_layers: tuple[int, ...], input_ids: torch.Tensor, **kwargs: object
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:  # logits [B, T, V], features ([B, T, C], ...) or None
-    """One target pass; with the hidden states `feature_layers` (a draft's) if there are any, else None."""
+    """One target pass, unchecked (`GPT2.step`: the generation checked its inputs once); with the hidden
+    states `feature_layers` (a draft's) if there are any, else None."""
+    run = unchecked(target)
     if not feature_layers:
-        return target(input_ids, **kwargs), None
-    out = target(input_ids, return_hidden=True, **kwargs)
+        return run(input_ids, **kwargs), None
+    out = run(input_ids, return_hidden=True, **kwargs)
     return out.logits, tuple(out.hidden_states[i] for i in feature_layers)
 
 
@@ -317,7 +340,7 @@ def prefill(target: torch.nn.Module, input_ids: torch.Tensor, cache, stats: Spec
     A draft that reads features observes the prompt's (positions 0 .. T-2).
     """
     features = None
-    with timed(stats, "time_target", target.device):
+    with clock(stats, "time_target", target.device):
         if input_ids.shape[1] > 1:
             # Only the cache is needed (and the features, for a draft that reads them).
             layers = getattr(draft, "feature_layers", ())
@@ -330,6 +353,47 @@ def prefill(target: torch.nn.Module, input_ids: torch.Tensor, cache, stats: Spec
 StepObserver = Callable[[object], None]  # on_step(record): called with each step's record, after the step
 
 
+def clock(stats: SpecStats, name: str, device: torch.device) -> AbstractContextManager[None]:
+    """`timing.timed` into `stats.<name>` when the generation times its passes (`stats.timing`), else nothing."""
+    return timed(stats, name, device) if stats.timing else nullcontext()
+
+
+def resolve_timing(timing: bool | None, device: torch.device) -> bool:
+    """Whether a generation times its passes: as asked, or (None) where a timer costs no host sync (not on CUDA)."""
+    if timing is None:
+        return torch.device(device).type != "cuda"
+    if not isinstance(timing, bool):
+        raise TypeError(f"timing must be a bool or None, got {timing!r}")
+    return timing
+
+
+def start_generation(
+    target: torch.nn.Module,
+    input_ids: object,  # [B, T] or [T]
+    max_new_tokens: object,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    generator: object,
+    eos_token_id: object,
+    draft: object = None,
+    name: str = "the target",  # what the model is called in errors
+) -> tuple[torch.Tensor, SamplingParams]:  # input_ids [B, T] long on the target's device, params
+    """Every check a generation makes, once, where it starts (chain, tree and lookahead alike).
+
+    The sampling arguments, the pair (when there is a draft), the prompt and its budget, EOS, and
+    the generator, which must draw on the target's device. Inside the generation no pass checks
+    its inputs again.
+    """
+    params = SamplingParams(temperature, top_k, top_p)  # raises on bad sampling arguments
+    if draft is not None:
+        check_pair(target, draft)
+    input_ids = check_inputs(target, input_ids, max_new_tokens, name)
+    check_eos(eos_token_id, target.config.vocab_size)
+    check_generator(generator, target.device)
+    return input_ids, params
+
+
 def run_steps(
     target: torch.nn.Module,
     input_ids: torch.Tensor,  # [B, T], checked
@@ -338,26 +402,36 @@ def run_steps(
     step: Callable[[Sequences, KVCache], object],  # step(seqs, cache) -> the step's record
     room: int,  # cache slots a step may write past the budget: its drafts, tree or window
     begin: Callable[[], None],  # readies the draft (or lookahead's state) for this batch
-    draft: object = None,  # a draft that reads the target's features observes the prompt's at prefill
+    draft: object = None,  # a draft: sized to the run; one that reads the target's features observes the prompt's
     eos_token_id: int | None = None,
     on_step: StepObserver | None = None,
+    timing: bool | None = None,  # time the passes (`resolve_timing`)
 ) -> torch.Tensor:  # [B, T + max_new_tokens]
-    """The generation loop: a cache sized to the run, prefill, `step` until every row is done, EOS fill.
+    """The generation loop: caches sized to the run, prefill, `step` until every row is done, EOS fill.
 
-    `stats.time_total` gets the wall time from the cache's allocation to the last step.
+    The target's cache and the draft's (`Draft.size_for`) are allocated once, for prompt +
+    max_new_tokens + room tokens (within the window): nothing grows or moves during the run.
+    `stats.time_total` gets the wall time from the cache's allocation to the last step (one
+    wait for the device at each end).
     """
+    stats.timing = resolve_timing(timing, target.device)
     seqs = Sequences(input_ids, max_new_tokens)
     if max_new_tokens == 0:
         return seqs.tokens
+    sync(target.device)
     t_start = time.perf_counter()
     B, T = input_ids.shape
     # Sized to the run, not the whole window for every row: a large batch's cache is the biggest allocation.
-    cache = target.new_cache(B, max_len=min(target.config.n_positions, T + max_new_tokens + room))
+    n_rows = min(target.config.n_positions, T + max_new_tokens + room)
+    cache = target.new_cache(B, max_len=n_rows)
+    if draft is not None and hasattr(draft, "size_for"):
+        draft.size_for(n_rows)
     begin()
     prefill(target, input_ids, cache, stats, draft)  # the last prompt token is fed first by the first step
     while not seqs.done:
         record = step(seqs, cache)
         if on_step is not None:
             on_step(record)
+    sync(target.device)
     stats.time_total = time.perf_counter() - t_start
     return seqs.finish(eos_token_id)

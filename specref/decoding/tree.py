@@ -28,23 +28,13 @@ from functools import partial
 
 import torch
 
-from .._validate import check_generator, check_tensor
+from .._validate import check_tensor
 from ..drafts import ModelDraft, TreeDraft, as_tree_draft
 from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
 from ..tree_shapes import DynamicTree, TreeShape, as_tree_spec
 from ..trees import Tree, TreeResult, stack_tree_masks, verify_tree, verify_tree_greedy
-from .loop import (
-    Sequences,
-    SpecStats,
-    StepObserver,
-    check_eos,
-    check_inputs,
-    check_pair,
-    run_steps,
-    target_pass,
-    timed,
-)
+from .loop import Sequences, SpecStats, StepObserver, clock, run_steps, start_generation, target_pass
 
 
 def score_tree(
@@ -65,9 +55,13 @@ def score_tree(
 
 
 def tree_inputs(
-    model: torch.nn.Module, cache: KVCache, roots: torch.Tensor, trees: list[Tree]
+    model: torch.nn.Module, cache: KVCache, roots: torch.Tensor, trees: list[Tree], starts: list[int] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # ids [B, N+1], positions [B, N+1], mask [B, N+1, N+1]
-    """What `score_tree` feeds the model: [root, flattened tree] per row, positions root + depth, the tree mask."""
+    """What `score_tree` feeds the model: [root, flattened tree] per row, positions root + depth, the tree mask.
+
+    `starts` [B], the cache's lengths as the caller knows them on the host (the decoding loop
+    does); None reads them back.
+    """
     if not isinstance(cache, KVCache):
         raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
     if not isinstance(trees, (list, tuple)) or not all(isinstance(t, Tree) for t in trees):
@@ -79,7 +73,7 @@ def tree_inputs(
     if len(trees) != B or roots.shape != (B,):
         raise ValueError(f"the cache holds {B} rows: give {B} roots ([B]) and {B} trees, "
                          f"got roots {tuple(roots.shape)} and {len(trees)} trees")
-    starts = cache.lengths.tolist()
+    starts = cache.lengths.tolist() if starts is None else starts
     n_ctx = model.config.n_positions
     for b, t in enumerate(trees):
         if starts[b] + t.depth >= n_ctx:
@@ -123,14 +117,15 @@ def keep_path(
     if len(paths) != cache.batch_size or context_lengths.shape != (cache.batch_size,):
         raise ValueError(f"give one path and one context length per cached row ({cache.batch_size})")
     kept = []
+    contexts, held = torch.stack([context_lengths.to(cache.device), cache.lengths]).tolist()  # one read back
     for b, path in enumerate(paths):
-        c = int(context_lengths[b])
-        if c > int(cache.lengths[b]):
-            raise ValueError(f"row {b}: context length {c} exceeds the cache length {int(cache.lengths[b])}")
+        c = contexts[b]
+        if c > held[b]:
+            raise ValueError(f"row {b}: context length {c} exceeds the cache length {held[b]}")
         slots = [c + i for i in path]
-        if any(s >= int(cache.lengths[b]) for s in slots):
+        if any(s >= held[b] for s in slots):
             raise ValueError(f"row {b}: path {path} refers to nodes the cache does not hold "
-                             f"(it holds {int(cache.lengths[b]) - c} slots after the context)")
+                             f"(it holds {held[b] - c} slots after the context)")
         kept.append(list(range(c)) + slots)
     cache.compact(kept)
 
@@ -188,21 +183,22 @@ def tree_step(
     stats = TreeSpecStats(k=spec.depth) if stats is None else stats
     dev = seqs.tokens.device
     max_depth = max(0, seqs.room() - 1)  # the last token always comes from the target
-    max_nodes = max(0, target.config.n_positions - max(seqs.lengths_h))  # context + root + nodes fit the window
+    # Context + root + nodes fit the window and the cache (allocated once for the run: it never grows).
+    max_nodes = max(0, min(target.config.n_positions, cache.max_len) - max(seqs.lengths_h))
     # 1. Draft: one tree per row.
     passes = draft.passes
-    with timed(stats, "time_draft", dev):
+    with clock(stats, "time_draft", dev):
         trees = draft.propose_tree(seqs.tokens, seqs.lengths, spec, params, generator, max_depth, max_nodes)
     stats.draft_passes += draft.passes - passes
     # 2. One target pass over [root, flattened tree] per row (and its features, for a draft that reads them).
-    with timed(stats, "time_target", dev):
-        cache.make_room(1 + max(t.n_nodes for t in trees), limit=target.config.n_positions)  # root + nodes
-        ids, pos, mask = tree_inputs(target, cache, seqs.last_tokens()[:, 0], trees)  # as `score_tree` does
+    with clock(stats, "time_target", dev):
+        starts = [n - 1 for n in seqs.lengths_h]  # the cache holds every token but the last
+        ids, pos, mask = tree_inputs(target, cache, seqs.last_tokens()[:, 0], trees, starts)  # as `score_tree` does
         logits, features = target_pass(target, draft.feature_layers, ids, cache=cache, position_ids=pos,
                                        attention_mask=mask)
     stats.target_passes += 1
     # 3. Walk down each tree: keep one root-to-leaf path, then one token from the target.
-    with timed(stats, "time_verify", dev):
+    with clock(stats, "time_verify", dev):
         results = [verify_tree_greedy(t, logits[b, : t.n_nodes + 1]) if params.greedy
                    else verify_tree(t, params.probs(logits[b, : t.n_nodes + 1]), generator)
                    for b, t in enumerate(trees)]
@@ -239,12 +235,12 @@ def commit_tree(
     paths = [[s + i for i in r.path] if m else [] for r, m, s in zip(results, kept, shift)]
     if any(paths):
         keep_path(cache, contexts, paths)
-    else:  # nothing accepted: keeping context + root is a truncation, no copy
-        cache.truncate(contexts)
+    else:  # nothing accepted: keeping context + root is a truncation, no copy (the pass wrote past it)
+        cache.truncate(contexts, check=False)
     ends = torch.minimum(cache.lengths, seqs.lengths.to(cache.device) - 1)  # a cut by budget or EOS keeps less
     if release_done:
         ends = torch.where(torch.tensor(seqs.done_h, device=cache.device), 0, ends)
-    cache.truncate(ends)
+    cache.truncate(ends, check=False, bound=max(seqs.lengths_h) - 1)  # ends <= lengths, by the minimum
     served = [b for b, m in enumerate(kept) if m]
     stats.count_step([results[b].n_accepted for b in served], sum(kept), sum(trees[b].n_nodes for b in served),
                      sum(len(results[b].trials) for b in served))  # examined: the children the rule tried
@@ -264,26 +260,25 @@ def tree_generate(
     generator: torch.Generator | None = None,
     eos_token_id: int | None = None,
     on_step: StepObserver | None = None,
+    timing: bool | None = None,
 ) -> tuple[torch.Tensor, TreeSpecStats]:  # [B, T + max_new_tokens], stats
     """Tree speculative decoding: the output distribution is exactly the target's (greedy: the same tokens).
 
     `tree` is a static shape (a tuple of branching factors or a TreeShape, top-k or
     sampled children) or a dynamic tree (an int node budget or a DynamicTree).
     Exactly `max_new_tokens` tokens per row unless it emits `eos_token_id`.
-    `on_step(step)`, if given, sees each step's `TreeStep` (`specref.decoding.loop.run_steps`).
+    `on_step(step)`, if given, sees each step's `TreeStep` (`specref.decoding.loop.run_steps`);
+    `timing` as in `speculative_generate`.
     """
     spec = as_tree_spec(tree)
-    params = SamplingParams(temperature, top_k, top_p)  # raises on bad sampling arguments
     drafter = as_tree_draft(draft)
-    check_pair(target, drafter)
-    input_ids = check_inputs(target, input_ids, max_new_tokens, "the target")
-    check_eos(eos_token_id, target.config.vocab_size)
-    check_generator(generator)  # any device: the tree rules draw through TorchRNG
+    input_ids, params = start_generation(target, input_ids, max_new_tokens, temperature, top_k, top_p, generator,
+                                         eos_token_id, drafter)
     stats = TreeSpecStats(k=spec.depth, tree=repr(spec))
     step = partial(tree_step, target, drafter, spec=spec, params=params, generator=generator,
                    eos_token_id=eos_token_id, stats=stats)
-    # Room for a full tree past the budget; `tree_step` grows the cache if a draft's tree is larger than its shape says.
+    # Room for a full tree past the budget; `tree_step` cuts a draft's tree to the room the cache has.
     out = run_steps(target, input_ids, max_new_tokens, stats, step, room=spec.n_nodes,
                     begin=partial(drafter.begin, input_ids.shape[0]), draft=drafter,
-                    eos_token_id=eos_token_id, on_step=on_step)
+                    eos_token_id=eos_token_id, on_step=on_step, timing=timing)
     return out, stats

@@ -34,6 +34,12 @@ from ..tree_shapes import TreeSpec
 Sampler = Callable[[torch.Tensor, SamplingParams, torch.Generator | None], tuple[torch.Tensor, torch.Tensor]]
 
 
+def one_hot(x: torch.Tensor, V: int, dtype: torch.dtype) -> torch.Tensor:  # [...] -> [..., V]
+    """q for a deterministic token: 1 at x, 0 elsewhere. Unlike `F.one_hot`, it reads nothing back from the
+    device (that one checks the ids' range on the host); the ids must lie in [0, V)."""
+    return torch.zeros((*x.shape, V), dtype=dtype, device=x.device).scatter_(-1, x[..., None], 1)
+
+
 def draw(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [..., V] -> x [...], q [..., V]
@@ -43,7 +49,7 @@ def draw(
     """
     if params.greedy:
         x = logits.argmax(-1)
-        return x, torch.nn.functional.one_hot(x, logits.shape[-1]).to(logits.dtype)
+        return x, one_hot(x, logits.shape[-1], logits.dtype)
     q = params.probs_unchecked(logits)
     return sample_unchecked(q, generator), q
 
@@ -68,10 +74,32 @@ class DraftBase(ABC):
     feature_layers: tuple[int, ...] = ()  # the target's hidden states this draft reads; () reads none
     batch_size: int | None = None
     passes: int = 0  # the draft's forward passes so far (the tree step reports how many a tree took)
+    rows_needed: int | None = None  # the longest row of the next generation (`size_for`); None: unknown
+    run_rows: int | None = None  # the longest row of this generation, as `size_for` said before `begin`
+
+    def size_for(self, n_rows: int) -> None:
+        """The next generation's rows hold at most `n_rows` tokens: a draft with buffers sizes them once for it.
+
+        The decoding loop calls it before `begin`; `begin` turns it into `run_rows` for that generation only.
+        """
+        self.rows_needed = check_int("n_rows", n_rows, 1, "tokens per row")
+
+    @property
+    def trusted(self) -> bool:
+        """Whether the package vouches for this draft's proposals (ids in the vocabulary, q a distribution).
+
+        True when its `propose` is one of `specref.drafts`' own and it draws with `draw`: the loop
+        then checks a proposal's shapes only, not its values (which costs reads back from the device).
+        A learner's draft, or one with its own sampler, is checked every step.
+        """
+        propose = getattr(type(self), "propose", None)
+        return getattr(propose, "__module__", "").startswith("specref.drafts.") \
+            and getattr(self, "sampler", draw) is draw
 
     def begin(self, batch_size: int) -> None:
         """Start a new generation of `batch_size` sequences (forget all state)."""
         self.batch_size = check_int("batch_size", batch_size, 1, "sequences in the batch")
+        self.run_rows, self.rows_needed = self.rows_needed, None
 
     def begun(self, what: str = "propose") -> int:
         """The batch size; RuntimeError if `begin` has not been called before `what`."""

@@ -21,9 +21,6 @@ from ..tree_shapes import TreeGrower, TreeSpec
 from ..trees import Tree, ancestor_inputs
 from .base import DraftBase
 
-FIRST_CACHE_LEN = 32  # the cache's first size in rows; it doubles as rows grow
-
-
 def pick(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # [B, W, D], [B, n] -> [B, n, D]
     """x[b, index[b, j]] for every row b."""
     return x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))
@@ -40,30 +37,33 @@ class CachedDraft(DraftBase):
 
     def begin(self, batch_size: int) -> None:
         super().begin(batch_size)
-        # Small at first, grown as the rows do: a batch of thousands would otherwise hold the whole window at once.
-        self.cache = self.cache_module.new_cache(batch_size, max_len=min(FIRST_CACHE_LEN, self.window))
+        # Allocated once, at the size the generation needs (`size_for`; else the window): a batch of
+        # thousands would otherwise hold the whole window per row.
+        n = self.window if self.run_rows is None else min(self.window, self.run_rows)
+        self.cache = self.cache_module.new_cache(batch_size, max_len=n)
         self.fed = torch.zeros(batch_size, dtype=torch.long, device=self.cache.device)
 
     def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
         super().rollback(n_valid)
         self.fed = torch.minimum(self.fed, (n_valid.to(self.fed.device) - self.lag).clamp(min=0))
-        self.cache.truncate(self.fed)
+        self.cache.truncate(self.fed, check=False)  # fed only shrinks, and the cache holds fed rows: no read back
 
-    def room(self, n_new: int) -> None:
-        """Grow the cache, if it must, to take `n_new` more rows in every row (at most the window)."""
-        self.cache.make_room(n_new, limit=self.window)
-
-    def catch_up(self, upto: torch.Tensor) -> torch.Tensor:  # [B] -> rows [B, W]
+    def catch_up(self, upto: torch.Tensor, limit: int | None = None) -> torch.Tensor:  # [B] -> rows [B, W]
         """The rows to feed so that the cache holds rows 0 .. upto[b]-1: W = the widest gap (>= 1), ending at upto.
 
-        Truncates the cache to each row's first fed row and makes room for W. A row whose
-        upto is below W starts at 0 and its rows past upto - 1 are padding (the caller feeds
-        them the last true row's inputs and truncates them away); `fed` becomes upto.
+        One read back per call: W, and the largest upto (the cache's host bound). With `limit`
+        (the buffer's width), upto must lie in [1, limit] (the same read checks it). Truncates
+        the cache to each row's first fed row. A row whose upto is below W starts at 0 and its
+        rows past upto - 1 are padding (the caller feeds them the last true row's inputs and
+        truncates them away); `fed` becomes upto.
         """
-        width = int((upto - self.fed).max().clamp(min=1))
+        lo, hi, gap = torch.stack([upto.min(), upto.max(), (upto - self.fed).max()]).tolist()  # one read back
+        if limit is not None and (lo < 1 or hi > limit):
+            raise ValueError(f"lengths must be in [1, {limit}] (the buffer's width), got {upto.tolist()}")
+        width = max(gap, 1)
         start = (upto - width).clamp(min=0)  # [B]
-        self.cache.truncate(start)
-        self.room(width)
+        self.cache.truncate(start, check=False, bound=max(hi - width, 0))  # start <= fed = the cached rows
+        self.cache.check_room(width, "the draft's catch-up")
         self.fed = upto.clone()
         return start[:, None] + torch.arange(width, device=upto.device)
 
@@ -82,7 +82,8 @@ class CachedDraft(DraftBase):
         Its node budget is cut to the rows the window has left after the context, since
         every node is fed as a cache row to grow the next depth.
         """
-        room = self.window - self.lag - int(context.max())  # node rows follow the context's
+        # Node rows follow the context's, in the cache and (lag further) in the window.
+        room = min(self.window - self.lag, self.cache.max_len) - int(context.max())
         max_nodes = room if max_nodes is None else min(max_nodes, room)
         grower = TreeGrower(spec, self.begun(), params, generator, max_depth=max_depth, max_nodes=max_nodes)
         if not grower.done:
@@ -98,14 +99,14 @@ class CachedDraft(DraftBase):
         The cache is reset to the context first: cached rows are visible to every new row, and
         siblings must not see each other.
         """
-        self.cache.truncate(context)
-        ids, rows, mask, nodes, index = ancestor_inputs(grower.trees, grower.frontier, (context - 1).tolist())
-        self.room(rows.shape[1])
+        held = context.tolist()  # one read back per depth: the trees are built on the host
+        self.cache.truncate(context, check=False, bound=max(held))  # the rows the cache held before the tree
+        ids, rows, mask, nodes, index = ancestor_inputs(grower.trees, grower.frontier, [n - 1 for n in held])
         self.cache.check_room(rows.shape[1], "the draft tree")
         dev = context.device
         return ids.to(dev), rows.to(dev), mask.to(dev), nodes, index.to(dev)
 
     def tree_result(self, grower: TreeGrower, context: torch.Tensor) -> list[Tree]:  # context [B]
         """The grown trees; the cache goes back to the context (tree rows never stay)."""
-        self.cache.truncate(context)
+        self.cache.truncate(context, check=False)
         return grower.result()

@@ -69,9 +69,8 @@ class EagleDraft(FeatureDraft, CachedDraft, Draft, TreeDraft):
               mask: torch.Tensor | None = None) -> torch.Tensor:  # g [B, W, C], tokens [B, W], rows [B, W] -> [B, W, C]
         """One layer pass: row rows[b, w] reads g[b, w], token tokens[b, w] (= x_{s+1}) at position s + 1."""
         tok, pos = embed(self.target, tokens, rows + 1)
-        self.room(tokens.shape[1])
         self.passes += 1
-        return self.layer(g, tok, pos, cache=self.cache, attention_mask=mask)
+        return self.layer(g, tok, pos, cache=self.cache, attention_mask=mask, check=False)
 
     def context_feature(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor | None:  # -> [B, C]
         """Feed the true rows the cache lacks (s = fed .. n-2) in one pass: f_hat_{n-2} per row, None if no feature."""
@@ -81,8 +80,8 @@ class EagleDraft(FeatureDraft, CachedDraft, Draft, TreeDraft):
         r = t + 1  # true rows: s = 0 .. n-2
         rows = self.catch_up(r)  # [B, W]
         real = torch.minimum(rows, t[:, None])  # padding rows repeat the last true row's inputs
-        out = self._rows(self.layer.fuse(self.gather(real)), tokens.gather(1, real + 1), rows)  # [B, W, C]
-        self.cache.truncate(r)  # drop the padding rows
+        out = self._rows(self.layer.fuse(self.gather(real, check=False)), tokens.gather(1, real + 1), rows)  # [B, W, C]
+        self.cache.truncate(r, check=False)  # drop the padding rows
         return pick(out, t[:, None] - rows[:, :1])[:, 0]  # row n-2
 
     @torch.no_grad()
@@ -98,9 +97,12 @@ class EagleDraft(FeatureDraft, CachedDraft, Draft, TreeDraft):
         k = check_k(k, None)
         f_hat = self.context_feature(tokens, lengths)  # [B, C]
         n_ctx = self.window
-        if int(lengths.max()) + k - 1 > n_ctx:
-            raise ValueError(f"k={k} drafts after {int(lengths.max())} tokens reach past the target's context window "
-                             f"n_positions={n_ctx}")
+        longest = self.cache.bound + 1  # >= the longest row (the cache holds its true rows, n - 1): no read back
+        if longest + k - 1 > n_ctx:
+            longest = int(lengths.max())  # the bound may be loose: read the lengths before refusing
+            if longest + k - 1 > n_ctx:
+                raise ValueError(f"k={k} drafts after {longest} tokens reach past the target's context window "
+                                 f"n_positions={n_ctx}")
         if k == 0:
             return self.empty(tokens, self.target.dtype)
         if f_hat is None:
@@ -114,7 +116,7 @@ class EagleDraft(FeatureDraft, CachedDraft, Draft, TreeDraft):
             if i < k - 1:  # the last draft is never fed: the target scores it
                 f_hat = self._rows(f_hat[:, None], x[:, None], row[:, None])[:, 0]
                 row = row + 1
-        self.cache.truncate(self.fed)  # rows from predicted features never stay
+        self.cache.truncate(self.fed, check=False)  # rows from predicted features never stay
         return torch.stack(drafts, 1), torch.stack(qs, 1)
 
     @torch.no_grad()

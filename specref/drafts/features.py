@@ -14,7 +14,7 @@ import torch
 
 from .._validate import as_int_tuple, check_gpt2, check_rows, check_tensor
 from ..trees import ROOT, Tree
-from .base import DraftBase
+from .base import DraftBase, one_hot
 
 
 class FeatureDraft(DraftBase):
@@ -72,11 +72,12 @@ class FeatureDraft(DraftBase):
             raise ValueError(f"features changed from {self.features[0].dtype} C={self.features[0].shape[2]} "
                              f"to {first.dtype} C={C} within one generation")
         bad = (starts < 0) | (starts > held)
-        if bool(bad.any()):
+        n_bad, longest = torch.stack([bad.sum(), (starts + T).max()]).tolist()  # one read back
+        if n_bad:
             b = int(bad.nonzero()[0])
             raise ValueError(f"row {b}: features start at position {int(starts[b])} but the row holds "
                              f"{int(held[b])}: a write must continue or re-cover what is held, never leave a gap")
-        self._reserve(int((starts + T).max()), B, C, first.dtype, dev)
+        self._reserve(longest, B, C, first.dtype, dev)
         pos = starts[:, None] + torch.arange(T, device=dev)  # [B, T]
         for buf, f in zip(self.features, features):
             buf.scatter_(1, pos[..., None].expand(B, T, C), f)  # the caller's tensors are only read
@@ -87,7 +88,7 @@ class FeatureDraft(DraftBase):
         cap = 0 if self.features is None else self.features[0].shape[1]
         if n <= cap:
             return
-        new_cap = max(n, 2 * cap, 64)
+        new_cap = max(n, 2 * cap, 64, self.run_rows or 0)  # sized to the run (`size_for`): allocated once
         grown = [torch.zeros((B, new_cap, C), dtype=dtype, device=dev) for _ in self.feature_layers]
         if self.features is not None:
             for g, old in zip(grown, self.features):
@@ -97,7 +98,7 @@ class FeatureDraft(DraftBase):
     def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
         """Keep only the first n_valid[b] features of row b (they belong to the tokens the row kept)."""
         super().rollback(n_valid)
-        if bool((n_valid < 0).any()):
+        if bool((n_valid < 0).any()):  # one read back
             raise ValueError(f"n_valid must be >= 0, got {n_valid.tolist()}")
         if self.feature_lengths is not None:
             self.feature_lengths = torch.minimum(self.feature_lengths, n_valid.to(self.feature_lengths.device))
@@ -112,7 +113,7 @@ class FeatureDraft(DraftBase):
     def prompt_again(self, tokens: torch.Tensor, k: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Before any feature (a one-token prompt): k copies of that token with one-hot q, exact and rarely accepted."""
         x = tokens[:, :1].expand(tokens.shape[0], k).clone()  # [B, k]
-        return x, torch.nn.functional.one_hot(x, self.vocab_size).to(dtype)
+        return x, one_hot(x, self.vocab_size, dtype)
 
     def prompt_again_tree(self, tokens: torch.Tensor, depth: int, max_depth: int | None,
                           max_nodes: int | None) -> list[Tree]:
@@ -125,23 +126,34 @@ class FeatureDraft(DraftBase):
 
         None before any feature exists: a one-token prompt, which every row shares.
         """
-        t = self.check_context(tokens, lengths) - 2
-        if bool((t < 0).all()):
-            return None
+        B = self.begun()
+        tokens = check_rows("tokens", tokens, B, "[B, L]")
+        t = check_rows("lengths", lengths, B).to(tokens.device, torch.long) - 2
         held = self.held().to(t.device)
-        if bool(((t < 0) | (held <= t)).any()):
+        # One read back: the lengths' range, and whether any row lacks the features it needs.
+        lacks = ((t < 0) | (held <= t)).any().long()
+        lo, hi, n_before, lacking = torch.stack([t.min(), t.max(), (t < 0).sum(), lacks]).tolist()
+        if lo < -1 or hi > tokens.shape[1] - 2:
+            raise ValueError(f"lengths must be in [1, {tokens.shape[1]}] (the buffer's width), got {(t + 2).tolist()}")
+        if n_before == B:
+            return None
+        if lacking:
             raise RuntimeError(f"the draft holds the target's features of {held.tolist()} positions but needs "
                                f"those of {(t + 1).tolist()}: the loop must call observe(features, starts) after "
                                f"every target pass")
         return t
 
-    def gather(self, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:  # [B, W] -> ([B, W, C], ...)
-        """The features at positions[b, w] of row b, per feature layer; every position must be held."""
+    def gather(self, positions: torch.Tensor,  # [B, W]
+               check: bool = True) -> tuple[torch.Tensor, ...]:  # ([B, W, C], ...)
+        """The features at positions[b, w] of row b, per feature layer; every position must be held.
+
+        ``check=False`` (a draft's own call, positions it derived from `scored`) skips the read back.
+        """
         positions = check_rows("positions", positions, self.begun("gather"), "[B, W]")
         if self.features is None or self.feature_lengths is None:
             raise RuntimeError("no features held yet: observe the target's pass first")
         positions = positions.to(self.feature_lengths.device, torch.long)
-        if positions.numel() and bool(((positions < 0) | (positions >= self.feature_lengths[:, None])).any()):
+        if check and positions.numel() and bool(((positions < 0) | (positions >= self.feature_lengths[:, None])).any()):
             raise ValueError(f"positions must lie in [0, held) for each row, held = {self.feature_lengths.tolist()}, "
                              f"got {positions.tolist()}")
         C = self.features[0].shape[2]

@@ -26,7 +26,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .._validate import as_int_tuple, check_int, check_tensor
-from ..models.gpt2 import GPT2, Block, GPT2Config, attention_mask_over_slots, check_attention_mask, check_cache
+from ..models.gpt2 import (GPT2, Block, GPT2Config, additive_mask, attention_mask_over_slots, check_attention_mask,
+                           check_cache)
 from ..models.kvcache import KVCache
 
 KINDS = ("medusa", "eagle", "mtp")
@@ -74,22 +75,28 @@ class OneBlock(nn.Module):
         return KVCache(1, batch_size, self.n_head, self.n_embd // self.n_head, max_len,
                        device=p.device if device is None else device, dtype=p.dtype if dtype is None else dtype)
 
-    def attend(self, x: torch.Tensor, cache: KVCache | None,
-               attention_mask: torch.Tensor | None) -> torch.Tensor:  # [B, T, C] -> [B, T, C]
-        """The block over new rows ``x``, attending as ``GPT2.forward`` does (cache + mask among new rows)."""
+    def attend(self, x: torch.Tensor, cache: KVCache | None, attention_mask: torch.Tensor | None,
+               check: bool = True) -> torch.Tensor:  # [B, T, C] -> [B, T, C]
+        """The block over new rows ``x``, attending as ``GPT2.forward`` does (cache + mask among new rows).
+
+        ``check=True`` validates the mask and the cache (reading back); ``check=False`` is the
+        core pass a draft runs inside a generation: no read back, the cache's slots chosen on the
+        host (``KVCache.capacity``), the mask built on the device, the lengths advanced in place.
+        """
         B, T, C = x.shape
-        new_mask = check_attention_mask(attention_mask, B, T, x.device)
+        if check:
+            attention_mask = check_attention_mask(attention_mask, B, T, x.device)
+            if cache is not None:
+                check_cache(cache, 1, self.n_head, C // self.n_head, B, x.device, T)
+        new = torch.arange(T, device=x.device)
         if cache is None:
-            past, slots, n_slots = None, None, T
-            mask = attention_mask_over_slots(None, torch.arange(T, device=x.device)[None].expand(B, T), T, new_mask)
-        else:
-            n_slots = check_cache(cache, 1, self.n_head, C // self.n_head, B, x.device, T)
-            past = cache.lengths
-            slots = past[:, None] + torch.arange(T, device=x.device)  # [B, T]
-            mask = attention_mask_over_slots(past, slots, n_slots, new_mask)
+            mask = attention_mask_over_slots(None, new.expand(B, T), T, attention_mask)  # [B or 1, 1, T, T]
+            return self.block(x, mask, None, 0, None, T)
+        n_slots = cache.capacity(T)
+        slots = cache.lengths[:, None] + new  # [B, T]
+        mask = additive_mask(attention_mask_over_slots(cache.lengths, slots, n_slots, attention_mask), x.dtype)
         y = self.block(x, mask, cache, 0, slots, n_slots)
-        if cache is not None:
-            cache.lengths = past + T  # a new tensor, as GPT2.forward does
+        cache.advance(T)
         return y
 
 
@@ -178,6 +185,7 @@ class EagleLayer(OneBlock):
         pos_emb: torch.Tensor,  # [B or 1, T, C] wpe(s + 1)
         cache: KVCache | None = None,
         attention_mask: torch.Tensor | None = None,  # [B or 1, T, T] bool among the new rows
+        check: bool = True,  # False inside a generation: no read back (`OneBlock.attend`)
     ) -> torch.Tensor:  # f_hat [B, T, C]
         g = check_features("g", g, self.n_embd)
         B, T, _ = g.shape
@@ -187,7 +195,7 @@ class EagleLayer(OneBlock):
             x = self.fc(torch.cat([g, tok_emb.expand(B, T, -1)], -1))
         else:
             x = self.fc(g)
-        return self.norm_out(self.attend(x + pos_emb, cache, attention_mask))
+        return self.norm_out(self.attend(x + pos_emb, cache, attention_mask, check))
 
 
 # -- MTP -------------------------------------------------------------------------------------
@@ -218,13 +226,14 @@ class MTPModule(OneBlock):
         pos_emb: torch.Tensor,  # [B or 1, T, C] wpe(i + d)
         cache: KVCache | None = None,
         attention_mask: torch.Tensor | None = None,
+        check: bool = True,  # False inside a generation: no read back (`OneBlock.attend`)
     ) -> torch.Tensor:  # h^d [B, T, C]
         h_prev = check_features("h_prev", h_prev, self.n_embd)
         B, T, _ = h_prev.shape
         tok_emb = check_features("tok_emb", tok_emb, self.n_embd, B, T)
         pos_emb = check_features("pos_emb", pos_emb, self.n_embd, B, T)
         x = self.proj(torch.cat([self.norm_h(h_prev), self.norm_e(tok_emb.expand(B, T, -1))], -1)) + pos_emb
-        return self.attend(x, cache, attention_mask)
+        return self.attend(x, cache, attention_mask, check)
 
     def logits(self, h: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:  # [B, T, C] -> [B, T, V]
         return lm_head(self.norm_out(h))

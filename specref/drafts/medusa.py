@@ -47,7 +47,7 @@ class MedusaDraft(FeatureDraft, Draft, TreeDraft):
         t = self.scored(tokens, lengths)
         if t is None:
             return None  # a one-token prompt: nothing scored yet
-        (f_t,) = self.gather(t[:, None])  # [B, 1, C]
+        (f_t,) = self.gather(t[:, None], check=False)  # [B, 1, C]: scored(t) checked the rows hold t
         self.passes += 1
         return self.heads.logits(f_t, self.target.lm_head, n)[:, 0]  # [B, n, V]: head i -> x_{t+2+i}; only n run
 

@@ -10,12 +10,16 @@ masked pass per depth over the ancestors of the nodes being expanded (`CachedDra
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
+from .._validate import check_rows
+from ..models.gpt2 import unchecked
 from ..sampling import SamplingParams
 from ..tree_shapes import TreeSpec
 from ..trees import Tree
-from .base import Draft, Sampler, TreeDraft, check_k, draw
+from .base import Draft, Sampler, TreeDraft, check_k, draw, one_hot
 from .cached import CachedDraft, pick
 
 
@@ -36,14 +40,19 @@ class ModelDraft(CachedDraft, Draft):
         self.sampler = sampler
 
     @property
+    def step(self) -> Callable[..., torch.Tensor]:
+        """The draft model's unchecked pass (`GPT2.step`; a wrapper's own forward): the loop checked the inputs."""
+        return unchecked(self.model)
+
+    @property
     def window(self) -> int:  # the draft model's context window
         return self.model.config.n_positions
 
     def context_logits(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:  # [B, L], [B] -> [B, V]
         """Feed each row's tokens the cache has not seen, in one pass: the logits after the whole context."""
-        lengths = self.check_context(tokens, lengths)
-        rows = self.catch_up(lengths)  # [B, W]
-        return self.model(tokens.gather(1, rows), cache=self.cache, logits_to_keep=1)[:, -1]
+        lengths = check_rows("lengths", lengths, self.begun()).to(tokens.device, torch.long)  # shapes only
+        rows = self.catch_up(lengths, limit=check_rows("tokens", tokens, self.batch_size, "[B, L]").shape[1])  # [B, W]
+        return self.step(tokens.gather(1, rows), cache=self.cache, logits_to_keep=1)[:, -1]
 
     @torch.no_grad()
     def propose(
@@ -67,12 +76,11 @@ class ModelDraft(CachedDraft, Draft):
                 qs.append(q)
             drafts.append(x)
             if i < k - 1:  # the last draft is never fed: the target scores it
-                self.room(1)
-                logits = self.model(x[:, None], cache=self.cache)[:, -1]
+                logits = self.step(x[:, None], cache=self.cache)[:, -1]
         self.fed = self.fed + (k - 1)
         x = torch.stack(drafts, 1)  # [B, k]
         if params.greedy:
-            return x, torch.nn.functional.one_hot(x, self.vocab_size).to(logits.dtype)
+            return x, one_hot(x, self.vocab_size, logits.dtype)
         return x, torch.stack(qs, 1)
 
 
@@ -112,7 +120,7 @@ class TreeModelDraft(ModelDraft, TreeDraft):
         while not grower.done:  # one masked pass per deeper depth
             ids, rows, mask, _, index = self.feed_ancestors(grower, context)
             self.passes += 1
-            logits = self.model(ids, cache=self.cache, position_ids=rows, attention_mask=mask)  # row s: position s
+            logits = self.step(ids, cache=self.cache, position_ids=rows, attention_mask=mask)  # row s: position s
             grower.grow(pick(logits, index))
         return self.tree_result(grower, context)
 

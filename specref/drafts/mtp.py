@@ -68,7 +68,7 @@ class MTPDraft(FeatureDraft, Draft):
         if self.caches is not None:
             n = n_valid.to(self.caches[0].device, torch.long)
             for d, cache in enumerate(self.caches, start=1):  # row i of depth d read x_{i+d}: kept iff i + d < n_valid
-                cache.truncate(torch.minimum(cache.lengths, (n - d).clamp(min=0)))
+                cache.truncate(torch.minimum(cache.lengths, (n - d).clamp(min=0)), check=False)
 
     def true_rows(self, d: int) -> torch.Tensor:  # [B]
         """How many leading rows of depth d (1-based) the draft holds, computed from true inputs only."""
@@ -78,8 +78,9 @@ class MTPDraft(FeatureDraft, Draft):
         return self.caches[d - 1].lengths.clone()
 
     def _allocate(self, B: int) -> None:
-        # Rows never exceed the window; padding rows of one pass can reach up to one window further.
-        n = 2 * self.target.config.n_positions
+        # Rows never exceed the run's longest row (`size_for`, else the window); padding rows of one pass
+        # can reach up to that many further. Allocated once per generation.
+        n = 2 * (self.run_rows or self.target.config.n_positions)
         p = next(self.modules[0].parameters())
         self.caches = [m.new_cache(B, n) for m in self.modules]
         self.outputs = [torch.zeros((B, n, self.n_embd), dtype=p.dtype, device=p.device) for _ in self.modules]
@@ -89,7 +90,7 @@ class MTPDraft(FeatureDraft, Draft):
         tr = self.target.transformer
         self.passes += 1
         return self.modules[d - 1](h_prev, tr.wte(tok), tr.wpe(pos.clamp(max=self.target.config.n_positions - 1)),
-                                   cache=self.caches[d - 1])
+                                   cache=self.caches[d - 1], check=False)
 
     @torch.no_grad()
     def propose(
@@ -134,14 +135,14 @@ class MTPDraft(FeatureDraft, Draft):
         """
         cache = self.caches[d - 1]
         keep = (t + 2 - d).clamp(min=0)  # rows 0 .. t+1-d read true tokens only
-        cache.truncate(torch.minimum(cache.lengths, keep))
-        start = cache.lengths  # [B]
-        W = int((t + 1 - start).max())
+        start = torch.minimum(cache.lengths, keep)  # [B]
+        W, most = torch.stack([(t + 1 - start).max(), keep.max()]).tolist()  # one read back per depth
+        cache.truncate(start, check=False, bound=most)
         if W > 0:
             rows = start[:, None] + torch.arange(W, device=t.device)  # [B, W]; rows > t[b] are padding
             prev = self.features[0] if d == 1 else self.outputs[d - 2]
             tok = ext.gather(1, (rows + d).clamp(max=ext.shape[1] - 1))
             out = self._run(d, pick(prev, rows.clamp(max=prev.shape[1] - 1)), tok, rows + d)  # [B, W, C]
             self.outputs[d - 1].scatter_(1, rows[..., None].expand(*rows.shape, self.n_embd), out)
-            cache.truncate(keep)
+            cache.truncate(keep, check=False, bound=most)  # keep <= start + W: only padding rows go
         return pick(self.outputs[d - 1], t[:, None])

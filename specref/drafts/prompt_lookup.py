@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 import torch
 
-from .._validate import check_int
+from .._validate import check_int, check_rows
 from ..sampling import SamplingParams
-from .base import Draft
+from .base import Draft, one_hot
 
 
 def match(context: Sequence[int], max_ngram: int, min_ngram: int) -> int | None:
@@ -95,13 +95,17 @@ class PromptLookupDraft(Draft):
         params: SamplingParams,  # unused: the proposal is deterministic and q one-hot, whatever the sampling
         generator: torch.Generator | None = None,  # unused, for the same reason
     ) -> tuple[torch.Tensor, torch.Tensor]:  # drafts [B, k], q [B, k, V]
-        lengths = self.check_context(tokens, lengths)
+        lengths = check_rows("lengths", lengths, self.begun())  # shapes here; the values on the host below
+        tokens = check_rows("tokens", tokens, self.batch_size, "[B, L]")
         k = check_int("k", k, 0, "tokens to propose")
         V, dev = self.vocab_size, tokens.device
         if k == 0:
             return self.empty(tokens, self.dtype)
-        # One copy to the host: each row's length, then its buffer.
-        rows = torch.cat([lengths[:, None].to(tokens.dtype), tokens], 1).tolist()
+        # One copy to the host, the proposal's only read back: each row's length, then its buffer.
+        rows = torch.cat([lengths[:, None].to(tokens.device, tokens.dtype), tokens], 1).tolist()
+        if not all(1 <= row[0] <= tokens.shape[1] for row in rows):
+            raise ValueError(f"lengths must be in [1, {tokens.shape[1]}] (the buffer's width), "
+                             f"got {[row[0] for row in rows]}")
         contexts, starts = [], []
         for n, *row in rows:
             contexts.append(row[:n])
@@ -112,4 +116,4 @@ class PromptLookupDraft(Draft):
         if not all(0 <= x < V for d in drafts for x in d):
             raise ValueError(f"the buffer holds token ids outside the vocabulary [0, {V}), so would the drafts")
         x = torch.tensor(drafts, dtype=torch.long, device=dev).reshape(len(drafts), k)  # [B, k]
-        return x, torch.nn.functional.one_hot(x, V).to(self.dtype)
+        return x, one_hot(x, V, self.dtype)

@@ -1,7 +1,8 @@
 """Transformer models used as targets and drafts: GPT-2 with a speculative-decoding KV cache (chapters 1, 4).
 
-gpt2 (the model), kvcache (per-row lengths, truncate, compact), tokenizer, pretrained
-(HF-layout loading and saving), pair (the bundled pair, its training record, held-out prompts).
+gpt2 (the model), kvcache (per-row lengths, truncate, compact), graphs (passes captured as CUDA
+graphs), tokenizer, pretrained (HF-layout loading and saving, the GPU timing pair), pair (the
+bundled pair, its training record, held-out prompts).
 """
 
 from .._lazy import lazy_names
@@ -9,6 +10,7 @@ from .._lazy import lazy_names
 # name -> the module that defines it, imported on first use (PEP 562): see specref/__init__.py.
 _LAZY: dict[str, str] = {
     "BPETokenizer": "specref.models.tokenizer",
+    "CapturedPasses": "specref.models.graphs",
     "EOT": "specref.models.tokenizer",
     "from_pretrained": "specref.models.pretrained",
     "GPT2": "specref.models.gpt2",
@@ -18,6 +20,8 @@ _LAZY: dict[str, str] = {
     "KVCache": "specref.models.kvcache",
     "load_pair": "specref.models.pair",
     "load_tokenizer": "specref.models.tokenizer",
+    "timing_pair": "specref.models.pretrained",
+    "TimingPair": "specref.models.pretrained",
     "normalize_state_dict": "specref.models.gpt2",
     "save_pretrained": "specref.models.pretrained",
     "train_tokenizer": "specref.models.tokenizer",
@@ -30,11 +34,14 @@ __all__ = [
     "GPT2Output",
     "KVCache",
     "BPETokenizer",
+    "CapturedPasses",
     "EOT",
     "from_pretrained",
     "heldout_prompts",
     "load_pair",
     "load_tokenizer",
+    "timing_pair",
+    "TimingPair",
     "normalize_state_dict",
     "save_pretrained",
     "train_tokenizer",

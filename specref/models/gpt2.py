@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
+from functools import partial
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -28,13 +30,18 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .._validate import check_tokens
+from .._validate import check_int, check_tokens
+from .graphs import CapturedPasses
 from .kvcache import KVCache
 
 # cuDNN's attention, torch's first choice for half precision on recent GPUs, builds a
 # graph for every new key length, so for every decoding step: that costs more than the
 # step itself. Decoding therefore uses the other fused kernels.
 _DECODE_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+# Devices whose passes `GPT2.step` routes through `GPT2.graphs` (CUDA graphs). A test adds "cpu" to run the
+# routing and the keys on the CPU with a stand-in graph.
+GRAPHED_DEVICES = ("cuda",)
 
 
 @dataclass
@@ -61,9 +68,7 @@ class GPT2Config:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_int(name, getattr(self, name), 1, "a positive size", ValueError)
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.n_inner is not None and (not isinstance(self.n_inner, int) or self.n_inner <= 0):
@@ -123,7 +128,8 @@ def check_cache(cache: object, n_layer: int, n_head: int, head_dim: int, batch_s
                 device: torch.device, n_new: int) -> int:
     """Raise unless `cache` is a KVCache of this shape, batch and device with room for n_new more tokens per row.
 
-    Returns S, the slots the new tokens attend over (the longest cached row + n_new).
+    The checked path may read back: it makes the cache's host bound exact (`KVCache.tighten`).
+    Returns the longest cached row + n_new.
     """
     if not isinstance(cache, KVCache):
         raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
@@ -133,7 +139,7 @@ def check_cache(cache: object, n_layer: int, n_head: int, head_dim: int, batch_s
         raise ValueError(f"cache holds {cache.batch_size} sequences but the input has B={batch_size}")
     if cache.device != device:
         raise ValueError(f"cache is on {cache.device} but the model is on {device}")
-    n_slots = int(cache.lengths.max()) + n_new
+    n_slots = cache.tighten() + n_new
     if n_slots > cache.max_len:
         raise ValueError(f"total length {n_slots} exceeds the cache's max_len={cache.max_len}")
     return n_slots
@@ -144,32 +150,37 @@ def attention_mask_over_slots(
     slots: torch.Tensor,  # [B, T] cache slot of each new token (past[:, None] + arange(T))
     n_slots: int,  # S: how many cache slots the new tokens attend over
     new_mask: torch.Tensor | None,  # [B or 1, T, T] bool among the new tokens (checked), None = causal
-) -> torch.Tensor | None:  # [B or 1, 1, T, S] bool, or None when every key is visible
-    """The attention rule of ``GPT2.forward`` as a mask over cache slots.
+) -> torch.Tensor:  # [B or 1, 1, T, S] bool
+    """The attention rule of ``GPT2.forward`` as a mask over cache slots, built on the device.
 
     New token ``i`` of row ``b`` sees every cached slot ``< past[b]`` and the new
-    token ``j`` iff ``new_mask[b, i, j]``.  Any one-block model with a ``KVCache``
-    (the EAGLE layer, the MTP modules) builds its mask here, so it attends exactly
-    as the target does.
+    token ``j`` iff ``new_mask[b, i, j]``; every other slot (stale, or past the row's
+    tokens) is masked, whatever the lengths, so nothing is read back to choose a case.
+    Any one-block model with a ``KVCache`` (the EAGLE layer, the MTP modules) builds its
+    mask here, so it attends exactly as the target does.
     """
     B, T = slots.shape
     dev = slots.device
-    new = torch.arange(T, device=dev)
-    if past is not None and new_mask is None and (B == 1 or bool((past == past[0]).all())):
-        # Every row has the same cache length (always, for one sequence): all cached
-        # slots are visible and the new tokens are causal among themselves. One new
-        # token sees every slot, so it needs no mask at all.
-        return None if T == 1 else (torch.arange(n_slots, device=dev) <= slots[0][:, None])[None, None]  # [1,1,T,S]
     if past is None:
-        return (_causal(new) if new_mask is None else new_mask)[:, None]  # [B or 1, 1, T, T]
-    new_mask = _causal(new) if new_mask is None else new_mask
+        return (_causal(torch.arange(T, device=dev)) if new_mask is None else new_mask)[:, None]  # [B or 1, 1, T, T]
+    s = torch.arange(n_slots, device=dev)
+    if new_mask is None:  # causal: slot s is visible to new token i iff s <= its own slot
+        return (s[None, None, :] <= slots[:, :, None])[:, None]  # [B, 1, T, S]
     # Slot s of sequence b is visible to new token i iff it is cached (s < past[b])
     # or it is new token j = s - past[b] and new_mask[b, i, j].
-    s = torch.arange(n_slots, device=dev)
     rel = s[None, :] - past[:, None]  # [B, S]
     in_new = (rel >= 0) & (rel < T)
     gathered = new_mask.expand(B, T, T).gather(2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, n_slots))
     return ((rel < 0)[:, None, :] | (in_new[:, None, :] & gathered))[:, None]  # [B, 1, T, S]
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # bool [..., T, S] -> dtype, same shape
+    """The mask as attention scores to add: 0 where a key is visible, -inf where not.
+
+    Built once per pass: `scaled_dot_product_attention` would otherwise convert a bool mask in
+    every layer. Softmax gives the same weights either way.
+    """
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 def _gelu_new(x: torch.Tensor) -> torch.Tensor:
@@ -202,7 +213,7 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [B, T, C]
-        mask: torch.Tensor,  # [B or 1, 1, T, S] bool, True = may attend
+        mask: torch.Tensor,  # [B or 1, 1, T, S]: bool, True = may attend, or scores to add (`additive_mask`)
         cache: KVCache | None,
         layer: int,
         slots: torch.Tensor | None,  # [B, T] cache slots of the new tokens
@@ -282,6 +293,8 @@ class GPT2(nn.Module):
         self.transformer = Transformer(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
+        self.graphs = CapturedPasses()  # on CUDA, `step` replays captured passes (graphs.enabled = False: eager)
+        self.graph_max_tokens = 64  # longer passes (a prompt's, run once per generation) are not worth capturing
         self.apply(self._init_weights)
         # GPT-2 scales residual projections by 1/sqrt(2 * n_layer) so the residual
         # stream's variance does not grow with depth.
@@ -298,6 +311,12 @@ class GPT2(nn.Module):
         if isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (``copy.deepcopy``, pickling) gets its own empty `CapturedPasses`: graphs belong to addresses."""
+        state = dict(super().__getstate__())
+        state["graphs"] = CapturedPasses(self.graphs.enabled)
+        return state
 
     # -- convenience -------------------------------------------------------------------
     @property
@@ -321,10 +340,16 @@ class GPT2(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> KVCache:
-        """An empty cache for ``batch_size`` sequences of up to ``max_len`` (default ``n_positions``) tokens."""
+        """An empty cache for ``batch_size`` sequences of up to ``max_len`` (default ``n_positions``) tokens.
+
+        A generation allocates its caches once; the graphs captured on earlier caches' addresses
+        are dropped here (`self.graphs.clear()`), so that a run of generations holds only its own.
+        """
+        self.graphs.clear()
         c = self.config
         max_len = c.n_positions if max_len is None else max_len
-        if not isinstance(max_len, int) or isinstance(max_len, bool) or not 0 < max_len <= c.n_positions:
+        if check_int("max_len", max_len, 1, f"cache slots, at most n_positions={c.n_positions}", ValueError) \
+                > c.n_positions:
             raise ValueError(f"max_len must be an int in [1, n_positions={c.n_positions}], got {max_len!r}")
         return KVCache(c.n_layer, batch_size, c.n_head, c.head_dim, max_len,
                        device=self.device if device is None else device,
@@ -339,6 +364,8 @@ class GPT2(nn.Module):
         attention_mask: torch.Tensor | None = None,  # [B or 1, T, T] bool, among the new tokens
         return_hidden: bool = False,
         logits_to_keep: int = 0,
+        *,
+        checked: bool = True,
     ) -> torch.Tensor | GPT2Output:
         """Logits ``[B, T, V]`` for ``input_ids`` (appended after ``cache`` if one is given).
 
@@ -351,10 +378,15 @@ class GPT2(nn.Module):
         With ``return_hidden=True`` returns ``GPT2Output(logits, hidden_states)``.
         ``logits_to_keep=n`` (HF's name) computes logits for the last ``n`` tokens only,
         ``[B, n, V]``: a prompt's pass needs just the last; 0 keeps all.
+
+        Every argument is checked (which reads values back from the device); ``checked=False``
+        is the decoding loops' call, inside a generation that checked its inputs once: it runs
+        `step`, the unchecked core, still through ``nn.Module.__call__`` (hooks see every pass).
         """
+        if not checked:
+            return self.step(input_ids, cache, position_ids, attention_mask, return_hidden, logits_to_keep)
         c = self.config
-        if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
-            raise ValueError(f"logits_to_keep must be an int >= 0 (0 = all tokens), got {logits_to_keep!r}")
+        check_int("logits_to_keep", logits_to_keep, 0, "0 = all tokens", ValueError)
         if not isinstance(input_ids, torch.Tensor):
             raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
         if input_ids.dtype.is_floating_point or input_ids.is_complex() or input_ids.dtype == torch.bool:
@@ -366,22 +398,11 @@ class GPT2(nn.Module):
             raise ValueError(f"input_ids must be non-empty, got shape {tuple(input_ids.shape)}")
         check_tokens("input_ids", input_ids, c.vocab_size)
         dev = self.device
-        if input_ids.dtype != torch.long or input_ids.device != dev:
-            input_ids = input_ids.to(device=dev, dtype=torch.long)
-
-        if cache is not None:
-            n_slots = check_cache(cache, c.n_layer, c.n_head, c.head_dim, B, dev, T)
-            past = cache.lengths  # [B]
-        else:
-            past = torch.zeros(B, dtype=torch.long, device=dev)
-            n_slots = T
-        new = torch.arange(T, device=dev)
-        slots = past[:, None] + new  # [B, T] cache slot (= default position) of each new token
-
+        input_ids = input_ids.to(device=dev, dtype=torch.long)
+        n_slots = T if cache is None else check_cache(cache, c.n_layer, c.n_head, c.head_dim, B, dev, T)
         if position_ids is None:
             if n_slots > c.n_positions:
                 raise ValueError(f"total length {n_slots} (cached + new tokens) exceeds n_positions={c.n_positions}")
-            position_ids = slots
         else:
             if not isinstance(position_ids, torch.Tensor) or position_ids.dtype.is_floating_point \
                     or position_ids.dtype == torch.bool:
@@ -391,12 +412,62 @@ class GPT2(nn.Module):
             position_ids = position_ids.to(device=dev, dtype=torch.long)
             if bool((position_ids < 0).any()) or bool((position_ids >= c.n_positions).any()):
                 raise ValueError(f"position_ids must lie in [0, n_positions={c.n_positions})")
-
         new_mask = check_attention_mask(attention_mask, B, T, dev)
-        mask = attention_mask_over_slots(past if cache is not None else None, slots, n_slots, new_mask)
+        return self.step(input_ids, cache, position_ids, new_mask, bool(return_hidden), logits_to_keep)
 
+    def step(
+        self,
+        input_ids: torch.Tensor,  # [B, T] long, on the model's device, ids in the vocabulary
+        cache: KVCache | None = None,  # checked: this model's shape, B rows, room for T more
+        position_ids: torch.Tensor | None = None,  # [B or 1, T] long, in [0, n_positions)
+        attention_mask: torch.Tensor | None = None,  # [B or 1, T, T] bool on the device, True on the diagonal
+        return_hidden: bool = False,
+        logits_to_keep: int = 0,
+    ) -> torch.Tensor | GPT2Output:
+        """``forward`` without its checks: the unchecked core pass that the decoding loops call.
+
+        It reads nothing back from the device, and its shapes depend only on (B, T) and the
+        slots it attends over, ``cache.capacity(T)`` (chosen on the host from the cache's
+        bound), so on CUDA a pass with a cache and at most ``graph_max_tokens`` new tokens runs
+        as a captured graph (`self.graphs`), one per key: the shapes, the cache's addresses,
+        its dtype, the weights' addresses (a model moved or cast captures afresh) and the
+        outputs asked for. A decode pass (T = 1), a verification (T = k + 1),
+        each catch-up width and each tree shape get their own graph; a longer pass (a prompt's,
+        once per generation) runs eagerly. The lengths advance in place after the pass.
+        """
+        B, T = input_ids.shape
+        n_slots = T if cache is None else cache.capacity(T)
+        run = partial(self._core, cache, n_slots, return_hidden, logits_to_keep,
+                      position_ids is not None, attention_mask is not None)
+        inputs = tuple(t for t in (input_ids, position_ids, attention_mask) if t is not None)
+        if cache is not None and input_ids.device.type in GRAPHED_DEVICES and T <= self.graph_max_tokens:
+            weights = (self.transformer.wte.weight.data_ptr(), self.transformer.h[-1].mlp.c_proj.weight.data_ptr())
+            key = (B, T, n_slots, cache.k.data_ptr(), cache.v.data_ptr(), cache.lengths.data_ptr(), cache.dtype,
+                   weights, return_hidden, logits_to_keep, tuple(t.shape for t in inputs))
+            out = self.graphs.run(key, run, *inputs)
+        else:
+            out = run(*inputs)
+        if cache is not None:
+            cache.advance(T)
+        if return_hidden:
+            return GPT2Output(out[0], tuple(out[1:]))
+        return out
+
+    def _core(
+        self, cache: KVCache | None, n_slots: int, return_hidden: bool, logits_to_keep: int,
+        has_positions: bool, has_mask: bool, input_ids: torch.Tensor, *rest: torch.Tensor,
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:  # logits [B, T or logits_to_keep, V] (, hidden states...)
+        """The pass over fixed shapes: write K/V at slots lengths[b] .., attend over n_slots slots; no read back."""
+        position_ids = rest[0] if has_positions else None
+        new_mask = rest[-1] if has_mask else None
+        B, T = input_ids.shape
+        dev = input_ids.device
+        past = cache.lengths if cache is not None else None  # [B]
+        new = torch.arange(T, device=dev)
+        slots = new.expand(B, T) if past is None else past[:, None] + new  # [B, T] slot (= default position)
         tr = self.transformer
-        x = tr.wte(input_ids) + tr.wpe(position_ids)  # [B, T, C]
+        x = tr.wte(input_ids) + tr.wpe(slots if position_ids is None else position_ids)  # [B, T, C]
+        mask = additive_mask(attention_mask_over_slots(past, slots, n_slots, new_mask), x.dtype)  # [B or 1, 1, T, S]
         hidden: list[torch.Tensor] = []
         with sdpa_kernel(_DECODE_SDPA_BACKENDS) if x.is_cuda else nullcontext():
             for layer, block in enumerate(tr.h):
@@ -405,11 +476,8 @@ class GPT2(nn.Module):
                 x = block(x, mask, cache, layer, slots, n_slots)
         x = tr.ln_f(x)
         logits = self.lm_head(x[:, -logits_to_keep:] if logits_to_keep else x)  # [B, T or logits_to_keep, V]
-        if cache is not None:
-            cache.lengths = past + T  # a new tensor: callers' references to the old lengths stay valid
         if return_hidden:
-            hidden.append(x)
-            return GPT2Output(logits, tuple(hidden))
+            return (logits, *hidden, x)
         return logits
 
     # -- HF interop ----------------------------------------------------------------------
@@ -425,6 +493,14 @@ class GPT2(nn.Module):
         result = super().load_state_dict(sd, strict=strict, assign=assign)
         self.lm_head.weight = self.transformer.wte.weight  # keep the tie even with assign=True
         return result
+
+
+def unchecked(model: nn.Module) -> Callable[..., Any]:
+    """The pass a decoding loop calls once its inputs are checked: a GPT2 with ``checked=False`` (`GPT2.step`).
+
+    Any other model (a grader's pass counter, a deliberately broken model) is called as it is.
+    """
+    return partial(model, checked=False) if isinstance(model, GPT2) else model
 
 
 def normalize_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -27,6 +27,14 @@ class KVCache:
     Slot ``s`` of sequence ``b`` is valid iff ``s < lengths[b]``.  The model
     writes ``T`` new tokens of sequence ``b`` at slots ``lengths[b] .. lengths[b]+T-1``
     and then advances ``lengths`` by ``T``.
+
+    The cache is the one owner of ``lengths``: its methods change the ``[B]`` tensor in
+    place (so its address never moves, which a captured CUDA graph needs), and nothing
+    else assigns it.  Anyone who needs the old values keeps a ``clone()``.  Beside it,
+    ``bound`` is a host-side int with ``bound >= max(lengths)`` at all times: advancing by
+    ``T`` adds ``T``, ``set`` takes the bound from a caller that knows the lengths on the
+    host, shrinking keeps it.  A pass chooses its shapes from ``bound`` and never reads
+    ``lengths`` back from the device.
     """
 
     def __init__(
@@ -41,8 +49,7 @@ class KVCache:
     ) -> None:
         for name, value in (("n_layer", n_layer), ("batch_size", batch_size), ("n_head", n_head),
                             ("head_dim", head_dim), ("max_len", max_len)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_int(name, value, 1, "a positive size", ValueError)
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         shape = (n_layer, batch_size, n_head, max_len, head_dim)
@@ -51,6 +58,7 @@ class KVCache:
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # [L, B, H, S, D]
         self.v = torch.zeros(shape, device=device, dtype=dtype)  # [L, B, H, S, D]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.k.device)  # [B]
+        self.bound = 0  # host-side: >= max(lengths), never read from the device
 
     # -- shape information -------------------------------------------------------------
     @property
@@ -77,71 +85,82 @@ class KVCache:
         return (f"KVCache(n_layer={self.n_layer}, batch_size={self.batch_size}, max_len={self.max_len}, "
                 f"lengths={self.lengths.tolist()}, dtype={self.dtype}, device={self.device})")
 
-    # -- rollback ----------------------------------------------------------------------
+    # -- the lengths, changed in place -------------------------------------------------
+    def advance(self, n: int) -> None:
+        """Every row took ``n`` more tokens (what a pass over ``T = n`` new tokens does); no read back."""
+        self.lengths += n
+        self.bound += n
+
+    def set(self, new_lengths: torch.Tensor, bound: int | None = None) -> None:  # [B]
+        """Copy ``new_lengths`` into ``lengths`` in place, unchecked; ``bound`` is the host's ``max(new_lengths)``.
+
+        For a caller that knows the lengths on the host (the decoding loop): no read back.
+        ``bound=None`` reads the maximum back (`tighten`).
+        """
+        self.lengths.copy_(new_lengths)
+        if bound is None:
+            self.tighten()
+        else:
+            self.bound = bound
+
+    def tighten(self) -> int:
+        """Make ``bound`` exact: ``max(lengths)``, one read back (for checked calls, never inside a pass)."""
+        self.bound = int(self.lengths.max())
+        return self.bound
+
     def _as_lengths(self, new_lengths: int | Sequence[int] | torch.Tensor) -> torch.Tensor:
         if isinstance(new_lengths, bool):
             raise TypeError("new_lengths must be an int or a [B] integer tensor, got bool")
         if isinstance(new_lengths, int):
-            out = torch.full((self.batch_size,), new_lengths, dtype=torch.long, device=self.device)
-        else:
-            out = torch.as_tensor(new_lengths, device=self.device)
-            if out.dtype.is_floating_point or out.dtype == torch.bool or out.is_complex():
-                raise TypeError(f"new_lengths must hold integers, got dtype {out.dtype}")
-            out = out.to(torch.long)
-            if out.ndim == 0:
-                out = out.expand(self.batch_size)
-            if out.shape != (self.batch_size,):
-                raise ValueError(f"new_lengths must have shape [{self.batch_size}], got {tuple(out.shape)}")
-            out = out.clone()  # never alias the caller's tensor
+            return torch.full((self.batch_size,), new_lengths, dtype=torch.long, device=self.device)
+        out = torch.as_tensor(new_lengths, device=self.device)
+        if out.dtype.is_floating_point or out.dtype == torch.bool or out.is_complex():
+            raise TypeError(f"new_lengths must hold integers, got dtype {out.dtype}")
+        out = out.to(torch.long)
+        if out.ndim == 0:
+            out = out.expand(self.batch_size)
+        if out.shape != (self.batch_size,):
+            raise ValueError(f"new_lengths must have shape [{self.batch_size}], got {tuple(out.shape)}")
         return out
 
-    def truncate(self, new_lengths: int | Sequence[int] | torch.Tensor) -> None:
-        """Roll back to ``new_lengths`` (an int for all sequences or a ``[B]`` tensor).
+    def truncate(self, new_lengths: int | Sequence[int] | torch.Tensor, check: bool = True,
+                 bound: int | None = None) -> None:
+        """Roll back to ``new_lengths`` (an int for all sequences or a ``[B]`` tensor), in place.
 
         Only moves lengths back: the entries of dropped tokens stay in memory as
         stale slots that will be overwritten.  Growing is refused, because slots
-        past the current length were never computed for this prefix.
+        past the current length were never computed for this prefix (``check=False``,
+        for a caller that guarantees it, skips that check and its read back).
+        The host bound stays an upper bound; ``bound``, a host-side upper bound of
+        ``new_lengths`` the caller knows, tightens it.
         """
         new = self._as_lengths(new_lengths)
-        if not bool(((new >= 0) & (new <= self.lengths)).all()):
+        if check and not bool(((new >= 0) & (new <= self.lengths)).all()):
             raise ValueError(f"new_lengths must satisfy 0 <= new_lengths <= lengths={self.lengths.tolist()}, "
                              f"got {new.tolist()}")
-        self.lengths = new
-
-    def reserve(self, n_slots: int, limit: int) -> None:
-        """Grow the storage to hold ``n_slots`` tokens per sequence (doubling, at most ``limit``); contents kept.
-
-        For caches allocated small and grown as decoding goes (the drafts', and the target's in
-        tree and lookahead decoding), so that a large batch does not hold the model's whole
-        window from the start. Past ``limit`` it stops growing, and the model's own room check
-        reports the overflow.
-        """
-        n_slots = check_int("n_slots", n_slots, 0, "cache slots per sequence")
-        limit = check_int("limit", limit, 1, "the most cache slots per sequence")
-        if n_slots <= self.max_len or self.max_len >= limit:
-            return
-        new_len = min(max(n_slots, 2 * self.max_len), limit)
-        used = int(self.lengths.max())  # slots past every length are stale: no need to copy them
-
-        def grown(t: torch.Tensor) -> torch.Tensor:  # [L, B, H, max_len, D] -> [L, B, H, new_len, D]
-            out = t.new_zeros(t.shape[:3] + (new_len, t.shape[4]))
-            out[:, :, :, :used] = t[:, :, :, :used]
-            return out
-
-        self.k, self.v = grown(self.k), grown(self.v)
-
-    def make_room(self, n_new: int, limit: int) -> None:
-        """Grow, if it must, so that every sequence can take ``n_new`` more tokens (`reserve`, at most ``limit``)."""
-        self.reserve(int(self.lengths.max()) + check_int("n_new", n_new, 0, "new tokens per sequence"), limit)
+        self.lengths.copy_(new)
+        if bound is not None:
+            self.bound = min(self.bound, bound)
 
     def check_room(self, n_new: int, what: str) -> None:
-        """Raise unless every sequence can take `n_new` more tokens (`what` names them in the message)."""
-        longest = int(self.lengths.max())
-        if longest + n_new > self.max_len:
+        """Raise unless every sequence can take `n_new` more tokens (`what` names them); host-side, by `bound`."""
+        if self.bound + n_new > self.max_len:
             raise ValueError(
-                f"{what} needs {n_new} new cache slots after {longest} cached tokens, but the cache holds "
-                f"at most max_len={self.max_len}: use a smaller tree near the end of the window"
+                f"{what} needs {n_new} new cache slots after up to {self.bound} cached tokens, but the cache "
+                f"holds at most max_len={self.max_len}: use a smaller tree near the end of the window"
             )
+
+    def capacity(self, n_new: int) -> int:
+        """The slots a pass of ``n_new`` tokens attends over: ``bound + n_new`` rounded up to a power of two.
+
+        At least 16 and at most ``max_len``, so a pass reads at most about twice the K/V it
+        needs, and the shapes (and a captured graph) change only when the bound crosses a
+        power of two.  Raises if ``bound + n_new`` does not fit.
+        """
+        need = self.bound + n_new
+        if need > self.max_len:
+            raise ValueError(f"total length {need} exceeds the cache's max_len={self.max_len}")
+        return min(self.max_len, max(16, 1 << (need - 1).bit_length()))
 
     def compact(self, kept_slots: Sequence[Sequence[int] | torch.Tensor]) -> None:
         """Keep only ``kept_slots[b]`` of each sequence ``b``, moved to slots ``0..len-1`` in order.
@@ -154,29 +173,36 @@ class KVCache:
         """
         if len(kept_slots) != self.batch_size:
             raise ValueError(f"kept_slots must have one entry per sequence ({self.batch_size}), got {len(kept_slots)}")
-        new_lengths = self.lengths.clone()
+        old = self.lengths.tolist()  # one read back: the slots are checked on the host
+        new_lengths = []
         for b, slots in enumerate(kept_slots):
-            idx = torch.as_tensor(slots, device=self.device)
-            if idx.numel() == 0:
-                new_lengths[b] = 0
-                continue
-            if idx.dtype.is_floating_point or idx.dtype == torch.bool or idx.ndim != 1:
-                raise TypeError(f"kept_slots[{b}] must be a 1-D sequence of integer slot indices")
-            idx = idx.to(torch.long)
-            n = int(self.lengths[b])
-            if bool((idx < 0).any()) or bool((idx >= n).any()):
-                raise ValueError(f"kept_slots[{b}] must index valid slots in [0, {n}), got {idx.tolist()}")
-            if idx.unique().numel() != idx.numel():
-                raise ValueError(f"kept_slots[{b}] has repeated slots: {idx.tolist()}")
-            m = idx.numel()
-            # index_select copies first, so overlapping source/destination slots are safe.
-            self.k[:, b, :, :m] = self.k[:, b].index_select(2, idx)
-            self.v[:, b, :, :m] = self.v[:, b].index_select(2, idx)
-            new_lengths[b] = m
-        self.lengths = new_lengths
+            kept = _slot_list(b, slots)  # host ints (a tensor's are read back)
+            if any(s < 0 or s >= old[b] for s in kept):
+                raise ValueError(f"kept_slots[{b}] must index valid slots in [0, {old[b]}), got {kept}")
+            if len(set(kept)) != len(kept):
+                raise ValueError(f"kept_slots[{b}] has repeated slots: {kept}")
+            if kept:
+                idx = torch.tensor(kept, dtype=torch.long, device=self.device)
+                # index_select copies first, so overlapping source/destination slots are safe.
+                self.k[:, b, :, : len(kept)] = self.k[:, b].index_select(2, idx)
+                self.v[:, b, :, : len(kept)] = self.v[:, b].index_select(2, idx)
+            new_lengths.append(len(kept))
+        self.set(torch.tensor(new_lengths, dtype=torch.long, device=self.device), max(new_lengths))
 
     def clone(self) -> "KVCache":
         """An independent copy (e.g. to branch a decode without disturbing the original)."""
         out = KVCache.__new__(KVCache)
-        out.k, out.v, out.lengths = self.k.clone(), self.v.clone(), self.lengths.clone()
+        out.k, out.v, out.lengths, out.bound = self.k.clone(), self.v.clone(), self.lengths.clone(), self.bound
         return out
+
+
+def _slot_list(b: int, slots: Sequence[int] | torch.Tensor) -> list[int]:
+    """kept_slots[b] as a list of ints; TypeError unless it is a 1-D sequence of integer slot indices."""
+    if isinstance(slots, torch.Tensor):
+        if slots.dtype.is_floating_point or slots.dtype == torch.bool or slots.is_complex() or slots.ndim != 1:
+            raise TypeError(f"kept_slots[{b}] must be a 1-D sequence of integer slot indices")
+        return slots.tolist()
+    out = list(slots)
+    if any(isinstance(s, bool) or not hasattr(s, "__index__") for s in out):  # ints, numpy's included
+        raise TypeError(f"kept_slots[{b}] must be a 1-D sequence of integer slot indices")
+    return [s.__index__() for s in out]

@@ -1,31 +1,43 @@
-"""Loading and saving GPT-2 checkpoints in Hugging Face's layout.
+"""Loading and saving GPT-2 checkpoints in Hugging Face's layout, and the GPU timing pair.
 
-An HF GPT-2 folder holds ``config.json`` and the weights as ``model.safetensors``
-(or the older ``pytorch_model.bin``, which we read only with
-``torch.load(weights_only=True)``: a pickle can run code, weights_only cannot).
-``from_pretrained`` looks for the folder
+An HF GPT-2 folder holds ``config.json``, the weights as ``model.safetensors`` (or shards
+listed in ``model.safetensors.index.json``, or the older ``pytorch_model.bin``, read only with
+``torch.load(weights_only=True)``: a pickle can run code, weights_only cannot) and usually
+``tokenizer.json``.  ``from_pretrained`` looks for the folder
 
 1. at ``name_or_path`` if it is a local folder;
 2. in the HF hub cache (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
    ``~/.cache/huggingface/hub``), e.g. ``models--gpt2/snapshots/<rev>/``;
-3. on the hub through ``huggingface_hub`` if it is installed and not offline.
+3. on the hub through ``huggingface_hub``, only when the caller passes ``download=True``.
+
+The rule of loading: the model is built on the meta device (no memory, no random init) and
+each tensor is read from the memory-mapped file, cast to the target dtype, moved to the target
+device and assigned, one at a time; the peak memory is the model in its dtype plus one tensor.
 
 The bundled pair is loaded by ``specref.models.pair.load_pair`` (no network).
+``timing_pair`` gives the pair the size the chapter talks about (GPT-2 XL and GPT-2) for
+timing passes on a GPU, or models of their shapes with random weights when the weights are
+not on this machine: a pass costs the same whatever the weights.
 """
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import os
+from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
-from safetensors.torch import load as load_safetensors_bytes
+from safetensors import safe_open
 
 from .gpt2 import GPT2, GPT2Config
+from .tokenizer import BPETokenizer, load_tokenizer
 
-__all__ = ["from_pretrained", "save_pretrained", "load_folder", "hub_cache_dir"]
+__all__ = ["TIMING_CONFIGS", "TimingPair", "from_pretrained", "hub_cache_dir", "load_folder", "pretrained_tokenizer",
+           "random_gpt2", "save_pretrained", "timing_pair"]
 
 # Short hub names and the organisation-prefixed names they now redirect to.
 HUB_ALIASES: dict[str, tuple[str, ...]] = {
@@ -36,6 +48,13 @@ HUB_ALIASES: dict[str, tuple[str, ...]] = {
     "distilgpt2": ("distilgpt2", "distilbert/distilgpt2"),
 }
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+TOKENIZER_FILE = "tokenizer.json"
+
+# The shapes of the timing pair: GPT-2 XL (1.56 B parameters) and GPT-2 (124 M), as on the hub.
+TIMING_CONFIGS: dict[str, GPT2Config] = {
+    "gpt2-xl": GPT2Config(n_embd=1600, n_layer=48, n_head=25, bos_token_id=50256, eos_token_id=50256),
+    "gpt2": GPT2Config(n_embd=768, n_layer=12, n_head=12, bos_token_id=50256, eos_token_id=50256),
+}
 
 
 def hub_cache_dir() -> Path:
@@ -51,7 +70,17 @@ def _has_weights(folder: Any) -> bool:
     return any(folder.joinpath(f).is_file() for f in WEIGHT_FILES)
 
 
+def _missing_files(folder: Any, tokenizer: bool = False) -> list[str]:
+    missing = [] if folder.joinpath("config.json").is_file() else ["config.json"]
+    if not _has_weights(folder):
+        missing.append("model.safetensors (or pytorch_model.bin)")
+    if tokenizer and not folder.joinpath(TOKENIZER_FILE).is_file():
+        missing.append(TOKENIZER_FILE)
+    return missing
+
+
 def _find_in_cache(name: str) -> Path | None:
+    """The newest snapshot of ``name`` in the HF cache that holds config.json and weights."""
     cache = hub_cache_dir()
     for repo in HUB_ALIASES.get(name, (name,)):
         base = cache / ("models--" + repo.replace("/", "--"))
@@ -65,107 +94,245 @@ def _find_in_cache(name: str) -> Path | None:
             candidates.append(snapshots / ref.read_text().strip())
         candidates += sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
         for snap in candidates:
-            if (snap / "config.json").is_file() and _has_weights(snap):
+            if snap.is_dir() and not _missing_files(snap):
                 return snap
     return None
 
 
-def _download(name: str) -> Path | None:
-    """Fetch config.json and the weights with huggingface_hub, if it is installed and we are online."""
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
-        return None
+def _download(name: str) -> Path:
+    """Fetch config.json, the weights and tokenizer.json with ``huggingface_hub`` (the caller asked for it)."""
     try:
         from huggingface_hub import hf_hub_download
-    except ImportError:
-        return None
+    except ImportError as err:
+        raise ImportError("download=True needs the huggingface_hub package (pip install huggingface_hub)") from err
     repo = HUB_ALIASES.get(name, (name,))[-1]
+    cfg = Path(hf_hub_download(repo, "config.json"))
     try:
-        cfg = Path(hf_hub_download(repo, "config.json"))
-        try:
-            hf_hub_download(repo, "model.safetensors")
-        except Exception:
-            hf_hub_download(repo, "pytorch_model.bin")
-        try:
-            hf_hub_download(repo, "tokenizer.json")
-        except Exception:
-            pass
-        return cfg.parent
-    except Exception:
-        return None
+        hf_hub_download(repo, "model.safetensors")
+    except Exception:  # older repositories hold only the pickle
+        hf_hub_download(repo, "pytorch_model.bin")
+    try:
+        hf_hub_download(repo, TOKENIZER_FILE)
+    except Exception:  # the model loads without it; pretrained_tokenizer names it if it is asked for
+        pass
+    return cfg.parent
 
 
 def _missing_error(name_or_path: str, where: str, missing: list[str]) -> FileNotFoundError:
     repo = HUB_ALIASES.get(name_or_path, (name_or_path,))[-1]
     return FileNotFoundError(
         f"cannot load GPT-2 {name_or_path!r}: missing {', '.join(missing)} in {where}. "
-        f"A GPT-2 folder needs config.json and model.safetensors (or pytorch_model.bin). "
-        f"Get them with:  huggingface-cli download {repo} config.json model.safetensors tokenizer.json  "
-        f"(they land in {hub_cache_dir()}), or pass a local folder that holds them."
+        f"A GPT-2 folder needs config.json and model.safetensors (or pytorch_model.bin), and tokenizer.json "
+        f"for text. Get them with:  huggingface-cli download {repo} config.json model.safetensors tokenizer.json  "
+        f"(they land in {hub_cache_dir()}), pass download=True, or pass a local folder that holds them."
     )
 
 
-def _resolve(name_or_path: str | os.PathLike) -> Any:
+def _resolve(name_or_path: str | os.PathLike, download: bool, tokenizer: bool = False) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        missing = [f for f in ("config.json",) if not (path / f).is_file()]
-        if not _has_weights(path):
-            missing.append("model.safetensors (or pytorch_model.bin)")
+        missing = _missing_files(path, tokenizer)
         if missing:
             raise _missing_error(str(name_or_path), str(path), missing)
         return path
     if path.exists():
         raise ValueError(f"name_or_path must be a folder or a hub name, got the file {path}")
     name = str(name_or_path)
-    found = _find_in_cache(name) or _download(name)
+    found = _find_in_cache(name)
+    if found is None and download:
+        found = _download(name)
     if found is None:
-        raise _missing_error(name, f"the HF cache {hub_cache_dir()} (and no download was possible)",
-                             ["config.json", "model.safetensors (or pytorch_model.bin)"])
+        raise _missing_error(name, f"the HF cache {hub_cache_dir()} (nothing is downloaded unless download=True)",
+                             _missing_files(path, tokenizer))
+    missing = _missing_files(found, tokenizer)
+    if missing:
+        raise _missing_error(name, str(found), missing)
     return found
 
 
-def _read_state_dict(folder: Any) -> dict[str, torch.Tensor]:
-    """Weights of an HF folder (a Path or an importlib.resources Traversable)."""
+def _check_options(device: Any, dtype: Any, download: Any) -> None:
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    if device is not None and not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str or torch.device, got {type(device).__name__}")
+    if not isinstance(download, bool):
+        raise TypeError(f"download must be a bool, got {type(download).__name__}")
+
+
+def _tensors(folder: Any, stack: ExitStack) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of an HF folder's weights, one at a time, read from memory-mapped files."""
     if folder.joinpath("model.safetensors").is_file():
-        return load_safetensors_bytes(folder.joinpath("model.safetensors").read_bytes())
-    if folder.joinpath("model.safetensors.index.json").is_file():
+        shards = ["model.safetensors"]
+    elif folder.joinpath("model.safetensors.index.json").is_file():
         index = json.loads(folder.joinpath("model.safetensors.index.json").read_text())
-        sd: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(index["weight_map"].values())):
-            sd.update(load_safetensors_bytes(folder.joinpath(shard).read_bytes()))
-        return sd
-    if folder.joinpath("pytorch_model.bin").is_file():
-        if not isinstance(folder, Path):
-            raise ValueError("pytorch_model.bin is only read from a real folder")
-        # weights_only=True: never unpickle arbitrary objects from a downloaded file.
-        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {folder}")
+        shards = sorted(set(index["weight_map"].values()))
+        absent = [s for s in shards if not folder.joinpath(s).is_file()]
+        if absent:
+            raise FileNotFoundError(f"the shard(s) {', '.join(absent)} listed in model.safetensors.index.json "
+                                    f"are missing in {folder}")
+    elif folder.joinpath("pytorch_model.bin").is_file():
+        path = stack.enter_context(importlib.resources.as_file(folder.joinpath("pytorch_model.bin")))
+        # weights_only=True: never unpickle arbitrary objects; mmap=True: never read the whole file at once.
+        try:
+            sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # the legacy (pre-zip) format cannot be memory-mapped
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+        yield from sd.items()
+        return
+    else:
+        raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {folder}")
+    for shard in shards:
+        path = stack.enter_context(importlib.resources.as_file(folder.joinpath(shard)))
+        with safe_open(str(path), framework="pt", device="cpu") as f:  # memory-mapped: a tensor is read when asked
+            for name in f.keys():  # noqa: SIM118 - a safe_open handle is not a dict
+                yield name, f.get_tensor(name)
+
+
+def _on_meta(config: GPT2Config) -> GPT2:
+    with torch.device("meta"):  # parameters without storage: nothing is allocated or initialised
+        return GPT2(config)
+
+
+def _assign(model: GPT2, state_dict: dict[str, torch.Tensor]) -> GPT2:
+    model.load_state_dict(state_dict, assign=True)
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise RuntimeError(f"these tensors were not loaded: {', '.join(left)}")
+    return model.eval()
 
 
 def load_folder(folder: Any, device: torch.device | str | None, dtype: torch.dtype | None) -> GPT2:
+    """A ``GPT2`` from an HF-layout folder (a Path or an importlib.resources Traversable), see the module rule."""
     config = GPT2Config.from_dict(json.loads(folder.joinpath("config.json").read_text()))
-    with torch.random.fork_rng(devices=[]):  # the random init is overwritten: leave the caller's global RNG alone
-        model = GPT2(config)
-    sd = _read_state_dict(folder)
-    # Checkpoints are often stored in fp16; compute in fp32 unless asked otherwise.
-    model.load_state_dict({k: v.to(torch.float32) for k, v in sd.items()})
-    return model.to(device=device or "cpu", dtype=dtype or torch.float32).eval()
+    device, dtype = torch.device(device or "cpu"), dtype or torch.float32  # fp16 checkpoints compute in fp32
+    model = _on_meta(config)
+    with ExitStack() as stack, torch.no_grad():
+        # copy=True: the model never keeps a view of the mapped file
+        sd = {name: t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype, copy=True)
+              for name, t in _tensors(folder, stack)}
+    return _assign(model, sd)
 
 
 def from_pretrained(
     name_or_path: str | os.PathLike,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
+    *,
+    download: bool = False,
 ) -> GPT2:
     """A ``GPT2`` in eval mode from an HF-layout folder or hub name (``gpt2``, ``distilgpt2``, ...).
 
-    Default ``device`` is CPU and ``dtype`` float32.  Raises ``FileNotFoundError``
-    naming the missing files and the command that fetches them.
+    Default ``device`` is CPU and ``dtype`` float32.  A hub name is looked up in the HF cache;
+    it is downloaded only with ``download=True``.  Raises ``FileNotFoundError`` naming the
+    missing files and the command that fetches them.
     """
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise TypeError(f"name_or_path must be a str or path, got {type(name_or_path).__name__}")
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-    return load_folder(_resolve(name_or_path), device, dtype)
+    _check_options(device, dtype, download)
+    return load_folder(_resolve(name_or_path, download), device, dtype)
+
+
+def pretrained_tokenizer(name_or_path: str | os.PathLike, *, download: bool = False) -> BPETokenizer:
+    """The ``tokenizer.json`` of an HF-layout folder or cached hub model (``FileNotFoundError`` naming it if absent)."""
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"name_or_path must be a str or path, got {type(name_or_path).__name__}")
+    _check_options(None, None, download)
+    return load_tokenizer(_resolve(name_or_path, download, tokenizer=True) / TOKENIZER_FILE)
+
+
+def random_gpt2(config: GPT2Config, device: torch.device | str, dtype: torch.dtype, seed: int = 0) -> GPT2:
+    """A ``GPT2`` of ``config``'s shapes with random weights, made directly in ``dtype`` on ``device``.
+
+    Weights are N(0, 0.02) from a generator seeded with ``seed`` (on ``device``), layer norms
+    1 and biases 0: enough to time a pass, which costs the same whatever the weights.
+    """
+    if not isinstance(config, GPT2Config):
+        raise TypeError(f"config must be a GPT2Config, got {type(config).__name__}")
+    if device is None or dtype is None:
+        raise TypeError("random_gpt2 needs a device and a dtype")
+    _check_options(device, dtype, False)
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    model = _on_meta(config)
+    sd: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight":  # tied to wte: load_state_dict ties it again
+            continue
+        x = torch.empty(t.shape, device=device, dtype=dtype)
+        if name.endswith("bias"):
+            x.zero_()
+        elif ".ln_" in name:
+            x.fill_(1.0)
+        else:
+            x.normal_(0.0, config.initializer_range, generator=gen)
+        sd[name] = x
+    return _assign(model, sd)
+
+
+class TimingPair(NamedTuple):
+    """A target and a draft the size the chapter talks about, for timing passes."""
+
+    target: GPT2
+    draft: GPT2
+    tokenizer: BPETokenizer | None  # None when the weights are random
+    source: str  # one sentence: where the weights came from
+
+
+def _timing_folders(folder: str | os.PathLike | None) -> tuple[Path, Path] | str:
+    """The (gpt2-xl, gpt2) folders with config, weights and tokenizer, or why the cache has none."""
+    if folder is not None:
+        root = Path(folder).expanduser()
+        if not root.is_dir():
+            raise FileNotFoundError(f"folder {str(root)!r} does not exist; it must hold gpt2-xl/ and gpt2/ subfolders")
+        found = []
+        for name in ("gpt2-xl", "gpt2"):
+            sub = root / name
+            if not sub.is_dir():
+                raise FileNotFoundError(f"folder {str(root)!r} has no {name}/ subfolder (it must hold gpt2-xl/ and gpt2/)")
+            missing = _missing_files(sub, tokenizer=True)
+            if missing:
+                raise _missing_error(name, str(sub), missing)
+            found.append(sub)
+        return found[0], found[1]
+    snaps = {name: _find_in_cache(name) for name in ("gpt2-xl", "gpt2")}
+    absent = [name for name, snap in snaps.items() if snap is None]
+    if absent:
+        return f"{' and '.join(absent)} {'is' if len(absent) == 1 else 'are'} not in the Hugging Face cache"
+    xl, small = snaps["gpt2-xl"], snaps["gpt2"]
+    assert xl is not None and small is not None
+    if not (xl / TOKENIZER_FILE).is_file() and not (small / TOKENIZER_FILE).is_file():
+        return f"the cached gpt2-xl and gpt2 have no {TOKENIZER_FILE}"
+    return xl, small
+
+
+def timing_pair(device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
+                folder: str | os.PathLike | None = None) -> TimingPair:
+    """GPT-2 XL (target) and GPT-2 (draft) in ``dtype`` on ``device``, for timing passes.
+
+    With ``folder`` (holding ``gpt2-xl/`` and ``gpt2/`` HF folders) the weights are loaded from it and
+    a missing file is an error naming it.  Without, they come from the HF cache when both are there;
+    otherwise both models get random weights of the same shapes (and ``tokenizer`` is None).
+    Nothing is downloaded.  ``source`` says in one sentence which of these happened (naming no
+    path of this machine unless ``folder`` was given, so a notebook can print it).
+    """
+    if device is None:
+        raise TypeError("device must be a str or torch.device, got None")
+    _check_options(device, dtype, False)
+    if folder is not None and not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"folder must be None, a str or a path, got {type(folder).__name__}")
+    found = _timing_folders(folder)
+    if isinstance(found, str):
+        target = random_gpt2(TIMING_CONFIGS["gpt2-xl"], device, dtype, seed=0)
+        draft = random_gpt2(TIMING_CONFIGS["gpt2"], device, dtype, seed=1)
+        source = (f"GPT-2 XL and GPT-2 shapes with random weights ({found}): a pass costs the same whatever "
+                  f"the weights, so the timings hold, but the tokens they produce mean nothing.")
+        return TimingPair(target, draft, None, source)
+    xl, small = found
+    target = load_folder(xl, device, dtype)
+    draft = load_folder(small, device, dtype)
+    tokenizer = load_tokenizer(xl / TOKENIZER_FILE if (xl / TOKENIZER_FILE).is_file() else small / TOKENIZER_FILE)
+    where = f"the folder {folder}" if folder is not None else "the Hugging Face cache"
+    return TimingPair(target, draft, tokenizer, f"GPT-2 XL and GPT-2 with their trained weights from {where}.")
 
 
 def save_pretrained(model: GPT2, folder: str | os.PathLike, dtype: torch.dtype | None = None) -> None:

@@ -132,7 +132,8 @@ def speculative_run(
     for i, ids in enumerate(prompts):
         g = torch.Generator(device=target.device).manual_seed(seed + i)
         (_, s), t = _timed(lambda: speculative_generate(target, draft, ids, k=k, max_new_tokens=max_new_tokens,
-                                                         temperature=temperature, generator=g))
+                                                         temperature=temperature, generator=g,
+                                                         timing=True))  # c and v need the passes' times
         total += t
         for name in ("target_passes", "draft_passes", "steps", "proposed", "examined", "accepted", "emitted",
                      "time_target", "time_draft", "time_verify", "time_total"):

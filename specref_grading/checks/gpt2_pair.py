@@ -147,7 +147,7 @@ class _Memo(torch.nn.Module):
             logits, k_new, v_new = self._memo[key]
             cache.k[:, 0, :, n : n + T] = k_new
             cache.v[:, 0, :, n : n + T] = v_new
-            cache.lengths = cache.lengths + T
+            cache.advance(T)
         else:
             logits = self._inner(input_ids, cache=cache, logits_to_keep=logits_to_keep)
             self._memo[key] = (logits, cache.k[:, 0, :, n : n + T].clone(), cache.v[:, 0, :, n : n + T].clone())

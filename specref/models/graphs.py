@@ -1,0 +1,177 @@
+"""Passes captured once as CUDA graphs and replayed: the launch cost of a small pass, paid once.
+
+A decode pass of a GPT-2 launches hundreds of small kernels, one by one from Python.  On a
+GPU that launch cost, not the arithmetic nor the weight reads, is what a small pass costs.
+A CUDA graph records the kernels of one call and launches them all again with one call.
+
+The rule of a captured pass (``CapturedPasses.run(key, fn, *inputs)``):
+
+* The first call with a key runs ``fn(*inputs)`` eagerly (the warm-up, whose result is
+  returned), then captures ``fn`` once on static copies of the inputs.  Capture executes
+  no kernel, so a side effect on a persistent buffer (a KV cache written and its lengths
+  advanced in place) happens once per call, never twice.  Python code in ``fn`` does run
+  twice on that first call (warm-up and capture): keep host-side counting outside ``fn``.
+* A later call with the key copies its inputs into the static buffers, replays, and returns
+  clones of the static outputs: the next replay overwrites those buffers, never what an
+  earlier call returned.
+* ``fn`` must have fixed shapes for a key, read nothing back to the host, draw no random
+  numbers, and keep the buffers it reads and writes (weights, caches) where they are: a
+  replay runs on the addresses seen at capture.  ``clear()`` forgets every graph, e.g. when
+  a new cache is allocated.
+* A key's inputs must match its static buffers in shape, dtype and device (``ValueError``).
+* Disabled, or with inputs not on a CUDA device: plain ``fn(*inputs)``.
+
+All graphs of one ``CapturedPasses`` share one memory pool, so the intermediate buffers of
+many shapes cost about what the largest needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+__all__ = ["CapturedPasses", "CudaGraph", "Graph"]
+
+
+class Graph(Protocol):
+    """What ``CapturedPasses`` needs of a graph: record ``fn`` once, replay it later."""
+
+    def capture(self, fn: Callable[..., Any], inputs: Sequence[torch.Tensor], pool: Any) -> Any:
+        """Record ``fn(*inputs)`` into this graph and return its (static) outputs."""
+        ...
+
+    def replay(self) -> None:
+        """Run the recorded kernels again, on the same buffers."""
+        ...
+
+    def pool(self) -> Any:
+        """A handle to this graph's memory pool, for the next graph to share."""
+        ...
+
+
+class CudaGraph:
+    """A ``torch.cuda.CUDAGraph`` captured with ``torch.cuda.graph`` (on torch's capture stream)."""
+
+    def __init__(self) -> None:
+        self.graph = torch.cuda.CUDAGraph()
+
+    def capture(self, fn: Callable[..., Any], inputs: Sequence[torch.Tensor], pool: Any) -> Any:
+        with torch.cuda.graph(self.graph, pool=pool):
+            return fn(*inputs)
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+    def pool(self) -> Any:
+        return self.graph.pool()
+
+
+@dataclass
+class _Captured:
+    graph: Graph
+    inputs: tuple[torch.Tensor, ...]  # the static buffers the graph reads
+    outputs: Any  # the static buffers the graph writes: a tensor or a tuple/NamedTuple of them
+
+
+def _check_output(out: Any, key: Hashable) -> None:
+    items = out if isinstance(out, tuple) else (out,)
+    for item in items:
+        if item is not None and not isinstance(item, torch.Tensor):
+            raise TypeError(f"a captured pass must return a tensor or a tuple/NamedTuple of tensors (or None); "
+                            f"key {key!r} returned a {type(item).__name__}")
+
+
+def _clone(out: Any) -> Any:
+    """Copies of a static output, so that the next replay cannot change them."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    items = [x.clone() if isinstance(x, torch.Tensor) else x for x in out]
+    return out._make(items) if hasattr(out, "_make") else tuple(items)  # a NamedTuple keeps its type
+
+
+@contextmanager
+def _no_grad() -> Iterator[None]:
+    # Not inference_mode: the static buffers are written in place outside of it on every replay.
+    with torch.no_grad():
+        yield
+
+
+class CapturedPasses:
+    """One CUDA graph per key, captured on first use and replayed after; see the module docstring.
+
+    ``enabled`` is the switch (``False``: every call is eager).  ``graph_factory`` and
+    ``device_types`` exist for tests: a fake graph lets the bookkeeping run on the CPU.
+    """
+
+    def __init__(self, enabled: bool = True, *, graph_factory: Callable[[], Graph] | None = None,
+                 device_types: Sequence[str] = ("cuda",)) -> None:
+        if not isinstance(enabled, bool):
+            raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+        self.enabled = enabled
+        self._factory: Callable[[], Graph] = graph_factory or CudaGraph
+        self._device_types = tuple(device_types)
+        self._captured: dict[Hashable, _Captured] = {}
+        self._pool: Any = None
+
+    def __len__(self) -> int:
+        """How many graphs are held."""
+        return len(self._captured)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._captured
+
+    def clear(self) -> None:
+        """Forget every graph and the shared pool (the next call with any key captures afresh)."""
+        self._captured.clear()
+        self._pool = None
+
+    def run(self, key: Hashable, fn: Callable[..., Any], *inputs: torch.Tensor) -> Any:
+        """``fn(*inputs)``, replayed from the key's graph when one is held (see the module rule)."""
+        if not self.enabled:
+            return fn(*inputs)
+        for i, x in enumerate(inputs):
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"inputs of a captured pass must be tensors; input {i} of key {key!r} "
+                                f"is a {type(x).__name__}")
+        held = self._captured.get(key)
+        if held is not None:
+            return self._replay(key, held, inputs)
+        if not inputs or any(x.device.type not in self._device_types for x in inputs):
+            return fn(*inputs)
+        return self._warm_up_and_capture(key, fn, inputs)
+
+    def _warm_up_and_capture(self, key: Hashable, fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> Any:
+        out = fn(*inputs)  # the warm-up: the eager pass, whose side effects are this call's
+        _check_output(out, key)
+        static_inputs = tuple(x.detach().clone() for x in inputs)
+        graph = self._factory()
+        try:
+            with _no_grad():
+                static_outputs = graph.capture(fn, static_inputs, self._pool)
+        except RuntimeError as err:
+            raise RuntimeError(f"the pass of key {key!r} could not be captured as a CUDA graph: it must "
+                               f"read nothing back to the host and keep its shapes ({err})") from err
+        _check_output(static_outputs, key)
+        if self._pool is None:
+            self._pool = graph.pool()
+        self._captured[key] = _Captured(graph, static_inputs, static_outputs)
+        return out
+
+    def _replay(self, key: Hashable, held: _Captured, inputs: Sequence[torch.Tensor]) -> Any:
+        if len(inputs) != len(held.inputs):
+            raise ValueError(f"key {key!r} was captured with {len(held.inputs)} inputs, got {len(inputs)}")
+        for i, (x, s) in enumerate(zip(inputs, held.inputs)):
+            if x.shape != s.shape or x.dtype != s.dtype or x.device != s.device:
+                raise ValueError(f"input {i} of key {key!r} must match the captured buffer "
+                                 f"({tuple(s.shape)}, {s.dtype}, {s.device}), got "
+                                 f"({tuple(x.shape)}, {x.dtype}, {x.device}): use another key for another shape")
+        with _no_grad():
+            for x, s in zip(inputs, held.inputs):
+                if x.data_ptr() != s.data_ptr():
+                    s.copy_(x)
+            held.graph.replay()
+            return _clone(held.outputs)
