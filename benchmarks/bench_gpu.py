@@ -210,21 +210,25 @@ def main(argv: list[str] | None = None) -> int:
     kv_row = 2 * c.n_layer * c.n_embd * model.dtype.itemsize * plan.context
     print(f"KV cache per row at {plan.context} tokens: {kv_row / 2**20:.0f} MiB (at B = {max(plan.batches)}: "
           f"{kv_row * max(plan.batches) / 2**30:.1f} GiB against {weight_bytes(model) / 2**30:.2f} GiB of weights)")
+    # specref's pass attends over the cache's capacity (`KVCache.capacity`: a power of two, at most max_len), not
+    # the exact context: the models below count the K/V slots the timed passes read.
+    slots = min(plan.context + plan.inner * max(plan.tokens), 1 << plan.context.bit_length())
+    print(f"the timed passes attend over {slots} cache slots (the cache's capacity) after {plan.context} cached tokens")
     eager = pass_grid(model, plan, graphed=False)
     graphed = pass_grid(model, plan, graphed=True) if dev.type == "cuda" else dict(eager)
     if dev.type != "cuda":
         print("(no CUDA: nothing is captured, the 'graphed' column repeats the eager one)")
-    fit = PassModel.fit([(B, T, plan.context, t) for (B, T), t in graphed.items()], form="auto")
-    roof_err = max(abs(roof(B, T, plan.context) / t - 1) for (B, T), t in graphed.items())
+    fit = PassModel.fit([(B, T, slots, t) for (B, T), t in graphed.items()], form="auto")
+    roof_err = max(abs(roof(B, T, slots) / t - 1) for (B, T), t in graphed.items())
     print("   B   T  eager ms graphed ms  graphed/read  roofline ms  fitted ms")
     for (B, T), t in graphed.items():
-        print(f"{B:4d} {T:3d}  {_ms(eager[B, T])}  {_ms(t)}  {t / read:11.2f}  {_ms(roof(B, T, plan.context))}"
-              f"    {_ms(fit(B, T, plan.context))}")
+        print(f"{B:4d} {T:3d}  {_ms(eager[B, T])}  {_ms(t)}  {t / read:11.2f}  {_ms(roof(B, T, slots))}"
+              f"    {_ms(fit(B, T, slots))}")
     print(f"fitted PassModel ({fit.form}): largest error {fit.error.max:.1%}, median {fit.error.median:.1%}; "
           f"a-priori roofline: largest error {roof_err:.1%}")
     record["grid"] = [{"batch_size": B, "n_tokens": T, "context": plan.context, "eager_s": eager[B, T],
-                       "graphed_s": t, "roofline_s": float(roof(B, T, plan.context)),
-                       "fitted_s": float(fit(B, T, plan.context))} for (B, T), t in graphed.items()]
+                       "graphed_s": t, "roofline_s": float(roof(B, T, slots)),
+                       "fitted_s": float(fit(B, T, slots))} for (B, T), t in graphed.items()]
     record.update(weight_read_s=read, fit=fit.as_dict(), roofline_max_error=roof_err)
 
     # 3. v(k) against the batch.
@@ -236,13 +240,13 @@ def main(argv: list[str] | None = None) -> int:
         cells = []
         for k in ks:
             v = graphed[B, k + 1] / graphed[B, 1]
-            v_roof = roof(B, k + 1, plan.context) / roof(B, 1, plan.context)
-            v_fit = fit(B, k + 1, plan.context) / fit(B, 1, plan.context)
+            v_roof = roof(B, k + 1, slots) / roof(B, 1, slots)
+            v_fit = fit(B, k + 1, slots) / fit(B, 1, slots)
             cells.append(f"{v:5.2f} ({v_roof:4.2f}/{v_fit:4.2f})")
             record["v"][f"{B},{k}"] = v
         print(f"{B:4d}  " + "  ".join(f"{cell:>18}" for cell in cells))
-    ridge = roof.ridge_tokens(plan.context)
-    print(f"the roofline's ridge at {plan.context} cached tokens: {ridge:.0f} tokens per pass (B x T); KV reads "
+    ridge = roof.ridge_tokens(slots)
+    print(f"the roofline's ridge at {slots} attended slots: {ridge:.0f} tokens per pass (B x T); KV reads "
           f"grow with B and move it, since they add memory time that more tokens per row do not")
     del model
     if dev.type == "cuda":

@@ -132,12 +132,15 @@ def verify_chain_unchecked(
     p: torch.Tensor,  # [B, k+1, V]
     generator: torch.Generator | None,
     u: torch.Tensor | None,  # [B, k+1] or None
+    check_support: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, k+1] padded with -1, n_accepted [B]
     """`verify_chain`'s rule on batched inputs whose shapes and values were already checked.
 
     The decoding loop calls this directly: its p comes from a checked `process_logits`
     and its q from a draft it has checked, so the per-step input checks would only
-    repeat work. Everyone else calls `verify_chain`.
+    repeat work. Everyone else calls `verify_chain`. ``check_support`` refuses a draft token
+    that q gives probability 0 (one read back); the loop clears it for the package's own drafts,
+    which sample their tokens from q.
     """
     B, k = draft_tokens.shape
     dtype = torch.promote_types(p.dtype, q.dtype)
@@ -145,7 +148,7 @@ def verify_chain_unchecked(
 
     px = p[:, :k].gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, k]
     qx = q.gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, k]
-    if (qx <= 0).any():
+    if check_support and (qx <= 0).any():
         raise ValueError("q gives probability 0 to a draft token: a draft must be sampled from q (q(draft) > 0)")
 
     if u is None:

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._validate import _fmt, check_generator, check_probs, check_tensor, tolerance
+from ._validate import (
+    _fmt,
+    check_generator,
+    check_int,
+    check_probs,
+    check_tensor,
+    tolerance,
+)
 
 
 def process_logits(
@@ -42,10 +49,7 @@ def process_logits(
     if not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
     if top_k is not None:
-        if isinstance(top_k, bool) or not isinstance(top_k, int):
-            raise TypeError(f"top_k must be an int >= 1 or None, got {top_k!r}")
-        if top_k < 1:
-            raise ValueError(f"top_k must be >= 1 (or None to disable), got {top_k}")
+        check_int("top_k", top_k, 1, "tokens kept; or None to disable")
     if top_p is not None:
         if isinstance(top_p, bool) or not isinstance(top_p, (int, float)):
             raise TypeError(f"top_p must be a number in (0, 1] or None, got {top_p!r}")

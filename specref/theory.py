@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._validate import check_int
+
 Numbers = float | int | np.ndarray  # one number, or an array of them (the formulas broadcast)
 
 
@@ -68,8 +70,9 @@ def speedup(alpha: Numbers, k: Numbers, c: Numbers) -> float | np.ndarray:
 
 def optimal_k(alpha: Numbers, c: Numbers, k_max: int = 16) -> int | np.ndarray:
     """The k in 0..k_max with the largest speedup (smallest k on ties; 0 = don't speculate)."""
-    if isinstance(k_max, bool) or not isinstance(k_max, (int, np.integer)) or k_max < 0:
-        raise ValueError(f"k_max must be an int >= 0, got {k_max!r}")
+    if isinstance(k_max, np.integer):  # a numpy int is an int here; np.bool_ is not an np.integer
+        k_max = int(k_max)
+    k_max = check_int("k_max", k_max, 0, "the largest k tried", wrong_type=ValueError)
     a, cc = np.broadcast_arrays(_as_alpha(alpha), _as_c(c))
     ks = np.arange(k_max + 1).reshape((-1,) + (1,) * a.ndim)
     s = np.asarray(speedup(a[None], ks, cc[None]))

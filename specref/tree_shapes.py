@@ -277,10 +277,9 @@ class DynamicTree:
     beam: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("budget", "max_depth", "top_k", "beam"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        for name, what in (("budget", "nodes to keep"), ("max_depth", "levels to grow"),
+                           ("top_k", "children per node"), ("beam", "nodes expanded per level")):
+            check_int(name, getattr(self, name), 1, what, wrong_type=ValueError)
 
     @property
     def depth(self) -> int:
@@ -343,8 +342,8 @@ class TreeGrower:
         if not isinstance(self.params, SamplingParams):
             raise TypeError(f"params must be a specref.sampling.SamplingParams or None, got {type(params).__name__}")
         for name, cap in (("max_depth", max_depth), ("max_nodes", max_nodes)):
-            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)):
-                raise TypeError(f"{name} must be an int or None, got {cap!r}")
+            if cap is not None:
+                check_int(name, cap, 0, "a cap on the tree; or None for the spec's own")
         self.source = as_rng(generator, rng)
         self.max_depth = spec.depth if max_depth is None else max(0, min(spec.depth, max_depth))
         self.budget = spec.n_nodes if max_nodes is None else max(0, min(spec.n_nodes, max_nodes))

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._validate import check_probs, check_tensor
+from ._validate import check_int, check_probs, check_tensor
 from .rejection import residual
 from .sampling import as_rng
 
@@ -111,8 +111,7 @@ def tree_position_ids(
     a tree that does not fit raises a ValueError.
     """
     tree = _check_tree(tree)
-    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-        raise ValueError(f"start must be an int >= 0 (the root's position), got {start!r}")
+    check_int("start", start, 0, "the root's position", wrong_type=ValueError)
     if n_positions is not None and start + tree.depth >= n_positions:
         raise ValueError(
             f"a tree of depth {tree.depth} after position {start} needs positions up to {start + tree.depth}, "

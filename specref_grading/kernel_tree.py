@@ -17,7 +17,7 @@ specref (`build`) from which, read statically with `ast`,
 
 `available` tells the plan which names the kernel can import. What the setup (or the checks cell) gives the
 learner that the copy lacks is served from the trusted process only when the exercise's check modules list it in
-their ``ALLOWED`` (ex01's MODELS, ex07's server_rows, ex08's SAMPLERS: given on purpose); anything else the copy
+their ``ALLOWED`` (ex01's MACHINES, ex07's server_rows, ex08's SAMPLERS: given on purpose); anything else the copy
 lacks is the answer key or needs it (ex06's tree_attention_mask, ex03's toy_reference) and is never served, and
 the exercise's given cells after an answer that use it (demos comparing with the reference) are marked "demo"
 and not run in grading (`prepare`). Built trees are cached per (specref's sources,
@@ -692,7 +692,7 @@ def prepare(cells: list[dict], needed: set[str], reading: Reading | None = None,
     check modules' ALLOWED) are served to the kernel ("serve"). A setup cell gets "kernel_source" (`kernel_setup`)
     and "serve". Both get "forbidden" (the exercise's forbidden set, for the wall's `build`). A given cell after an
     answer ("other") that uses a name the kernel lacks and is not served (a demo comparing the learner's result
-    with the reference: ex06's cell 8, ex03's cell 27) would fail there: it becomes "demo", with "absent" (what it
+    with the reference, as in ex06) would fail there: it becomes "demo", with "absent" (what it
     uses), and is not run in grading; names the exercise's own answers define (`defined`) do not count.
     """
     reading = reading or shared_reading()

@@ -111,7 +111,7 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
     setup_sources = [source(c) for i, c in enumerate(sol_cells) if i < first_answer and c.get("cell_type") == "code"]
     # The exercise's own code (setup and the given cells, not answers or tests): what it takes from specref, and
     # what it uses before each answer, which that answer may use too (ex07's server_rows(), ex08's SAMPLERS). Given
-    # cells after an answer are not counted: they compare the learner's result with the reference (ex06, ex03).
+    # cells after an answer are not counted: they compare the learner's result with the reference (ex06).
     given = [(i, source(c)) for i, c in enumerate(sol_cells)
              if c.get("cell_type") == "code" and not is_answer(c) and not is_test(c)]
     specref_names = imported_specref_names([src for _, src in given])

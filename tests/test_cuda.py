@@ -106,7 +106,7 @@ def test_sampled_first_two_tokens_on_cuda_follow_the_target(tiny):
 def test_negative_control_always_accept_on_cuda_is_flagged(tiny, monkeypatch):
     import specref.decoding.chain as decode
 
-    def always_accept(draft_tokens, q, p, generator=None, u=None):
+    def always_accept(draft_tokens, q, p, generator=None, u=None, check_support=True):
         B, k = draft_tokens.shape
         return torch.cat([draft_tokens, sample(p[:, k], generator)[:, None]], 1), torch.full((B,), k, device=p.device)
 
@@ -296,7 +296,7 @@ def test_sampling_with_graphs_keeps_the_exact_distribution_and_the_control_is_fl
     assert distribution_test(exact, counts=_first_two_counts(target, draft, 2, seed=21)).passed
     assert CountingGraph.captures > 0  # a 2-token run captures once per shape; its replays come with longer runs
 
-    def always_accept(draft_tokens, q, p, generator=None, u=None):
+    def always_accept(draft_tokens, q, p, generator=None, u=None, check_support=True):
         B, k = draft_tokens.shape
         return torch.cat([draft_tokens, sample(p[:, k], generator)[:, None]], 1), torch.full((B,), k, device=p.device)
 

@@ -131,7 +131,7 @@ def test_negative_control_misprocessed_q_is_flagged(tiny_pair):
 def test_negative_control_always_accept_is_flagged(tiny_pair, monkeypatch):
     import specref.decoding.chain as decode
 
-    def always_accept(draft_tokens, q, p, generator=None, u=None):
+    def always_accept(draft_tokens, q, p, generator=None, u=None, check_support=True):
         B, k = draft_tokens.shape
         bonus = sample(p[:, k], generator)
         return torch.cat([draft_tokens, bonus[:, None]], 1), torch.full((B,), k)

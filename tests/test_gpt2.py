@@ -343,3 +343,39 @@ def test_decoding_through_captured_passes_replays_them_and_gives_the_same_tokens
     monkeypatch.setattr(target, "graphs", graphs_off)  # the switch: every pass eager again
     monkeypatch.setattr(draft, "graphs", graphs_off)
     assert torch.equal(run(), eager) and len(graphs_off) == 0
+
+
+def test_generations_keep_their_caches_where_passes_are_captured_so_nothing_is_captured_twice(monkeypatch):
+    import specref.models.gpt2 as gpt2_module
+    from specref.decoding.chain import speculative_generate
+    from specref.drafts import ModelDraft
+    from specref.models.graphs import CapturedPasses
+    from specref.models.pair import heldout_prompts, load_pair
+
+    target, draft, _ = load_pair()
+    ids = torch.tensor([p[:20] for p in heldout_prompts(2, 20)])
+
+    def run():
+        return speculative_generate(target, ModelDraft(draft), ids, k=4, max_new_tokens=40,
+                                    generator=torch.Generator().manual_seed(3))[0]
+
+    eager = run()
+    monkeypatch.setattr(gpt2_module, "GRAPHED_DEVICES", ("cpu",))
+    for model in (target, draft):
+        monkeypatch.setattr(model, "graphs", CapturedPasses(graph_factory=_ReplayingGraph, device_types=("cpu",)))
+    first = run()
+    captured = {id(m): set(m.graphs._captured) for m in (target, draft)}
+    kept = target.run_cache("target", 2, 20 + 40)
+    assert kept.max_len % 64 == 0 and int(kept.lengths.abs().sum()) == 0 and kept.bound == 0  # emptied, in place
+    second = run()
+    assert torch.equal(first, eager) and torch.equal(second, eager)
+    for model in (target, draft):  # the second generation replayed the first one's graphs: no new capture
+        assert set(model.graphs._captured) == captured[id(model)]
+    # Roles keep separate caches (a model may be its own draft); a larger need or another batch gets a new one.
+    assert target.run_cache("draft", 2, 60) is not target.run_cache("target", 2, 60)
+    assert target.run_cache("target", 2, 60) is target.run_cache("target", 2, 61)
+    assert target.run_cache("target", 3, 60) is not kept
+    bigger = target.run_cache("target", 3, 200)
+    assert bigger.max_len >= 200 and len(target.graphs) == 0  # a new cache's addresses: the old graphs are dropped
+    monkeypatch.setattr(target, "graphs", CapturedPasses(enabled=False))  # without graphs: a new cache each time
+    assert target.run_cache("target", 2, 60) is not target.run_cache("target", 2, 60)

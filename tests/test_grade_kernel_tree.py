@@ -354,9 +354,9 @@ def _with_answer(solution: Path, tmp_path: Path, gid: str, code: str) -> Path:
     ("ex02_accept_reject", "ex02_step_answer", "ex02_step_check",  # through any module's namespace
      "import torch.overrides as o\nspeculative_step = o.sys.modules['specref'].verify_chain\n"),
     ("ex03_speedup", "ex03_bestk_answer", "ex03_bestk_check",
-     "from specref.theory import optimal_k\n\ndef best_k(alpha, c):\n    return optimal_k(alpha, c, 10**4)\n"),
+     "from specref.theory import optimal_k\n\ndef best_k(alpha, c, v):\n    return optimal_k(alpha, c, 10**4)\n"),
     ("ex03_speedup", "ex03_bestk_answer", "ex03_bestk_check",
-     "import specref\n\ndef best_k(alpha, c):\n    return specref.optimal_k(alpha, c, 10**4)\n"),
+     "import specref\n\ndef best_k(alpha, c, v):\n    return specref.optimal_k(alpha, c, 10**4)\n"),
     ("ex03_speedup", "ex03_measure_answer", "ex03_measure_check",  # the simulation Task 4 asks the learner to write
      "from specref.checks.montecarlo import simulate\n\ndef measure_toy(target, draft, k, runs, n, generator):\n"
      "    s = simulate(target, draft, 0, k, n, runs, generator)\n"

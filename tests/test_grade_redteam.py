@@ -176,7 +176,7 @@ def test_nan_is_no_measurement_nor_law(value):
     with pytest.raises(AssertionError, match="wrong answer"):
         check_accepted_count_pmf(lambda alphas: [value] * (len(alphas) + 1))
     with pytest.raises(AssertionError, match="as an int"):
-        check_best_k(lambda alpha, c: value)
+        check_best_k(lambda alpha, c, v: value)
 
 
 # -- 4. the setup's own objects, edited in place -------------------------------------------------------

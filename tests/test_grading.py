@@ -51,17 +51,16 @@ def accepted_count_pmf(alphas):
     return pmf
 
 
-def _speedup(alpha, k, c):
-    return sum(alpha**i for i in range(k + 1)) / (1 + c * k)
-
-
-def best_k(alpha, c):
-    """ex03 Task 3 as the solution writes it: the marginal argument, stopping at the first draft that does not pay."""
-    k, tokens = 0, 1.0
-    while alpha ** (k + 1) / c > tokens / (1 + c * k):
-        tokens += alpha ** (k + 1)
-        k += 1
-    return k
+def best_k(alpha, c, v):
+    """ex03 Task 3 as the solution writes it: draft k + 1 adds alpha^(k+1) tokens and c + v(k+1) - v(k) of cost;
+    stop at the first draft whose rate does not beat the current speedup."""
+    k, tokens, cost, v_k = 0, 1.0, v(0), v(0)
+    while True:
+        gain, v_next = alpha ** (k + 1), v(k + 1)
+        extra = c + v_next - v_k
+        if gain * cost <= extra * tokens:
+            return k
+        tokens, cost, v_k, k = tokens + gain, cost + extra, v_next, k + 1
 
 # --------------------------------------------------------------------------------------
 # Reference answers, written with the learner's interface
@@ -572,17 +571,41 @@ def test_accepted_count_pmf_grader_rejects_typical_mistakes(wrong, message):
         speedup_grading.check_accepted_count_pmf(wrong)
 
 
-# ex03 Task 3: the best k, with no upper limit
+# ex03 Task 3: the best k when verification costs v(k), with no upper limit
 
 
-def _best_k_searched(alpha, c, k_max=16):
-    return max(range(k_max + 1), key=lambda k: (_speedup(alpha, k, c), -k))
+def _speedup_v(alpha, c, v, k):
+    return sum(alpha**i for i in range(k + 1)) / (v(k) + c * k)
 
 
-def _best_k_wrong_reason(alpha, c):
-    """Stop when a draft yields fewer tokens than it costs (the reason notebook 03 no longer gives)."""
+def _best_k_searched(alpha, c, v, k_max=64):
+    return max(range(k_max + 1), key=lambda k: (_speedup_v(alpha, c, v, k), -k))
+
+
+def _best_k_flat(alpha, c, v):
+    """Notebook 03's rule, as if verification cost one step whatever k: v is ignored."""
+    return best_k(alpha, c, lambda k: 1.0)
+
+
+def _best_k_marginal_c_only(alpha, c, v):
+    """The speedup with v(k) in it, but a draft's added cost taken as c alone (v's increment forgotten)."""
+    k, tokens = 0, 1.0
+    while alpha ** (k + 1) / c > tokens / (v(k) + c * k):
+        tokens += alpha ** (k + 1)
+        k += 1
+    return k
+
+
+def _best_k_linearised(alpha, c, v):
+    """v taken as linear with its first slope: right for 1 + g k, wrong for a roofline or a quadratic."""
+    g = v(1) - v(0)
+    return best_k(alpha, c, lambda k: 1 + g * k)
+
+
+def _best_k_pays_for_itself(alpha, c, v):
+    """Stop when a draft yields fewer tokens than it adds to the cost (not when it falls below the average)."""
     k = 0
-    while alpha ** (k + 1) > c:
+    while alpha ** (k + 1) > c + v(k + 1) - v(k):
         k += 1
     return k
 
@@ -591,22 +614,55 @@ def _best_k_wrong_reason(alpha, c):
     "wrong, message",
     [
         (_best_k_searched, "not within the range you searched"),
-        (_best_k_wrong_reason, "the speedup is an average"),
-        (lambda a, c: best_k(a, c) + 1, "largest speedup"),
-        (lambda a, c: str(best_k(a, c)), "as an int"),
-        (lambda a, c: max(1, best_k(a, c)), "largest speedup"),
+        (_best_k_flat, "if verification cost one plain step"),
+        (_best_k_marginal_c_only, "largest speedup"),
+        (_best_k_linearised, "largest speedup"),
+        (_best_k_pays_for_itself, "largest speedup"),
+        (lambda a, c, v: best_k(a, c, v) + 1, "largest speedup"),
+        (lambda a, c, v: str(best_k(a, c, v)), "as an int"),
+        (lambda a, c, v: max(1, best_k(a, c, v)), "largest speedup"),
     ],
 )
 def test_best_k_grader_rejects_typical_mistakes(wrong, message):
     with pytest.raises(AssertionError, match=message):
-        speedup_grading.check_best_k(wrong, n_cases=60)
+        speedup_grading.check_best_k(wrong)  # the visible cases already catch each of them
+
+
+@pytest.mark.parametrize("wrong", [_best_k_marginal_c_only, _best_k_linearised, _best_k_pays_for_itself,
+                                   _best_k_flat, _best_k_searched])
+def test_the_hidden_cases_catch_the_typical_mistakes_too(wrong):
+    with pytest.raises(AssertionError, match="wrong answer"):
+        speedup_grading.check_best_k(wrong, n_cases=100, seed=1)
+
+
+def test_best_k_cases_span_every_shape_zero_and_the_hundreds():
+    for n, seed in ((30, 0), (100, 1)):
+        cases = speedup_grading._best_k_cases(n, seed)
+        ks = [speedup_grading._best_k(a, c, v) for a, c, v in cases]
+        assert {v.shape for _, _, v in cases} == {"flat", "linear", "roofline", "knee", "quadratic"}
+        assert 0 in ks and max(ks) >= 200, (seed, sorted(ks))
+        assert all(speedup_grading._separated(a, c, v) for a, c, v in cases)  # the fixed cases too
 
 
 def test_best_k_reference_is_the_argmax_over_a_range_past_the_optimum():
-    for alpha, c in speedup_grading._best_k_cases(200, 1):
-        ks = np.arange(0, 5000)
-        s = speedup_grading._speedup(alpha, ks, c)
-        assert s[speedup_grading._best_k(alpha, c)] >= s.max() * (1 - 1e-12), (alpha, c)
+    for alpha, c, v in speedup_grading._best_k_cases(100, 1):
+        ks = np.arange(0, 20000)
+        s = speedup_grading._speedups(alpha, c, v, ks)
+        assert speedup_grading._best_k(alpha, c, v) == int(np.argmax(s)), (alpha, c, v)
+
+
+def test_the_solution_passes_best_k_at_other_hidden_seeds():
+    """The cases change with the seed; every seed's cases are separated, so a correct rule passes at any of them."""
+    for seed in (2, 3, 10**12 + 7):
+        speedup_grading.check_best_k(best_k, n_cases=100, seed=seed)
+
+
+def test_verify_cost_refuses_what_is_not_a_whole_k():
+    v = speedup_grading.VerifyCost("roofline", m=8)
+    assert v(0) == 1.0 and v(15) == 2.0 and v(np.int64(15)) == 2.0 and v(torch.tensor(15)) == 2.0
+    for bad in (-1, 1.5, "3", None, True):
+        with pytest.raises(ValueError, match="whole number"):
+            v(bad)
 
 
 # --------------------------------------------------------------------------------------
@@ -764,7 +820,7 @@ def test_a_wrong_emit_parts_shows_its_output_not_the_expected_parts_nor_their_fo
 
 
 def test_a_wrong_best_k_shows_neither_the_best_k_nor_the_speedups():
-    msg = _message(speedup_grading.check_best_k, lambda alpha, c: 3)
+    msg = _message(speedup_grading.check_best_k, lambda alpha, c, v: 3)
     assert "got k = 3" in msg and "largest speedup" in msg
     for leak in ("expected", "best k is", "speedup of", "= 8"):
         assert leak not in msg, msg

@@ -409,3 +409,17 @@ def test_an_answer_that_uses_or_patches_the_reference_gets_nothing_and_the_solut
     if "specref" in source.split("\n")[0]:
         assert any("'ex05_lookup_answer'" in n and "specref" in n for n in plan.notes), plan.notes
     assert _scan("") == []  # "": the solution's own answer, which is clean
+
+
+def test_an_interval_answer_made_of_the_notebooks_intervals_scores_zero():
+    """specref.perf.intervals holds notebook 05's comparison: Task 3 answered with it fails the visible check."""
+    from specref.perf import intervals
+
+    def compare_tau(a, b, level=0.95):
+        ia, ib = intervals.mean_ci(a, level), intervals.mean_ci(b, level)
+        return ia, ib, intervals.apart(ia[1:], ib[1:])
+
+    assert "specref.perf.intervals" in G.FORBIDDEN
+    with pytest.raises(AssertionError, match=r"Task 3: your .* uses specref\.") as e:
+        G.check_tau_interval(compare_tau)
+    assert "scores 0" in str(e.value)

@@ -109,7 +109,8 @@ def test_compacted_cache_gives_the_same_next_logits_as_a_fresh_recompute(fp32_mo
 
 # -- generation ----------------------------------------------------------------------------
 
-SPECS = [(2, 2), (3, 1, 1), (1, 1, 1), TreeShape((2, 2), sampled=True), DynamicTree(10, max_depth=5, top_k=3, beam=2)]
+SPECS = [(2, 2), (3, 1, 1), (1, 1, 1), TreeShape((2, 2), sampled=True), DynamicTree(10, max_depth=5, top_k=3, beam=2),
+         DynamicTree(6, max_depth=6, top_k=3, beam=3)]  # grows 9 candidates a level, keeps 6: the draft needs room
 PROMPTS = [[1, 2, 3], [10, 20, 30, 40, 50, 60, 5, 5]]
 
 

@@ -25,7 +25,7 @@ import itertools
 
 import torch
 
-from .._validate import check_probs
+from .._validate import check_int, check_probs
 from ..rejection import ChainRule, residual, verify_chain
 from .toy import MarkovChain, MisreportedDraft, check_cells
 
@@ -253,8 +253,7 @@ def chain_step_distribution(
         raise ValueError(
             f"target and draft must share one vocabulary, got {target.vocab_size} and {sampled.vocab_size}"
         )
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ValueError(f"k must be an int >= 0, got {k!r}")
+    check_int("k", k, 0, "draft tokens per step", wrong_type=ValueError)
     V = target.vocab_size
     check_cells(V**k * 2**k, f"a step of k={k} drafts over V={V}")
     drafts = _cartesian(V, k)  # [V**k, k]
@@ -282,13 +281,13 @@ def generation_distribution(
     chains are first order, what follows a step depends only on its last token, so
     the distribution is built from one enumerated step per context token.
     """
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-        raise ValueError(f"n must be an int >= 0, got {n!r}")
+    check_int("n", n, 0, "tokens to generate", wrong_type=ValueError)
     if not isinstance(target, MarkovChain):
         raise TypeError(f"target must be a MarkovChain, got {type(target).__name__}")
     V = target.vocab_size
     check_cells(V**n, f"the joint of n={n} tokens over V={V}")
-    if isinstance(start_token, bool) or not isinstance(start_token, int) or not 0 <= start_token < V:
+    check_int("start_token", start_token, 0, "a token id", wrong_type=ValueError)
+    if start_token >= V:
         raise ValueError(f"start_token must be an int in [0, {V}), got {start_token!r}")
     steps: dict[int, dict[tuple[int, ...], float]] = {}
     memo: dict[tuple[int, int], torch.Tensor] = {}

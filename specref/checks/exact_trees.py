@@ -29,6 +29,7 @@ from collections.abc import Callable, Hashable, Sequence
 import numpy as np
 import torch
 
+from .._validate import check_int
 from ..sampling import SamplingParams, sample
 from ..tree_shapes import DynamicTree, TreeShape, as_tree_spec, build_tree
 from ..trees import ROOT, Tree, verify_tree
@@ -53,8 +54,7 @@ class PrefixModel:
     """
 
     def __init__(self, vocab_size: int, seed: int, concentration: float = 1.0, zero_prob: float = 0.0) -> None:
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
-            raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
+        check_int("vocab_size", vocab_size, 1, "tokens in the vocabulary", wrong_type=ValueError)
         if not concentration > 0:
             raise ValueError(f"concentration must be > 0, got {concentration!r}")
         if not 0 <= zero_prob < 1:

@@ -20,6 +20,7 @@ import numpy as np
 import scipy.stats
 import torch
 
+from .._validate import check_int
 from ..rejection import ChainRule, verify_chain
 from .broken import (  # noqa: F401 - the broken chain rules, importable from here as before
     BROKEN_RULES,
@@ -87,10 +88,11 @@ def simulate(
     V = target.vocab_size
     if draft.vocab_size != V:
         raise ValueError(f"target and draft must share one vocabulary, got {V} and {draft.vocab_size}")
-    for name, value, low in (("k", k, 0), ("n", n, 1), ("runs", runs, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    if isinstance(start_token, bool) or not isinstance(start_token, int) or not 0 <= start_token < V:
+    for name, value, low, what in (("k", k, 0, "draft tokens per step"), ("n", n, 1, "tokens per run"),
+                                   ("runs", runs, 1, "independent runs")):
+        check_int(name, value, low, what, wrong_type=ValueError)
+    check_int("start_token", start_token, 0, "a token id", wrong_type=ValueError)
+    if start_token >= V:
         raise ValueError(f"start_token must be an int in [0, {V}), got {start_token!r}")
     if not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")

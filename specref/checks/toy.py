@@ -144,24 +144,18 @@ def _check_context(context: object) -> torch.Tensor:
 
 
 def _check_start(start_token: object, vocab_size: int) -> None:
-    if isinstance(start_token, bool) or not isinstance(start_token, int):
-        raise TypeError(f"start_token must be an int token id, got {start_token!r}")
-    if not 0 <= start_token < vocab_size:
+    check_int("start_token", start_token, 0, "a token id")
+    if start_token >= vocab_size:
         raise ValueError(f"start_token must be in [0, {vocab_size}), got {start_token}")
 
 
 def _check_n(n: object) -> int:
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"n must be an int >= 0, got {n!r}")
-    if n < 0:
-        raise ValueError(f"n must be >= 0 (number of tokens), got {n}")
-    return n
+    return check_int("n", n, 0, "number of tokens")
 
 
 def random_chain(vocab_size: int, sharpness: float, generator: torch.Generator) -> MarkovChain:
     """A chain whose rows are softmax(sharpness * standard normal): larger sharpness, peakier rows."""
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
-        raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
+    check_int("vocab_size", vocab_size, 1, "tokens in the vocabulary", wrong_type=ValueError)
     if not isinstance(sharpness, (int, float)) or isinstance(sharpness, bool) or not 0 <= sharpness < math.inf:
         raise ValueError(f"sharpness must be a finite number >= 0, got {sharpness!r}")
     if not isinstance(generator, torch.Generator):

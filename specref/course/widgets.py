@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from .._validate import check_int
 from ..decoding.record import record_generation
 from .plots import accept_reject_view, normalize_weights, plot_accept_reject, plot_speedup_curves, speedup_curves
 from .plots import load_view, plot_load_view
@@ -349,7 +350,8 @@ class LoadWidget(_Refreshing, widgets.VBox):
         Bs = [int(b) for b in view["batch_sizes"]]
         if B not in Bs:
             raise ValueError(f"B must be one of the measured batch sizes {Bs}, got {B}")
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 8:
+        check_int("k", k, 1, "draft tokens per step, 1..8 on the k slider", wrong_type=ValueError)
+        if k > 8:
             raise ValueError(f"k must be an integer in 1..8 (the k slider's range), got {k!r}")
         if alpha is not None and not (isinstance(alpha, (int, float)) and 0.3 <= alpha <= 0.95):
             raise ValueError(f"alpha must be a number in 0.3..0.95 (the alpha slider's range) or None, got {alpha!r}")

@@ -64,7 +64,9 @@ def generate(
     if max_new_tokens == 0:
         return tokens
     run = unchecked(model)
-    cache = model.new_cache(B, max_len=T + max_new_tokens)  # no more: a large batch's cache is the biggest allocation
+    # No more than the run needs: a large batch's cache is the biggest allocation.
+    n_rows = T + max_new_tokens
+    cache = model.run_cache("target", B, n_rows) if hasattr(model, "run_cache") else model.new_cache(B, max_len=n_rows)
     logits = run(input_ids, cache=cache, logits_to_keep=1)[:, -1]  # [B, V]
     for i in range(max_new_tokens):
         x = logits.argmax(-1) if params.greedy else sample_unchecked(params.probs_unchecked(logits), generator)  # [B]
@@ -121,7 +123,8 @@ def speculative_step(
     with clock(stats, "time_draft", dev):
         drafts, q = draft.propose(seqs.tokens, seqs.lengths, k, params, generator)  # [B, k'], [B, k', V]
     # k' <= k: from here on, k is what was proposed (the values only of a draft the package does not vouch for)
-    k = check_proposal(drafts, q, B, k, V, params.greedy, values=not getattr(draft, "trusted", False))
+    trusted = getattr(draft, "trusted", False)
+    k = check_proposal(drafts, q, B, k, V, params.greedy, values=not trusted)
     stats.draft_passes += k
     # 2. One target pass over [last token, x_1..x_k]: p_1..p_{k+1} (and its features, for a draft that reads them).
     with clock(stats, "time_target", dev):
@@ -137,7 +140,8 @@ def speculative_step(
         elif params.greedy:
             out, n_acc = verify_chain_greedy_unchecked(drafts, logits)  # [B, k+1], [B]
         else:  # check_proposal checked q
-            out, n_acc = verify_chain_unchecked(drafts, q, params.probs_unchecked(logits), generator, None)
+            out, n_acc = verify_chain_unchecked(drafts, q, params.probs_unchecked(logits), generator, None,
+                                                check_support=not trusted)
         n_acc, total = _read_back(n_acc, logits)  # the step's one read back: waits for the rule to finish
         check_logits_total(total, logits, params)
     # 4. Commit the kept tokens; roll both caches back to context + accepted drafts.

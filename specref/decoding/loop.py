@@ -423,7 +423,7 @@ def run_steps(
     B, T = input_ids.shape
     # Sized to the run, not the whole window for every row: a large batch's cache is the biggest allocation.
     n_rows = min(target.config.n_positions, T + max_new_tokens + room)
-    cache = target.new_cache(B, max_len=n_rows)
+    cache = target.run_cache("target", B, n_rows) if hasattr(target, "run_cache") else target.new_cache(B, max_len=n_rows)
     if draft is not None and hasattr(draft, "size_for"):
         draft.size_for(n_rows)
     begin()

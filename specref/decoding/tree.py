@@ -277,8 +277,13 @@ def tree_generate(
     stats = TreeSpecStats(k=spec.depth, tree=repr(spec))
     step = partial(tree_step, target, drafter, spec=spec, params=params, generator=generator,
                    eos_token_id=eos_token_id, stats=stats)
-    # Room for a full tree past the budget; `tree_step` cuts a draft's tree to the room the cache has.
-    out = run_steps(target, input_ids, max_new_tokens, stats, step, room=spec.n_nodes,
+    # Room for a full tree past the budget; `tree_step` cuts a draft's tree to the room the cache has. A dynamic
+    # tree's draft scores every candidate it grows (at most beam x top_k per level) before the budget keeps
+    # n_nodes of them, and its cache holds them all until the step rolls it back.
+    room = spec.n_nodes
+    if isinstance(spec, DynamicTree):
+        room += spec.max_depth * spec.beam * spec.top_k
+    out = run_steps(target, input_ids, max_new_tokens, stats, step, room=room,
                     begin=partial(drafter.begin, input_ids.shape[0]), draft=drafter,
                     eos_token_id=eos_token_id, on_step=on_step, timing=timing)
     return out, stats

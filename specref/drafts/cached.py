@@ -40,7 +40,9 @@ class CachedDraft(DraftBase):
         # Allocated once, at the size the generation needs (`size_for`; else the window): a batch of
         # thousands would otherwise hold the whole window per row.
         n = self.window if self.run_rows is None else min(self.window, self.run_rows)
-        self.cache = self.cache_module.new_cache(batch_size, max_len=n)
+        module = self.cache_module
+        self.cache = module.run_cache("draft", batch_size, n) if hasattr(module, "run_cache") \
+            else module.new_cache(batch_size, max_len=n)
         self.fed = torch.zeros(batch_size, dtype=torch.long, device=self.cache.device)
 
     def rollback(self, n_valid: torch.Tensor) -> None:  # [B]

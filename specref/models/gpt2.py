@@ -316,6 +316,7 @@ class GPT2(nn.Module):
         """A copy (``copy.deepcopy``, pickling) gets its own empty `CapturedPasses`: graphs belong to addresses."""
         state = dict(super().__getstate__())
         state["graphs"] = CapturedPasses(self.graphs.enabled)
+        state.pop("_run_caches", None)  # a generation's caches belong to this model's graphs
         return state
 
     # -- convenience -------------------------------------------------------------------
@@ -342,10 +343,12 @@ class GPT2(nn.Module):
     ) -> KVCache:
         """An empty cache for ``batch_size`` sequences of up to ``max_len`` (default ``n_positions``) tokens.
 
-        A generation allocates its caches once; the graphs captured on earlier caches' addresses
-        are dropped here (`self.graphs.clear()`), so that a run of generations holds only its own.
+        A new cache lives at new addresses, so the graphs captured on earlier caches' addresses are
+        dropped here (`self.graphs.clear()`): a run of generations holds only its own. Generations
+        take their caches from `run_cache`, which keeps them where graphs are captured.
         """
         self.graphs.clear()
+        self._run_caches = {}
         c = self.config
         max_len = c.n_positions if max_len is None else max_len
         if check_int("max_len", max_len, 1, f"cache slots, at most n_positions={c.n_positions}", ValueError) \
@@ -354,6 +357,31 @@ class GPT2(nn.Module):
         return KVCache(c.n_layer, batch_size, c.n_head, c.head_dim, max_len,
                        device=self.device if device is None else device,
                        dtype=self.dtype if dtype is None else dtype)
+
+    def run_cache(self, role: str, batch_size: int, max_len: int) -> KVCache:
+        """An empty cache for one generation's `role` ("target", "draft"...), of at least ``max_len`` slots.
+
+        Where passes are captured as graphs (`GPT2.graphs` on CUDA), the model keeps one cache per
+        role and hands it out again, emptied, to the next generation that fits in it (same batch
+        size and dtype, at most its slots): the captured passes stay valid because the cache keeps
+        its addresses, and nothing is captured twice. New caches are rounded up to 64 slots so that
+        prompts of nearby lengths share one. Elsewhere it is `new_cache`. A cache handed out
+        belongs to its generation until the next call with the same role.
+        """
+        if not (self.graphs.enabled and self.device.type in GRAPHED_DEVICES):
+            return self.new_cache(batch_size, max_len=max_len)
+        if not isinstance(role, str):
+            raise TypeError(f"role must be a str, got {type(role).__name__}")
+        kept = getattr(self, "_run_caches", {}).get(role)
+        if kept is not None and kept.batch_size == batch_size and kept.dtype == self.dtype \
+                and max_len <= kept.max_len:
+            kept.reset()
+            return kept
+        rounded = min(self.config.n_positions, -(-max_len // 64) * 64)
+        others = {r: c for r, c in getattr(self, "_run_caches", {}).items() if r != role}
+        cache = self.new_cache(batch_size, max_len=max(rounded, max_len))  # clears the graphs and the kept caches
+        self._run_caches = {**others, role: cache}
+        return cache
 
     # -- forward -----------------------------------------------------------------------
     def forward(

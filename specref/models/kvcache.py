@@ -103,6 +103,11 @@ class KVCache:
         else:
             self.bound = bound
 
+    def reset(self) -> None:
+        """Empty every row in place (lengths 0, ``bound`` 0): the cache keeps its storage and addresses."""
+        self.lengths.zero_()
+        self.bound = 0
+
     def tighten(self) -> int:
         """Make ``bound`` exact: ``max(lengths)``, one read back (for checked calls, never inside a pass)."""
         self.bound = int(self.lengths.max())

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from .._validate import check_int
 from ..timing import sync
 
 
@@ -28,8 +29,7 @@ def repeat_times(
     on a CPU shared with other jobs it leaves out the time the process waited for a core,
     so it stays stable where wall time swings (with one torch thread, cpu = wall on an idle machine).
     """
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    check_int("repeats", repeats, 1, "timed calls", wrong_type=ValueError)
     if clock not in _CLOCKS:
         raise ValueError(f"clock must be one of {sorted(_CLOCKS)}, got {clock!r}")
     now = _CLOCKS[clock]
@@ -85,9 +85,9 @@ def pass_times(
     slice over more memory.
     """
     ns = n_new if isinstance(n_new, list) else [n_new]
-    for name, v in [("n_new", n) for n in ns] + [("context_len", context_len), ("batch_size", batch_size)]:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    for name, v, what in [("n_new", n, "new tokens per pass") for n in ns] + [
+            ("context_len", context_len, "tokens of context"), ("batch_size", batch_size, "rows per pass")]:
+        check_int(name, v, 1, what, wrong_type=ValueError)
     if not ns:
         raise ValueError("n_new must be an int >= 1 or a non-empty list of them")
     if context_len + max(ns) > model.config.n_positions:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .._validate import check_int
 from ..decoding.chain import generate, speculative_generate
 from ..decoding.loop import SpecStats
 from ..theory import expected_tokens_per_step, speedup
@@ -89,8 +90,7 @@ def _check_prompts(prompts: object, max_new_tokens: object) -> None:
     for ids in prompts:
         if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] != 1:
             raise ValueError(f"each prompt must be a [1, T] tensor, got {getattr(ids, 'shape', type(ids).__name__)}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    check_int("max_new_tokens", max_new_tokens, 1, "tokens to generate per prompt", wrong_type=ValueError)
 
 
 @torch.no_grad()

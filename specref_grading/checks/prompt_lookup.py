@@ -56,7 +56,8 @@ Proposal = Callable[[list[int], int, int, int], object]
 ALLOWED = ("specref_grading.checks.prompt_lookup.check_proposals", "specref_grading.checks.prompt_lookup.check_draft",
            "specref_grading.checks.prompt_lookup.check_tau_interval",
            "specref_grading.checks.draft_positions.check_acceptance_counts")
-FORBIDDEN = ("specref.drafts.prompt_lookup", "specref_grading")
+# specref.perf.intervals holds notebook 05's intervals and their comparison, which is Task 3's answer.
+FORBIDDEN = ("specref.drafts.prompt_lookup", "specref.perf.intervals", "specref_grading")
 
 
 def _as_proposal(out: object, k: int) -> list[int] | None:
@@ -383,8 +384,9 @@ def check_tau_interval(fn: Callable, n_cases: int = 60, seed: int = 0) -> None:
         for label, got, want in (("a", got_a, want_a), ("b", got_b, want_b)):
             if not np.allclose(got, want, rtol=INTERVAL_RTOL, atol=0):
                 hint = ("tau is the mean tokens per step." if not np.isclose(got[0], want[0], rtol=INTERVAL_RTOL) else
-                        "the interval is mean +- t * s / sqrt(n): t the (1 + level) / 2 quantile of Student's t with "
-                        "n - 1 degrees of freedom, s the sample standard deviation (n - 1 in its denominator).")
+                        "the interval is the two-sided interval of the mean that Student's t gives at `level`: check "
+                        "which quantile a two-sided interval needs, its degrees of freedom, and that the spread is "
+                        "the sample standard deviation.")
                 raise failure(g, where, inputs + [f"expected for {label}: {tuple(round(v, 6) for v in want)}",
                                                   f"got          {tuple(round(v, 6) for v in got)}"], hint)
         if isinstance(verdict, (bool, np.bool_)) or not isinstance(verdict, (int, np.integer)) or \
