@@ -53,7 +53,7 @@ NB_DIRS := $(wildcard notebooks solutions)
 NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=$(CELL_TIMEOUT) --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 .DEFAULT_GOAL := help
-.PHONY: help venv lab test test-portable test-fast doctor exercises check-exercises lint grade grade-all grade-merge execute fresh-clone clean distclean
+.PHONY: help venv lab test test-portable test-fast doctor exercises check-exercises lint grade grade-all grade-merge release execute fresh-clone clean distclean
 
 help:
 	@echo "make lab                  set up .venv if needed and open JupyterLab on notebooks/"
@@ -64,6 +64,7 @@ help:
 	@echo "make grade NB=exercises/ex02_accept_reject.ipynb   grade one notebook (SOLUTION=... to name its solution, SEED=N|random for other hidden cases)"
 	@echo "make grade-all DIR=submissions/ [JOBS=N] [CSV=gradebook.csv] [SEED=N|random] [FRESH=1]  grade a class in parallel (resumes; feedback, hand-grading sheets)"
 	@echo "make grade-merge DIR=submissions/ [CSV=gradebook.csv]  merge the hand-grading sheets' marks into the gradebook"
+	@echo "make release DIR=../class/  a folder to hand a class: notebooks, exercises, the package; no solutions, rubrics or grader"
 	@echo "make execute              re-run notebooks/ and solutions/ in place, then make exercises"
 	@echo "make venv                 only the set-up"
 	@echo "make fresh-clone          clone HEAD to a temporary folder and check that set-up works there"
@@ -141,6 +142,10 @@ grade-all: venv
 grade-merge: venv
 	@test -n $(call _grade_q,DIR) || { echo "usage: make grade-merge DIR=submissions/ [CSV=gradebook.csv]"; exit 2; }
 	$(VPY) -I -m specref_grading.classrun merge $(if $(value CSV),--csv $(call _grade_q,CSV)) -- $(call _grade_q,DIR)
+
+release: venv
+	@test -n $(call _grade_q,DIR) || { echo "usage: make release DIR=<a new or empty folder outside the repository>"; exit 2; }
+	$(VPY) -I -m specref_grading.release -- $(call _grade_q,DIR)
 
 execute: venv
 	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \

@@ -16,7 +16,8 @@ Everything is written next to the gradebook (default DIR/gradebook.csv):
 - ``gradebook-feedback/<file>.md``: one per submission, for the learner: per task the points, what
   failed and why (the report's own words, never an expected answer it does not give); no seed;
 - ``gradebook-handgrading/<exercise>.<question>.csv``: one per hand-graded question, every learner's
-  answer with an empty ``marks`` column (an answer left as the exercise's stub comes marked 0). ``merge``
+  answer with an empty ``marks`` column (an answer left as the exercise's stub comes marked 0) and the
+  question's rubric from its solution (the ``rubric`` column: points per element, a model answer). ``merge``
   reads the marks back, all or nothing: a mark must be a number in 0..points, and a sheet row must
   name a graded submission and one of its hand-graded questions.
 
@@ -53,7 +54,7 @@ from specref_grading.report import (EXIT_FAILED, EXIT_FULL, EXIT_REVIEW, EXIT_UN
                                     status_text)
 from specref_grading.version import grader_version
 from specref_grading.wall import MEMORY_MB
-from specref_grading.exercises import MarkerError, strip_regions
+from specref_grading.exercises import MarkerError, check_rubrics, strip_regions
 
 STATE_VERSION = 1
 TRANSIENT = {"timeout", "died"}  # outcomes --retry regrades even when nothing changed
@@ -453,7 +454,9 @@ def feedback(rel: str, report: dict, hand: dict) -> str:
 # --------------------------------------------------------------------------------------
 # Hand grading: one sheet per question, merged back
 # --------------------------------------------------------------------------------------
-SHEET_COLUMNS = ["file", "exercise", "question", "points", "answer", "marks", "comment"]
+# "rubric": the task's rubric from its solution (points per element, a model answer), the same on every row; last,
+# so that the columns the instructor fills in keep their places.
+SHEET_COLUMNS = ["file", "exercise", "question", "points", "answer", "marks", "comment", "rubric"]
 
 
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet may run as a formula
@@ -497,9 +500,28 @@ def stubs(solutions_dir: Path) -> dict[tuple[str, str], str]:
     return out
 
 
+NO_RUBRIC = ('(no rubric in the solution: add a markdown cell after the answer with the metadata '
+             '"specref": {"rubric": "<question>"})')
+
+
+def rubrics(solutions_dir: Path) -> dict[tuple[str, str], str]:
+    """(exercise, question) -> the question's rubric: the solution's markdown cell marked
+    ``"specref": {"rubric": "<question>"}`` (a solution that cannot be read gives none)."""
+    out = {}
+    for path in sorted(solutions_dir.glob("*.ipynb")):
+        try:
+            found = check_rubrics(read_notebook(path), path.name)
+        except (GradeError, MarkerError):
+            continue
+        out.update({(path.stem, gid): text.strip() for gid, text in found.items()})
+    return out
+
+
 def write_sheets(state: dict, folder: Path) -> None:
-    """A sheet per (exercise, question): every learner's answer; marks already in a sheet for the same answer stay."""
+    """A sheet per (exercise, question): every learner's answer and the question's rubric; marks already in a sheet
+    for the same answer stay."""
     stub = stubs(Path(state["solutions_dir"])) if state.get("solutions_dir") else {}
+    rubric = rubrics(Path(state["solutions_dir"])) if state.get("solutions_dir") else {}
     sheets: dict[str, list[dict]] = {}
     for rel in sorted(state["entries"]):
         report = state["entries"][rel]["report"]
@@ -513,7 +535,8 @@ def write_sheets(state: dict, folder: Path) -> None:
             comment = got.get("comment", "") if got else ("unanswered: the exercise's stub" if unanswered else "")
             sheets.setdefault(_sheet_name(report["exercise"], m["grade_id"]), []).append(
                 {"file": cell(rel), "exercise": report["exercise"], "question": m["grade_id"],
-                 "points": f"{m['points']:g}", "answer": cell(m["answer"]), "marks": marks, "comment": comment})
+                 "points": f"{m['points']:g}", "answer": cell(m["answer"]), "marks": marks, "comment": comment,
+                 "rubric": cell(rubric.get((report["exercise"], m["grade_id"]), NO_RUBRIC))})
     for old_sheet in folder.glob("*.csv"):  # a question nobody in the run answers any more
         if old_sheet.name not in sheets:
             old_sheet.unlink()

@@ -16,6 +16,12 @@ solutions/ is the single source. Markers are nbgrader's:
   Without a task heading above it the message says "(see the exercise above)" and names no task.
 * ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS``: removed, markers included
   (the grader puts them back from the solution, see specref_grading/grade.py).
+* A cell with the metadata ``"specref": {"solution_only": true}`` (an exercise's closing summary, which states
+  what the tasks ask) is left out: it belongs after grading, in the solution.
+* A markdown cell with the metadata ``"specref": {"rubric": "<grade_id>"}``, placed after a hand-graded cell
+  (nbgrader ``grade`` and ``solution`` both true), is that task's rubric (points per element, a model answer):
+  left out of the exercise, printed on the hand-grading sheets (specref_grading/classrun.py). A rubric must name a
+  hand-graded cell of the same notebook, once (`check_rubrics`).
 
 Outputs, execution counts, per-cell timing metadata and saved widget state are
 cleared; cell ids and all other metadata (nbgrader's ``grade``, ``grade_id``,
@@ -136,6 +142,64 @@ def strip_regions(source: str, cell_type: str, where: str, task: tuple[str, str]
     return text.rstrip() if removed_hidden else text
 
 
+def specref_meta(cell) -> dict:
+    """The cell's ``metadata.specref`` (an empty dict when it has none or it is not a dict)."""
+    meta = cell.get("metadata", {}).get("specref")
+    return meta if isinstance(meta, dict) else {}
+
+
+def is_solution_only(cell) -> bool:
+    """A cell kept in the solution only (``"specref": {"solution_only": true}``): a closing summary, say."""
+    return specref_meta(cell).get("solution_only") is True
+
+
+def rubric_for(cell) -> str | None:
+    """The grade_id a rubric cell (``"specref": {"rubric": "<grade_id>"}``) is the rubric of; None for other cells."""
+    return specref_meta(cell).get("rubric") if "rubric" in specref_meta(cell) else None
+
+
+def is_hand_graded(cell) -> bool:
+    """An answer the grader shows for grading by hand: nbgrader ``grade`` and ``solution`` both true."""
+    meta = cell.get("metadata", {}).get("nbgrader") or {}
+    return bool(meta.get("grade")) and bool(meta.get("solution"))
+
+
+def left_out(cell) -> bool:
+    """Whether the cell stays in the solution only: a solution_only cell or a rubric."""
+    return is_solution_only(cell) or "rubric" in specref_meta(cell)
+
+
+def check_rubrics(nb, name: str) -> dict[str, str]:
+    """{grade_id: rubric text} of the notebook's rubric cells; MarkerError for a malformed one.
+
+    A rubric is a markdown cell naming, as a non-empty string, the grade_id of a hand-graded cell of the same
+    notebook, at most one rubric per grade_id; it carries no nbgrader grading of its own. A solution_only cell
+    must not be a graded or answer cell (leaving it out would take a task away).
+    """
+    hand = {gid for c in nb["cells"] if is_hand_graded(c)
+            for gid in [(c.get("metadata", {}).get("nbgrader") or {}).get("grade_id")] if isinstance(gid, str)}
+    out: dict[str, str] = {}
+    for i, cell in enumerate(nb["cells"]):
+        nbg = cell.get("metadata", {}).get("nbgrader") or {}
+        if is_solution_only(cell) and (nbg.get("grade") or nbg.get("solution")):
+            raise MarkerError(f"{_where(name, i, cell)}: a solution_only cell cannot be graded or an answer")
+        if "rubric" not in specref_meta(cell):
+            continue
+        gid = specref_meta(cell)["rubric"]
+        if cell.get("cell_type") != "markdown":
+            raise MarkerError(f"{_where(name, i, cell)}: a rubric must be a markdown cell")
+        if nbg.get("grade") or nbg.get("solution"):
+            raise MarkerError(f"{_where(name, i, cell)}: a rubric cannot be graded or an answer itself")
+        if not isinstance(gid, str) or gid not in hand:
+            raise MarkerError(f"{_where(name, i, cell)}: rubric for {gid!r}, which is not the grade_id of a "
+                              f"hand-graded cell (grade and solution true) here; hand-graded: {sorted(hand) or 'none'}")
+        if gid in out:
+            raise MarkerError(f"{_where(name, i, cell)}: a second rubric for {gid!r}")
+        src = cell.get("source", "")
+        out[gid] = "".join(src) if isinstance(src, list) else src
+    return out
+
+
 def check_grading_metadata(nb, name: str) -> None:
     """Graded cells need a unique grade_id and non-negative points (the grader keys on them)."""
     seen: dict[str, int] = {}
@@ -175,6 +239,8 @@ def make_exercise(solution, name: str = "notebook"):
 
     nb = copy.deepcopy(solution)
     check_grading_metadata(nb, name)
+    check_rubrics(nb, name)
+    nb.cells = [c for c in nb.cells if not left_out(c)]  # rubrics and solution_only cells stay in the solution
     nb.metadata["specref"] = {"exercise": Path(name).stem, "version": tests_version(solution)}
     task = None  # (number, text) of the last task heading so far, and the text of its section
     for i, cell in enumerate(nb.cells):

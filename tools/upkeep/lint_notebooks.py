@@ -3,7 +3,10 @@
 No error outputs, no paths of the machine that ran it, a markdown title, learning goals and a
 summary, a first code cell that seeds every random number generator the notebook uses, the python3
 kernel, and references only to notebooks and exercises that exist. A lecture (notebooks/) also ends
-with its questions under 'Check your understanding' and their answers in a collapsible block.
+with its questions under 'Check your understanding' and their answers in a collapsible block. A solution
+(solutions/) gives every hand-graded task a rubric right after it (a markdown cell with the metadata
+"specref": {"rubric": "<grade_id>"}); an exercise (exercises/) holds no rubric and no solution_only cell
+(both stay in the solution), and so needs no summary: an exercise's summary is the solution's, after grading.
 
 Each check is a function `check(nb) -> list[str]`: the problems it found, empty when the notebook is
 fine. `lint(path)` runs the checks that apply to one file and prefixes each problem with the check's
@@ -211,6 +214,42 @@ def _checks_imports(cell: nbformat.NotebookNode) -> bool:
     return all(isinstance(s, (ast.Import, ast.ImportFrom)) for s in body)
 
 
+def _gid(cell: nbformat.NotebookNode) -> str | None:
+    return (cell.get("metadata", {}).get("nbgrader") or {}).get("grade_id")
+
+
+def rubrics(nb: nbformat.NotebookNode) -> list[str]:
+    """Every hand-graded task (nbgrader grade and solution true) has a rubric right after it, a markdown cell with
+    the metadata "specref": {"rubric": "<its grade_id>"}; every rubric names a hand-graded task
+    (specref_grading.exercises.check_rubrics). A solution_only cell may be anything: it is only left out."""
+    from specref_grading.exercises import MarkerError, check_rubrics, is_hand_graded, rubric_for
+
+    try:
+        check_rubrics(nb, "notebook")
+    except MarkerError as e:
+        return [str(e).removeprefix("notebook: ")]
+    problems = []
+    for i, cell in enumerate(nb.cells):
+        if not is_hand_graded(cell):
+            continue
+        later = nb.cells[i + 1:]
+        after = next((c for c in later if rubric_for(c) == _gid(cell)), None)
+        if after is None:
+            problems.append(f"cell {i}: hand-graded task {_gid(cell)!r} has no rubric (a markdown cell after it "
+                            f"with the metadata \"specref\": {{\"rubric\": \"{_gid(cell)}\"}})")
+        elif later[0] is not after:
+            problems.append(f"cell {i}: the rubric of {_gid(cell)!r} is not the cell right after it")
+    return problems
+
+
+def nothing_solution_only(nb: nbformat.NotebookNode) -> list[str]:
+    """What learners receive holds no rubric and no solution_only cell."""
+    from specref_grading.exercises import left_out
+
+    return [f"cell {i}: a rubric or solution_only cell (it belongs in the solution only)"
+            for i, cell in enumerate(nb.cells) if left_out(cell)]
+
+
 def python3_kernel(nb: nbformat.NotebookNode) -> list[str]:
     """The notebook runs on the kernel named 'python3'."""
     name = nb.metadata.get("kernelspec", {}).get("name")
@@ -224,12 +263,17 @@ def python3_kernel(nb: nbformat.NotebookNode) -> list[str]:
 CHECKS: list[Check] = [error_outputs, machine_paths, title, python3_kernel, learning_goals, summary,
                        seeded_first_cell, references_exist]
 LECTURE_CHECKS: list[Check] = [*CHECKS, check_your_understanding]
+SOLUTION_CHECKS: list[Check] = [*CHECKS, rubrics]
+EXERCISE_CHECKS: list[Check] = [*(c for c in CHECKS if c is not summary), nothing_solution_only]
 FOLDERS = ("notebooks", "solutions", "exercises")
 
 
 def checks_for(path: Path | str) -> list[Check]:
-    """The checks for a notebook: a lecture (a file directly in notebooks/) gets the lecture's extra check."""
-    return LECTURE_CHECKS if Path(path).resolve().parent == (REPO / "notebooks").resolve() else CHECKS
+    """The checks for a notebook by its folder: a lecture (notebooks/) gets the lecture's extra check, a solution
+    (solutions/) the rubrics, an exercise (exercises/) no summary but no rubric or solution_only cell either."""
+    folder = Path(path).resolve().parent
+    return {(REPO / "notebooks").resolve(): LECTURE_CHECKS, (REPO / "solutions").resolve(): SOLUTION_CHECKS,
+            (REPO / "exercises").resolve(): EXERCISE_CHECKS}.get(folder, CHECKS)
 
 
 def lint(path: Path | str, checks: list[Check] | None = None) -> list[str]:

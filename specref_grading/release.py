@@ -1,0 +1,248 @@
+"""Build a release folder for a class: what a learner needs, and no solution, answer, rubric or hidden test.
+
+    python -I -m specref_grading.release FOLDER      (make release DIR=FOLDER)
+
+What goes in (`RELEASE`): the lectures (notebooks/, with their outputs), the exercises generated afresh from
+solutions/ (`exercises.expected_files`: the same bytes `make exercises` writes), the package `specref` with its
+assets (the bundled pair, the heads, the tokenizer), and what setting up needs: README.md, the Makefile,
+pyproject.toml, environment.yml, requirements/, docs/ (the README's picture), tools/upkeep/probe_index.py
+(the Makefile's set-up step calls it) and tools/training/ (how the bundled pair and heads were trained, which the
+README and notebook 04 point at).
+
+What stays out: solutions/ (the answers, the hidden tests, the rubrics, the exercises' closing summaries), the
+grader `specref_grading` (its per-exercise checks are answer keys), tests/, benchmarks/ (development history)
+and the other upkeep tools. `problems_in` then reads back every file written, and the release is refused if it
+holds a solution marker (``### BEGIN SOLUTION``, ``### BEGIN HIDDEN TESTS``), a rubric or solution_only cell, or
+a module of the grader. The learners' kernels import the checks in an exercise's first cell: in a class folder
+that cell and the test cells do not run; the instructor grades the notebooks handed in (``make grade-all``). Where other
+cells of an exercise use what that cell imports (data the checks serve, such as ex07's timings), they fail in
+the release too: `needs_grader` finds them, and the command names them, as it names each file a released
+notebook points at that the release does not hold (`dead_mentions`).
+
+The folder must be new or empty and outside this repository (a release inside the checkout would be
+committed, or regraded as submissions); anything else is refused with exit status 2 and nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from specref_grading.exercises import (BEGIN_HIDDEN, BEGIN_SOLUTION, ROOT, MarkerError, expected_files, left_out)
+
+# (path relative to the repository, kind): "file", or "tree" (a folder, all of it but caches).
+RELEASE: tuple[tuple[str, str], ...] = (
+    ("README.md", "file"),
+    ("Makefile", "file"),
+    ("pyproject.toml", "file"),
+    ("environment.yml", "file"),
+    ("requirements", "tree"),
+    ("docs", "tree"),
+    ("tools/upkeep/probe_index.py", "file"),
+    ("tools/training", "tree"),
+    ("specref", "tree"),
+    ("notebooks", "tree"),
+)
+SKIP_NAMES = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".DS_Store"}
+SKIP_SUFFIXES = (".pyc", ".pyo")
+# What must never be in a release: the answers' markers, and the grader.
+FORBIDDEN_TEXT = (BEGIN_SOLUTION, BEGIN_HIDDEN, "### END SOLUTION", "### END HIDDEN TESTS")
+FORBIDDEN_PATHS = ("solutions", "specref_grading", "tests", "benchmarks")
+
+
+class ReleaseError(ValueError):
+    """The release cannot be written there, or what would be written holds what a learner must not get."""
+
+
+def _skipped(path: Path) -> bool:
+    return path.name in SKIP_NAMES or path.name.startswith(".grading-") or path.suffix in SKIP_SUFFIXES
+
+
+def _tree(folder: Path) -> list[Path]:
+    """Every file under `folder`, caches and a grader's temporary copies left out; symbolic links refused."""
+    out = []
+    for top, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not _skipped(Path(d)))
+        for name in sorted(files):
+            path = Path(top, name)
+            if _skipped(path):
+                continue
+            if path.is_symlink():
+                raise ReleaseError(f"{path} is a symbolic link: a release holds plain files only")
+            out.append(path)
+    return out
+
+
+def contents(root: Path = ROOT) -> dict[str, bytes | Path]:
+    """{relative path: a file to copy, or the bytes to write} of the release built from the checkout at `root`."""
+    out: dict[str, bytes | Path] = {}
+    for rel, kind in RELEASE:
+        src = root / rel
+        if kind == "file":
+            if not src.is_file():
+                raise ReleaseError(f"{src} is missing: a release needs it")
+            out[rel] = src
+        else:
+            if not src.is_dir():
+                raise ReleaseError(f"{src} is missing: a release needs it")
+            out.update({p.relative_to(root).as_posix(): p for p in _tree(src)})
+    try:
+        exercises = expected_files(root / "solutions")
+    except MarkerError as e:
+        raise ReleaseError(f"the exercises cannot be generated: {e}") from e
+    if not exercises:
+        raise ReleaseError(f"no solutions in {root / 'solutions'}: nothing to generate exercises from")
+    out.update({f"exercises/{name}": data for name, data in exercises.items()})
+    return out
+
+
+def check_target(folder: Path, root: Path = ROOT) -> Path:
+    """The folder to write, resolved; ReleaseError when it is inside the repository or not an empty folder."""
+    target = Path(folder).expanduser().resolve()
+    repo = root.resolve()
+    if target == repo or repo in target.parents:
+        raise ReleaseError(f"{target} is inside the repository {repo}: a release is written outside it "
+                           "(inside, it would be committed with the course or graded as submissions)")
+    if target.exists() and not target.is_dir():
+        raise ReleaseError(f"{target} exists and is not a folder")
+    if target.is_dir() and any(target.iterdir()):
+        raise ReleaseError(f"{target} is not empty: a release is written into a new or empty folder only")
+    return target
+
+
+def problems_in(folder: Path) -> list[str]:
+    """What a learner must not get, found in a written release: solution markers, rubric or solution_only cells,
+    the grader, solutions, tests. Empty when the release is clean."""
+    problems = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder)
+        if rel.parts[0] in FORBIDDEN_PATHS:
+            problems.append(f"{rel}: {rel.parts[0]}/ is not for learners")
+        if path.suffix in (".safetensors", ".png"):
+            continue
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        problems += [f"{rel}: holds {marker!r}" for marker in FORBIDDEN_TEXT if marker in text]
+        if path.suffix == ".ipynb":
+            try:
+                cells = json.loads(text).get("cells", [])
+            except ValueError:
+                problems.append(f"{rel}: not valid JSON")
+                continue
+            problems += [f"{rel}: cell {i} is a rubric or solution_only cell" for i, c in enumerate(cells)
+                         if isinstance(c, dict) and left_out(c)]
+    return problems
+
+
+PATH_MENTION = re.compile(r"`((?:benchmarks|tools|specref|notebooks|exercises|solutions|docs|requirements|tests)/"
+                          r"[\w./-]*[\w/])`")
+
+
+def dead_mentions(folder: Path) -> list[str]:
+    """'<notebook> cell N: <path>' for each file a released notebook's text names (in backticks) that the release
+    does not hold: a learner following it finds nothing (tests/, benchmarks/ and solutions/ stay out)."""
+    dead = []
+    for path in sorted((folder / "notebooks").glob("*.ipynb")) + sorted((folder / "exercises").glob("*.ipynb")):
+        for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
+            if cell.get("cell_type") != "markdown":
+                continue
+            text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            dead += [f"{path.relative_to(folder).as_posix()} cell {i}: {m}" for m in PATH_MENTION.findall(text)
+                     if not (folder / m.rstrip("/")).exists()]
+    return dead
+
+
+def needs_grader(nb: dict) -> dict[str, list[int]]:
+    """{name: [cell index, ...]}: what an exercise's own cells (not its test cells) use of the names its checks cell
+    (``"specref": {"side": "checks"}``) imports. Those cells fail where the grader is absent, as in a release."""
+    names: set[str] = set()
+    for cell in nb["cells"]:
+        meta = cell.get("metadata", {}).get("specref")
+        if isinstance(meta, dict) and meta.get("side") == "checks":
+            try:
+                tree = ast.parse("".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"])
+            except SyntaxError:
+                continue
+            names |= {a.asname or a.name.split(".")[0] for n in ast.walk(tree)
+                      if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    used: dict[str, list[int]] = {}
+    for i, cell in enumerate(nb["cells"]):
+        meta, grading = cell.get("metadata", {}).get("specref"), cell.get("metadata", {}).get("nbgrader") or {}
+        if cell.get("cell_type") != "code" or (isinstance(meta, dict) and meta.get("side") == "checks") or (
+                grading.get("grade") and not grading.get("solution")):
+            continue
+        src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        for name in sorted(names):
+            if re.search(rf"(?<![\w.]){re.escape(name)}\b", src):
+                used.setdefault(name, []).append(i)
+    return used
+
+
+def build(folder: Path, root: Path = ROOT) -> dict:
+    """Write the release into `folder` (new or empty, outside the repository); {"folder", "files", "bytes"}.
+
+    Everything is written into a temporary folder beside `folder` first and checked (`problems_in`); only a
+    clean release is moved into place, so a refused one leaves nothing behind.
+    """
+    target = check_target(folder, root)
+    files = contents(root)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f".{target.name}.release-tmp")
+    if staging.exists():
+        shutil.rmtree(staging)
+    try:
+        size = 0
+        for rel, src in sorted(files.items()):
+            dest = staging / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(src, Path):
+                shutil.copyfile(src, dest)
+                size += dest.stat().st_size
+            else:
+                dest.write_bytes(src)
+                size += len(src)
+        problems = problems_in(staging)
+        if problems:
+            raise ReleaseError("the release would hand learners what they must not get:\n" + "\n".join(problems))
+        if target.is_dir():
+            target.rmdir()  # empty (check_target)
+        dead = dead_mentions(staging)
+        staging.rename(target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    grader = {rel: found for rel, data in sorted(files.items()) if rel.startswith("exercises/")
+              for found in [needs_grader(json.loads(data))] if found}
+    return {"folder": target, "files": len(files), "bytes": size, "needs_grader": grader, "dead": dead}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -I -m specref_grading.release",
+                                 description="Build a folder for a class: the lectures, the exercises, the package "
+                                             "and its set-up; no solutions, answers, rubrics or hidden tests.")
+    ap.add_argument("folder", type=Path, help="a new or empty folder outside the repository")
+    args = ap.parse_args(argv)
+    try:
+        done = build(args.folder)
+    except ReleaseError as e:
+        print(f"release refused: {e}", file=sys.stderr)
+        return 2
+    print(f"release written to {done['folder']}: {done['files']} files, {done['bytes'] / 1e6:.1f} MB "
+          "(notebooks/, exercises/, specref/ and its set-up; no solutions, rubrics or grader). "
+          f"Learners run `make lab` there; you grade what they hand in here, with `make grade-all DIR=...`.")
+    for rel, found in done["needs_grader"].items():
+        uses = "; ".join(f"{name} (cell{'s' if len(cells) > 1 else ''} {', '.join(map(str, cells))})"
+                         for name, cells in found.items())
+        print(f"note: {rel} uses what only the grader's checks give, so those cells fail in the release: {uses}")
+    for line in done["dead"]:
+        print(f"note: {line} is named there but is not in the release")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,300 @@
+"""A class's release folder (specref_grading/release.py) and the README a learner and an instructor follow.
+
+The release is built once from this checkout (a second or so: no notebook runs) and searched for every
+solution's answer text, hidden tests, rubrics and summaries, as the learners would find them: inside the
+notebooks' cells, not in their JSON escapes. The README is held to what the notebooks are: the reading
+minutes to tools/upkeep/reading_times.py, the list of notebooks that time things to the timing calls their
+code makes, and its learner path to no development history.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from specref_grading import release
+from specref_grading.exercises import (BEGIN_HIDDEN, BEGIN_SOLUTION, END_HIDDEN, END_SOLUTION, expected_files,
+                                       is_solution_only, notebooks_in, rubric_for)
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools" / "upkeep"))
+import learner_text  # noqa: E402
+import reading_times  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("class") / "release"
+    done = release.build(folder)
+    assert done["folder"] == folder.resolve() and done["files"] > 0
+    return folder
+
+
+# -- what a learner must not get --------------------------------------------------------------------------------
+def _normal(text: str) -> str:
+    """Lines stripped of indentation, blank ones dropped: a snippet matches wherever it sits."""
+    return "\n".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _cell_text(cell: dict) -> str:
+    src = cell.get("source", "")
+    parts = ["".join(src) if isinstance(src, list) else src]
+    for out in cell.get("outputs", []):
+        text = out.get("text", "") or out.get("data", {}).get("text/plain", "")
+        parts.append("".join(text) if isinstance(text, list) else text)
+    return "\n".join(parts)
+
+
+def readable(folder: Path) -> dict[str, str]:
+    """{file: what a person reads in it}: a notebook's cells (sources and printed outputs), another file's text."""
+    out = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        if path.suffix in (".safetensors", ".png", ".pyc"):
+            continue
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        if path.suffix == ".ipynb":
+            text = "\n".join(_cell_text(c) for c in json.loads(text)["cells"])
+        out[path.relative_to(folder).as_posix()] = _normal(text)
+    return out
+
+
+def _regions(source: str, begin: str, end: str) -> list[str]:
+    return [m.group(1) for m in re.finditer(rf"{re.escape(begin)}\n(.*?)\n[ \t]*{re.escape(end)}", source, re.S)]
+
+
+def secrets(solution: Path) -> list[tuple[str, str]]:
+    """(what, text) of everything in a solution a learner must not receive: each answer region, each hidden test
+    block, each rubric and each solution_only cell. Regions of fewer than 40 characters (`return p`) are too
+    common to search for."""
+    nb = json.loads(solution.read_text(encoding="utf-8"))
+    found = []
+    for i, cell in enumerate(nb["cells"]):
+        src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        if rubric_for(cell) is not None or is_solution_only(cell):
+            found.append((f"{solution.name} cell {i}: a rubric or solution_only cell", src))
+            continue
+        found += [(f"{solution.name} cell {i}: an answer", r) for r in _regions(src, BEGIN_SOLUTION, END_SOLUTION)]
+        found += [(f"{solution.name} cell {i}: hidden tests", r) for r in _regions(src, BEGIN_HIDDEN, END_HIDDEN)]
+    return [(what, _normal(text)) for what, text in found if len(_normal(text)) >= 40]
+
+
+SOLUTIONS = notebooks_in(REPO / "solutions")
+
+
+def test_the_secrets_are_found_where_they_are():
+    """Negative control: every secret is found in the text of its own solution, read as the release is read; so
+    a secret copied into a release would be found there too."""
+    corpus = readable(REPO / "solutions")
+    everything = [s for path in SOLUTIONS for s in secrets(path)]
+    assert len(everything) >= 2 * len(SOLUTIONS)  # answers and hidden tests in every exercise
+    missing = [what for path in SOLUTIONS for what, text in secrets(path) if text not in corpus[path.name]]
+    assert not missing, missing
+
+
+def test_the_release_holds_no_answer_hidden_test_rubric_or_summary(built):
+    corpus = readable(built)
+    leaks = [f"{what} is in {name}" for path in SOLUTIONS for what, text in secrets(path)
+             for name, body in corpus.items() if text in body]
+    assert not leaks, "\n".join(leaks)
+
+
+def test_the_release_has_what_a_learner_needs_and_no_grader(built):
+    top = {p.name for p in built.iterdir()}
+    assert top == {"README.md", "Makefile", "pyproject.toml", "environment.yml", "requirements", "docs", "tools",
+                   "specref", "notebooks", "exercises"}
+    for gone in ("solutions", "specref_grading", "tests", "benchmarks", ".git", ".venv"):
+        assert not (built / gone).exists(), gone
+    assert sorted(p.name for p in (built / "notebooks").glob("*.ipynb")) == \
+        sorted(p.name for p in (REPO / "notebooks").glob("*.ipynb"))
+    assert (built / "specref" / "assets" / "target" / "model.safetensors").is_file()
+    assert (built / "tools" / "upkeep" / "probe_index.py").is_file()  # the Makefile's set-up calls it
+    assert not list(built.rglob("__pycache__")) and not list(built.rglob("*.pyc"))
+    assert release.problems_in(built) == []
+
+
+def test_no_solution_marker_rubric_or_solution_only_cell_anywhere(built):
+    for path in (p for p in built.rglob("*") if p.is_file() and p.suffix not in (".safetensors", ".png")):
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        assert BEGIN_SOLUTION not in text and "BEGIN HIDDEN TESTS" not in text, path
+        if path.suffix == ".ipynb":
+            for cell in json.loads(text)["cells"]:
+                assert rubric_for(cell) is None and not is_solution_only(cell), path
+
+
+def test_the_released_exercises_are_the_generated_ones(built):
+    want = expected_files(REPO / "solutions")
+    have = {p.name: p.read_bytes() for p in (built / "exercises").glob("*.ipynb")}
+    assert have == want
+
+
+def test_a_release_that_would_leak_is_refused_and_nothing_is_left(tmp_path, monkeypatch):
+    """Negative control of the read-back: a notebook holding a rubric cell and a solution region in what would be
+    released is refused, and neither the folder nor its staging copy remains."""
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("model answer", metadata={"specref": {"rubric": "q"}}),
+        nbformat.v4.new_code_cell(f"x = 1\n{BEGIN_SOLUTION}\nx = 2\n{END_SOLUTION}")])
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "leak.ipynb").write_text(nbformat.writes(nb))
+    problems = release.problems_in(fake)
+    assert any("rubric or solution_only" in p for p in problems) and any(BEGIN_SOLUTION in p for p in problems)
+    real = release.contents
+
+    def leaky(root=release.ROOT):
+        files = real(root)
+        files["notebooks/leak.ipynb"] = (fake / "leak.ipynb").read_bytes()
+        return files
+
+    monkeypatch.setattr(release, "contents", leaky)
+    target = tmp_path / "out"
+    with pytest.raises(release.ReleaseError, match="must not get"):
+        release.build(target)
+    assert not target.exists() and not list(tmp_path.glob(".out.release-tmp*"))
+
+
+def test_refuses_a_non_empty_folder_and_one_inside_the_repository(tmp_path, capsys):
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "notes.txt").write_text("mine")
+    with pytest.raises(release.ReleaseError, match="not empty"):
+        release.build(full)
+    assert [p.name for p in full.iterdir()] == ["notes.txt"]
+    for inside in (REPO, REPO / "class-release", REPO / "notebooks" / "x"):
+        with pytest.raises(release.ReleaseError, match="inside the repository"):
+            release.check_target(inside)
+    assert not (REPO / "class-release").exists()
+    assert release.main([str(full)]) == 2 and "release refused" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert release.check_target(empty) == empty.resolve()  # an empty folder is fine
+
+
+# -- the README --------------------------------------------------------------------------------------------------
+README = (REPO / "README.md").read_text(encoding="utf-8")
+
+
+def test_the_learner_and_instructor_path_leads_to_no_development_history():
+    for name, text in learner_text.readme_learner_text(README):
+        assert "benchmarks/" not in text, f"README section {name!r} points at benchmarks/ (development history)"
+        assert "BEGIN SOLUTION" not in text and "BEGIN HIDDEN TESTS" not in text, name
+
+
+def _readme_minutes() -> tuple[dict[str, int], int]:
+    rows = dict(re.findall(r"^\| \d\d \| `(\d\d_\w+\.ipynb)` \|.*\| (\d+) \|$", README, re.M))
+    m = re.search(r"(\d+) h(?: (\d+))? in all", README)
+    assert m, "the README gives no total reading time ('N h MM in all')"
+    return {k: int(v) for k, v in rows.items()}, int(m.group(1)) * 60 + int(m.group(2) or 0)
+
+
+def test_the_readme_reading_times_are_what_the_script_computes():
+    """Within the README's rounding (ROUND_TO minutes): a notebook edited since the numbers were written fails."""
+    rows, total = _readme_minutes()
+    lectures = reading_times.lectures()
+    assert sorted(rows) == [p.name for p in lectures]
+    half = reading_times.ROUND_TO / 2 + 1e-9
+    computed = {p.name: reading_times.reading(p).minutes for p in lectures}
+    off = {n: (rows[n], round(m, 1)) for n, m in computed.items() if abs(rows[n] - m) > half}
+    assert not off, f"README minutes against tools/upkeep/reading_times.py: {off}"
+    assert abs(total - sum(computed.values())) <= half, (total, sum(computed.values()))
+    for rate in (reading_times.WORDS_PER_MINUTE, reading_times.SECONDS_PER_CELL, reading_times.SECONDS_PER_LINE,
+                 reading_times.SECONDS_PER_OUTPUT_LINE, reading_times.SECONDS_PER_FIGURE):
+        assert re.search(rf"\b{rate}\b", README.split("## For learners")[1].split("| #")[0]), rate
+
+
+def test_reading_times_count_what_a_notebook_holds(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell(" ".join(["word"] * 240)),  # 2 min
+        nbformat.v4.new_code_cell("x = 1\n\ny = 2", outputs=[  # 15 s + 2 x 5 s
+            nbformat.v4.new_output("stream", name="stdout", text="a\nb\n"),  # 2 x 3 s
+            nbformat.v4.new_output("display_data", data={"image/png": "", "text/plain": "<Figure>"})])])  # 30 s
+    path = tmp_path / "01_x.ipynb"
+    path.write_text(nbformat.writes(nb))
+    r = reading_times.reading(path)
+    assert (r.words, r.cells, r.lines, r.output_lines, r.figures) == (240, 1, 2, 2, 1)
+    assert r.minutes == pytest.approx(2 + (15 + 10 + 6 + 30) / 60)
+    assert reading_times.rounded(37.4) == 35 and reading_times.rounded(1) == 5 and reading_times.hours(390) == "6 h 30"
+
+
+# What times something in a notebook's code: the clock, an import of specref's timing modules, or a call (not a
+# method of a cost model such as `gpu.plain_time`) of specref's timing helpers.
+TIMING = re.compile(r"\bperf_counter\b|\btime\.time\(|\bmonotonic\(|\btimeit\b"
+                    r"|\b(?:from|import) specref\.(?:perf\.live|perf\.measure|timing)\b"
+                    r"|(?<![\w.])(?:forward_time|pass_times|median_time|repeat_times|memory_bandwidth|peak_matmul_flops"
+                    r"|plain_time|speculative_run|time_passes|time_decoding)\("
+                    r"|\btime_repeats\(")
+
+
+def _times_something(path: Path) -> bool:
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    code = "\n".join(line for c in nb["cells"] if c["cell_type"] == "code"
+                     for line in "".join(c["source"]).splitlines() if not line.lstrip().startswith("#"))
+    return bool(TIMING.search(code))
+
+
+def test_the_readme_says_which_notebooks_time_things():
+    """The README's "What is timed" paragraph against the timing calls each lecture's code makes."""
+    para = README.split("**What is timed.**")[1].split("\n\n")[0]
+    sentence = next(s for s in re.split(r"(?<=\.) ", para) if "time nothing" in s)
+    untimed = set(re.findall(r"\b(\d\d)\b", sentence))
+    timed = set(re.findall(r"\b(0\d)\b", para)) - untimed
+    lectures = {p.name[:2]: p for p in reading_times.lectures()}
+    assert timed | untimed == set(lectures) and not timed & untimed
+    wrong = {n: _times_something(p) for n, p in lectures.items() if _times_something(p) != (n in timed)}
+    assert not wrong, f"notebooks the README says the opposite of (True: it times something): {wrong}"
+
+
+def test_the_cells_that_need_the_grader_are_named():
+    """An exercise's own cell that uses what its checks cell imports fails in a release: `needs_grader` names it;
+    test cells (which call the checks by design) and a name that only contains the given one are not counted."""
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("from specref_grading.checks.x import ROWS, check_fit",
+                                  metadata={"specref": {"side": "checks"}}),
+        nbformat.v4.new_code_cell("rows = ROWS()\nMY_ROWS = 1"),
+        nbformat.v4.new_code_cell("fit = 2", metadata={"nbgrader": {"grade": False, "solution": True,
+                                                                     "grade_id": "a"}}),
+        nbformat.v4.new_code_cell("check_fit(fit)", metadata={"nbgrader": {"grade": True, "solution": False,
+                                                                            "grade_id": "t", "points": 1}}),
+        nbformat.v4.new_code_cell("print(OTHER_ROWS, obj.ROWS)")])
+    assert release.needs_grader(json.loads(nbformat.writes(nb))) == {"ROWS": [1]}
+    nb.cells[0].metadata = {}  # no checks cell: nothing is the grader's
+    assert release.needs_grader(json.loads(nbformat.writes(nb))) == {}
+
+
+
+def test_paths_a_learner_is_pointed_at_but_the_release_lacks_are_named(tmp_path):
+    """A released notebook's text that names a file the release does not hold (tests/, benchmarks/) is a dead end
+    for a learner: `dead_mentions` names each, and only those."""
+    (tmp_path / "specref").mkdir()
+    (tmp_path / "specref" / "x.py").write_text("")
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("See `specref/x.py`, `benchmarks/bench_hf.py` and `tests/test_x.py`."),
+        nbformat.v4.new_code_cell("# `benchmarks/in_code.py` is code, not text")])
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "notebooks" / "01_x.ipynb").write_text(nbformat.writes(nb))
+    assert release.dead_mentions(tmp_path) == ["notebooks/01_x.ipynb cell 0: benchmarks/bench_hf.py",
+                                               "notebooks/01_x.ipynb cell 0: tests/test_x.py"]
+
+
+def test_the_readme_points_learners_only_at_what_the_release_holds(built):
+    """The README's learner sections name only files a class folder holds (the instructor's section is read in the
+    repository)."""
+    dead = [f"README {name}: {m}" for name, text in learner_text.readme_learner_text(README)
+            if name != "For instructors" for m in release.PATH_MENTION.findall(text) if not (built / m).exists()]
+    assert not dead, dead
+
+
+@pytest.mark.parametrize("code, times", [
+    ("t0 = time.perf_counter()", True), ("from specref.perf.live import time_passes", True),
+    ("rows = pass_times(target, [1, 5])", True), ("ts = hf.time_repeats(run, 3)", True),
+    ("per_token = gpu.plain_time(1)  # a cost model", False), ("def measure(target, draft):\n    pass", False),
+    ("# t0 = time.perf_counter()", False),
+])
+def test_what_counts_as_timing(tmp_path, code, times):
+    path = tmp_path / "01_x.ipynb"
+    path.write_text(nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])))
+    assert _times_something(path) is times
