@@ -94,11 +94,12 @@ $(STAMP): $(PIN_FILES) pyproject.toml
 lab: venv
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks $(ROOT_FLAG) $(LAB_ARGS)
 
-# One pytest run: unit tests, exercise sync + grading self-check, browser tests and every
+# The linter (ruff, rules in pyproject.toml), then one pytest run: unit tests, exercise sync + grading self-check, browser tests and every
 # notebook in notebooks/ and solutions/ under strict nbval, spread over TEST_WORKERS processes.
 # The fresh-clone check installs a second environment (minutes), so it has its own target,
 # which .ci/run calls.
 test: venv
+	$(VPY) -m ruff check
 	$(VPY) -m pytest tests $(NB_DIRS) $(NBVAL) -m "not fresh_clone" $(XDIST) $(PYTEST_ARGS)
 
 # The unit tests and the checked notebooks again, under environments that make this CPU round like
@@ -123,6 +124,7 @@ check-exercises: venv
 # What every committed notebook must look like (title, goals, summary, seeds, no errors or machine
 # paths) and no development history in what a learner reads; `make test` checks both too.
 lint: venv
+	$(VPY) -m ruff check
 	$(VPY) tools/upkeep/lint_notebooks.py
 	$(VPY) tools/upkeep/learner_text.py
 

@@ -42,7 +42,6 @@ import numpy as np
 import torch
 
 from specref import generate, load_draft, load_pair, lookahead_generate, speculative_generate, tree_generate
-from specref.timing import sync
 from specref.decoding.record import counts_from_histogram
 from specref.drafts import DynamicTree, ModelDraft, PromptLookupDraft, TreeModelDraft, TreeShape
 from specref.drafts.base import TreeDraft
@@ -52,6 +51,7 @@ from specref.models.pair import heldout_prompts, training_record
 from specref.models.workloads import edit_prompts
 from specref.perf.machine import machine_name
 from specref.theory import expected_tokens_per_step, speedup
+from specref.timing import sync
 
 DRAFTS = ("model", "prompt_lookup", "prompt_lookup_skip", "medusa", "eagle", "eagle3", "eagle_notoken", "mtp",
           "lookahead")

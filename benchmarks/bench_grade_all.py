@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import shutil
-import sys
 import tempfile
 import time
 from collections import defaultdict

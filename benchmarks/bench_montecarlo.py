@@ -18,9 +18,9 @@ import time
 import torch
 
 from specref.checks.montecarlo import distribution_test, simulate
-from specref.rejection import verify_chain
 from specref.checks.toy import MarkovChain, toy_pair
 from specref.perf.machine import machine_name
+from specref.rejection import verify_chain
 
 V, K, N_TOKENS, START = 6, 4, 3, 0
 

@@ -23,12 +23,11 @@ import time
 import torch
 
 from specref.decoding.chain import generate, speculative_generate
-from specref.timing import sync
 from specref.drafts import NoDraft
-from specref.perf.measure import plain_time, speculative_run
-from specref.models.pair import load_pair
-from specref.models.pair import heldout_prompts
+from specref.models.pair import heldout_prompts, load_pair
 from specref.perf.machine import machine_name
+from specref.perf.measure import plain_time, speculative_run
+from specref.timing import sync
 
 
 def nothing_proposed_ratio(target: torch.nn.Module, prompts: list[torch.Tensor], max_new_tokens: int,

@@ -16,13 +16,12 @@ import time
 
 import torch
 
-from specref.timing import sync
 from specref.decoding.chain import generate, speculative_generate
 from specref.decoding.tree import tree_generate
-from specref.models.pair import load_pair
-from specref.models.pair import heldout_prompts
 from specref.drafts.shapes import DynamicTree, TreeShape
+from specref.models.pair import heldout_prompts, load_pair
 from specref.perf.machine import machine_name
+from specref.timing import sync
 
 CONFIGS: list[tuple[str, dict]] = [
     ("chain k=2", {"k": 2}),

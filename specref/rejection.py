@@ -15,7 +15,6 @@ import torch
 from ._validate import check_generator, check_probs, check_tensor, check_tokens
 from .sampling import sample_unchecked
 
-
 # A chain verification rule: rule(draft_tokens [B, k], q [B, k, V], p [B, k+1, V], generator=None, u=None)
 # -> (tokens [B, k+1], n_accepted [B]), like `verify_chain`; the checks take one (or a broken one) as input.
 ChainRule = Callable[..., tuple[torch.Tensor, torch.Tensor]]

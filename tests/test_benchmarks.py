@@ -180,6 +180,7 @@ def test_bench_gpu_without_cuda_says_so_and_exits_2():
 
 def test_bench_gpu_roofline_reads_the_weights_and_the_kv_cache_at_the_bandwidth():
     import torch
+
     from specref.models import GPT2Config
     from specref.models.pretrained import random_gpt2
     from specref.perf.costs import weight_bytes

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from specref.perf.costmodel import (CostModel, PassModel, batch_steps, choose_k, crossover_batch, h100_cost_model,
-                                    h100_worked_example)
+from specref.perf.costmodel import (
+    CostModel,
+    PassModel,
+    batch_steps,
+    choose_k,
+    crossover_batch,
+    h100_cost_model,
+    h100_worked_example,
+)
 from specref.theory import expected_tokens_per_step, speedup
 
 GRID = list(itertools.product([1, 2, 4, 8, 16, 32, 64, 128, 256], range(1, 10), [64, 192]))

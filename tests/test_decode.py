@@ -7,15 +7,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from specref.decoding.chain import generate, speculative_generate
-from specref.drafts import ModelDraft
-from specref.checks.broken import MisreportedModelDraft
-from specref.checks.montecarlo import distribution_test
-from specref.models.gpt2 import GPT2
-from specref.sampling import SamplingParams, sample
 from model_factory import exact_first_two, noisy_copy, sample_first_two, small_gpt2
 from model_factory import tiny_pair as tiny_pair_models
+
+from specref.checks.broken import MisreportedModelDraft
+from specref.checks.montecarlo import distribution_test
+from specref.decoding.chain import generate, speculative_generate
+from specref.drafts import ModelDraft
+from specref.models.gpt2 import GPT2
+from specref.sampling import SamplingParams, sample
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from model_factory import noisy_copy, small_gpt2
 
 from specref.decoding.chain import generate, speculative_generate
 from specref.decoding.lookahead import lookahead_generate
@@ -24,8 +25,6 @@ from specref.drafts.heads import EagleLayer
 from specref.drafts.model import ModelDraft, TreeModelDraft
 from specref.drafts.shapes import DynamicTree
 from specref.models.kvcache import KVCache
-
-from model_factory import noisy_copy, small_gpt2
 
 
 @pytest.fixture(scope="module")

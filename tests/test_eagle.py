@@ -6,15 +6,15 @@ bundled pair when they exist.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
-import dataclasses
 
 import numpy as np
 import pytest
 import torch
-
 from model_factory import exact_first_two, sample_first_two, small_gpt2, tiny_pair
+
 from specref.checks.montecarlo import distribution_test
 from specref.decoding.chain import generate, speculative_generate, speculative_step
 from specref.decoding.loop import Sequences, SpecStats, prefill
@@ -25,6 +25,7 @@ from specref.drafts.heads import EagleLayer, HeadsConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "training"))  # heads_alignment
 from heads_alignment import eagle_inputs, eagle_unroll  # noqa: E402
+
 from specref.drafts.shapes import DynamicTree, TreeShape
 from specref.sampling import SamplingParams
 

@@ -40,7 +40,7 @@ except ModuleNotFoundError:  # Python 3.10: the lock installs tomli there
 REPO = Path(__file__).resolve().parents[1]
 REQ = REPO / "requirements"
 PYTHONS = ("3.10", "3.11")  # the lock resolves for both; 3.11 is the one CI runs
-HERE = "%d.%d" % sys.version_info[:2]
+HERE = "{}.{}".format(*sys.version_info[:2])
 
 
 def own_names(path: Path) -> set[str]:

@@ -21,8 +21,8 @@ from specref.checks.exact import (
     step_distribution_formula,
 )
 from specref.checks.montecarlo import verify_always_accept, verify_skip_residual
-from specref.rejection import verify_chain
 from specref.checks.toy import MarkovChain, MisreportedDraft, mixture, random_chain, toy_pair
+from specref.rejection import verify_chain
 
 F64 = torch.float64
 TOL = 1e-12

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from model_factory import noisy_copy, small_gpt2
+
 from specref.decoding.chain import speculative_generate, speculative_step
 from specref.decoding.loop import Sequences, SpecStats, prefill
 from specref.decoding.tree import TreeSpecStats, tree_generate, tree_step

@@ -41,7 +41,7 @@ SECONDS = 50  # per measurement: as many seeds as fit (at least the minimum each
 pytestmark = [pytest.mark.slow, pytest.mark.grader]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def solution_namespace(exercise: str) -> dict:
     """The solution's setup, given and answer cells run in one namespace: its functions, as a correct learner's.
     Test cells and measurements (NBVAL_IGNORE_OUTPUT) are left out."""

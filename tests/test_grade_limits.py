@@ -21,7 +21,6 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-
 from test_grade_security import _code, _meta
 
 from specref_grading import classrun, jail, processes, protocol, trusted, wall
@@ -582,8 +581,9 @@ def test_hidden_paths_covers_an_installed_grader_and_specref_under_a_bound_path(
 
 
 def test_the_grader_as_installed_here_is_not_under_a_bound_path_or_is_hidden():
-    from specref_grading import kernel_tree
     import importlib.util
+
+    from specref_grading import kernel_tree
     ro = jail.read_only_paths(with_specref=False)
     hidden = jail.hidden_paths(ro, keep=[str(kernel_tree.specref_dir())])
     spec = importlib.util.find_spec("specref_grading")

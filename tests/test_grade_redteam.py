@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_grade_security import (  # noqa: F401  (toy: the fixture, used by name)
     CLASSRUN_CMD,
     GRADE_CMD,

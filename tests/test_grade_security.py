@@ -268,8 +268,8 @@ def test_the_kernel_cannot_write_the_repository_the_solutions_or_other_submissio
                sol_dir / "ex_toy.ipynb", other, REPO / ".venv" / "zz_attack"]
     before = (_tree_hash(REPO / "solutions", REPO / "specref"), sol_dir.joinpath("ex_toy.ipynb").read_bytes(),
               other.read_bytes())
-    code_ = "import os\nfor t in %r:\n    try:\n        open(t, 'a').write('x')\n    except OSError:\n        pass\n" % (
-        [str(t) for t in targets],)
+    code_ = (f"import os\nfor t in {[str(t) for t in targets]!r}:\n    try:\n        open(t, 'a').write('x')\n"
+             "    except OSError:\n        pass\n")
     nb = attacked(exercise, code_)
     try:
         code, report, out = grade(nb, toy)

@@ -15,14 +15,11 @@ import re
 from pathlib import Path
 
 import pytest
-
-from test_grade_security import (AS_ROOT, answer, attacked, grade, make_exercise, solved, toy,  # noqa: F401
-                                 toy_solution)
+from test_grade_security import AS_ROOT, answer, attacked, grade, make_exercise, solved, toy, toy_solution  # noqa: F401
 
 from specref_grading import grade as grader
-from specref_grading import jail
+from specref_grading import jail, processes, wall
 from specref_grading import plan as grade_plan
-from specref_grading import processes, wall
 from specref_grading import report as grade_report
 from specref_grading.scan import scan
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 from scipy import stats
 
-from specref_grading.checks import accept_reject
-from specref_grading.checks import speedup as speedup_grading
 from specref.checks.exact import step_distribution_formula
 from specref.checks.rng import TorchRNG, exact_distribution
 from specref.rejection import verify_chain  # ex03's Task 4 loop calls it (the exercise's setup imports it)
+from specref_grading.checks import accept_reject
+from specref_grading.checks import speedup as speedup_grading
 
 
 # The answers a learner writes. A task may not call the specref function it asks for (the reference rule,

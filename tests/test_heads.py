@@ -14,18 +14,32 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_factory import small_gpt2
 
 from specref.drafts.heads import (
-    EagleLayer, HeadsConfig, MedusaHeads, MTPModule, MTPStack, build_heads, load_bundled_heads, load_heads,
-    save_heads, target_fingerprint,
+    EagleLayer,
+    HeadsConfig,
+    MedusaHeads,
+    MTPModule,
+    MTPStack,
+    build_heads,
+    load_bundled_heads,
+    load_heads,
+    save_heads,
+    target_fingerprint,
 )
 from specref.models.pair import assets_dir
-from model_factory import small_gpt2
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "training"))  # heads_alignment
 import heads_alignment  # noqa: E402
 from heads_alignment import (  # noqa: E402
-    eagle_inputs, eagle_unroll, medusa_inputs, mtp_inputs, mtp_unroll, ttt_attention_mask, ttt_shift,
+    eagle_inputs,
+    eagle_unroll,
+    medusa_inputs,
+    mtp_inputs,
+    mtp_unroll,
+    ttt_attention_mask,
+    ttt_shift,
 )
 
 C, H, V, NL = 16, 2, 11, 3

@@ -191,7 +191,7 @@ def test_a_chain_step_reads_back_at_most_its_bound_per_draft_kind(pair, prompts,
     found = {}
     for kind, d in _drafts(target, draft).items():
         k = 3 if kind == "mtp" else 4
-        per_step = _reads_per_step(lambda on_step: speculative_generate(
+        per_step = _reads_per_step(lambda on_step, d=d, k=k: speculative_generate(
             target, d, prompts, k=k, max_new_tokens=24, temperature=temperature,
             generator=torch.Generator().manual_seed(1), on_step=on_step))
         found[kind] = max(per_step)

@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from model_factory import small_gpt2
+
 from specref import (
     CostModel,
     PassModel,

@@ -12,8 +12,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-
 from model_factory import noisy_copy, small_gpt2
+
 from specref import CostModel, PassModel, batch_steps, crossover_batch, speculative_generate
 from specref.perf.costmodel import h100_cost_model, h100_worked_example
 from specref.perf.live import (
@@ -140,7 +140,7 @@ def test_first_loss_finds_what_the_linear_scan_finds(efficiency):
     h100 = h100_cost_model(efficiency=efficiency)
     for k in (1, 2, 4, 8):
         for alpha in (0.5, 0.8, 0.9):
-            assert first_loss(lambda B: h100.predict_speedup(alpha, k, B), 512) == crossover_batch(alpha, k, h100,
+            assert first_loss(lambda B, alpha=alpha, k=k: h100.predict_speedup(alpha, k, B), 512) == crossover_batch(alpha, k, h100,
                                                                                                    b_max=512)
 
 

@@ -10,8 +10,8 @@ import copy
 
 import pytest
 import torch
-
 from model_factory import small_gpt2
+
 from specref import load_draft
 from specref.decoding.chain import generate, speculative_generate
 from specref.decoding.tree import tree_generate

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from model_factory import TINY_VOCAB, exact_first_two, small_gpt2, tiny_pair
+
 from specref.checks.montecarlo import distribution_test
 from specref.decoding import lookahead as la
 from specref.decoding.chain import generate

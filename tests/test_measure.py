@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from model_factory import noisy_copy, small_gpt2
-from specref.perf.costs import arithmetic_intensity, forward_time, weight_bytes
+
 from specref.decoding.chain import speculative_generate
+from specref.perf.costs import arithmetic_intensity, forward_time, weight_bytes
 from specref.perf.measure import SpeculativeRun, plain_time, speculative_run
 from specref.theory import expected_tokens_per_step
 

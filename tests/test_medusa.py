@@ -6,15 +6,15 @@ checked on the bundled target in tests/test_load_draft.py.
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
-import functools
 
 import numpy as np
 import pytest
 import torch
-
 from model_factory import drawn_colder, exact_first_two, sample_first_two, small_gpt2, tiny_pair
+
 from specref.checks.exact_trees import extended_distribution, target_distribution, target_rows, verify_tree_softmax_q
 from specref.checks.montecarlo import distribution_test
 from specref.checks.rng import exact_distribution
@@ -175,7 +175,7 @@ def _tree_step_error(target, heads, spec, params, rule) -> float:
     prefill(target, ids, target.new_cache(1), SpecStats(k=1), draft)
     (tree,) = draft.propose_tree(ids, torch.tensor([2]), spec, params)
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     @torch.no_grad()
     def p_of(path: tuple[int, ...]) -> torch.Tensor:  # [V] the target's processed p after prompt + path
         return params.probs(target(torch.tensor([prompt + list(path)]))[0, -1])

@@ -25,8 +25,8 @@ from specref.checks.montecarlo import (
     simulate,
     stratified_test,
 )
-from specref.rejection import acceptance_probability, residual, verify_chain
 from specref.checks.toy import MarkovChain, MisreportedDraft, toy_pair
+from specref.rejection import acceptance_probability, residual, verify_chain
 
 F64 = torch.float64
 K, N_TOKENS, START = 4, 3, 0

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
-
 from model_factory import drawn_colder, exact_first_two, sample_first_two, small_gpt2, tiny_pair
+
 from specref.checks.montecarlo import distribution_test
 from specref.decoding.chain import generate, speculative_generate, speculative_step
 from specref.decoding.loop import Sequences, SpecStats, prefill
@@ -22,6 +23,7 @@ from specref.drafts.heads import MTPModule, MTPStack
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "training"))  # heads_alignment
 from heads_alignment import mtp_unroll  # noqa: E402
+
 from specref.sampling import SamplingParams
 
 

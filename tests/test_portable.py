@@ -18,7 +18,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "upkeep"))
 import portable  # noqa: E402
 
-
 # The survey of environments means nothing inside one of them (make test-portable runs this file there too).
 survey = pytest.mark.skipif(bool(os.environ.get(portable.INSIDE_ENV)), reason="inside a portable environment")
 

@@ -7,8 +7,8 @@ import random
 import numpy as np
 import pytest
 import torch
-
 from model_factory import TINY_VOCAB, exact_first_two, sample_first_two, small_gpt2, tiny_pair
+
 from specref.checks.montecarlo import distribution_test
 from specref.decoding.chain import generate, speculative_generate, speculative_step
 from specref.decoding.loop import Sequences, SpecStats, prefill

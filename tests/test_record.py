@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from model_factory import noisy_copy, small_gpt2
+
 from specref import PromptLookupDraft, generate, load_draft, load_pair
 from specref.course.widgets import draft_steps_widget, format_steps
 from specref.decoding.record import RecordedStep, acceptance_by_position, counts_from_histogram, record_generation

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from model_factory import noisy_copy, small_gpt2
+
 from specref.decoding.chain import speculative_step
-from specref.decoding.loop import Sequences, prefill, SpecStats
+from specref.decoding.loop import Sequences, SpecStats, prefill
 from specref.decoding.tree import TreeSpecStats, tree_step
 from specref.drafts import ModelDraft, TreeModelDraft
 from specref.drafts.shapes import TreeShape

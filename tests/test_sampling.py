@@ -11,8 +11,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from specref.checks.montecarlo import distribution_test
-from specref.sampling import process_logits, sample
 from specref.checks.toy import random_chain
+from specref.sampling import process_logits, sample
 
 F64 = torch.float64
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from model_factory import drawn_colder, exact_first_two, sample_first_two, small_gpt2, tiny_pair
+
 from specref.checks.montecarlo import distribution_test
 from specref.decoding.chain import generate, speculative_generate
 from specref.decoding.loop import check_proposal

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
 
+from specref.checks.exact_trees import random_parents
+from specref.checks.montecarlo import distribution_test
 from specref.decoding import tree as tree_decode
 from specref.decoding.chain import generate
-from specref.sampling import SamplingParams
-from specref.checks.exact_trees import random_parents
-from specref.models.gpt2 import GPT2
-from specref.checks.montecarlo import distribution_test
 from specref.decoding.tree import keep_path, score_tree, tree_generate
 from specref.drafts import TreeModelDraft
 from specref.drafts.shapes import DynamicTree, TreeShape
+from specref.models.gpt2 import GPT2
+from specref.sampling import SamplingParams
 from specref.trees import Tree, verify_tree
 
 
@@ -277,10 +276,10 @@ def test_tree_draft_refuses_use_before_begin(pair):
 
 # -- the bundled pair ----------------------------------------------------------------------
 
-from specref.models.pair import load_pair
-from specref.models.pair import assets_dir
 from model_factory import exact_first_two, noisy_copy, small_gpt2
 from model_factory import tiny_pair as tiny_pair_models
+
+from specref.models.pair import assets_dir, load_pair
 
 ASSETS_READY = all(assets_dir().joinpath(*f.split("/")).is_file()
                    for f in ("target/model.safetensors", "draft/model.safetensors", "tokenizer.json"))

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from specref import trees
-from specref.sampling import SamplingParams
 from specref.checks.exact_trees import (
     BROKEN_TREE_RULES,
     PrefixModel,
@@ -22,6 +21,7 @@ from specref.checks.exact_trees import (
 from specref.checks.montecarlo import distribution_test
 from specref.drafts import shapes
 from specref.drafts.shapes import DynamicTree, TreeShape, as_tree_spec, build_tree
+from specref.sampling import SamplingParams
 from specref.trees import (
     ROOT,
     Tree,

@@ -8,8 +8,8 @@ import random
 import numpy as np
 import pytest
 import torch
-
 from model_factory import TINY_VOCAB, exact_first_two, small_gpt2, tiny_pair
+
 from specref.checks.exact import generation_distribution
 from specref.checks.montecarlo import distribution_test, simulate
 from specref.checks.toy import toy_pair

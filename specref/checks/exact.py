@@ -29,7 +29,6 @@ from .._validate import check_int, check_probs
 from ..rejection import ChainRule, residual, verify_chain
 from .toy import MarkovChain, MisreportedDraft, check_cells
 
-
 # Evaluations per rule call: bounds memory (each row holds [2k+1, V] float64).
 _CHUNK = 60_000
 

@@ -30,7 +30,6 @@ from .broken import (  # noqa: F401 - the broken chain rules, importable from he
 )
 from .toy import MarkovChain, MisreportedDraft
 
-
 ALPHA = 1e-3
 """Default significance level: a correct rule fails a fixed-seed test with probability about 2 * ALPHA."""
 

@@ -31,7 +31,6 @@ import torch
 from .._validate import _fmt
 from ..sampling import TorchRNG, as_distribution  # noqa: F401  (TorchRNG: the real rng, re-exported)
 
-
 # --------------------------------------------------------------------------------------
 # The rng interface: real (`specref.sampling.TorchRNG`) and symbolic (used by exact_distribution)
 # --------------------------------------------------------------------------------------

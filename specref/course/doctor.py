@@ -132,9 +132,8 @@ def check_device() -> Check:
 def check_widgets() -> Check:
     """Sliders need both the kernel side (ipywidgets) and JupyterLab's front-end extension."""
     try:
-        from jupyter_core.paths import jupyter_path
-
         import ipywidgets
+        from jupyter_core.paths import jupyter_path
     except Exception as e:
         return Check("widgets", FAIL, f"cannot import ipywidgets/jupyter_core ({e})")
     for folder in jupyter_path("labextensions"):

@@ -22,8 +22,15 @@ from matplotlib.figure import Figure
 
 from .._validate import check_int
 from ..decoding.record import record_generation
-from .plots import accept_reject_view, normalize_weights, plot_accept_reject, plot_speedup_curves, speedup_curves
-from .plots import load_view, plot_load_view
+from .plots import (
+    accept_reject_view,
+    load_view,
+    normalize_weights,
+    plot_accept_reject,
+    plot_load_view,
+    plot_speedup_curves,
+    speedup_curves,
+)
 
 _SLIDER_STYLE = {"description_width": "initial"}
 

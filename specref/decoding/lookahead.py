@@ -58,13 +58,12 @@ from functools import lru_cache, partial
 import torch
 
 from .._validate import check_int
+from ..models.gpt2 import unchecked
 from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
 from ..trees import ROOT, Tree, TreeResult, tree_attention_mask, tree_position_ids, verify_tree, verify_tree_greedy
-from ..models.gpt2 import unchecked
 from .loop import Sequences, StepObserver, clock, run_steps, start_generation
 from .tree import TreeSpecStats, commit_tree
-
 
 # -- the lookahead branch's shape ---------------------------------------------------------------
 

@@ -27,8 +27,8 @@ import torch
 
 from .._validate import check_context, check_int, check_rows
 from ..sampling import SamplingParams, sample_unchecked
-from ..trees import Tree
 from ..tree_shapes import TreeSpec
+from ..trees import Tree
 
 # sampler(logits [B, V], params, generator) -> (x [B], q [B, V]): how a draft draws one token when sampling.
 Sampler = Callable[[torch.Tensor, SamplingParams, torch.Generator | None], tuple[torch.Tensor, torch.Tensor]]

@@ -21,6 +21,7 @@ from ..tree_shapes import TreeGrower, TreeSpec
 from ..trees import Tree, ancestor_inputs
 from .base import DraftBase
 
+
 def pick(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # [B, W, D], [B, n] -> [B, n, D]
     """x[b, index[b, j]] for every row b."""
     return x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))

@@ -26,8 +26,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .._validate import as_int_tuple, check_int, check_tensor
-from ..models.gpt2 import (GPT2, Block, GPT2Config, additive_mask, attention_mask_over_slots, check_attention_mask,
-                           check_cache)
+from ..models.gpt2 import (
+    GPT2,
+    Block,
+    GPT2Config,
+    additive_mask,
+    attention_mask_over_slots,
+    check_attention_mask,
+    check_cache,
+)
 from ..models.kvcache import KVCache
 
 KINDS = ("medusa", "eagle", "mtp")
@@ -299,7 +306,7 @@ class HeadsConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "HeadsConfig":
+    def from_dict(cls, d: dict[str, Any]) -> HeadsConfig:
         return cls(**d)
 
     def check_target(self, target: GPT2) -> None:

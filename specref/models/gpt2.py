@@ -19,10 +19,10 @@ What is added for speculative decoding:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from functools import partial
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -89,7 +89,7 @@ class GPT2Config:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "GPT2Config":
+    def from_dict(cls, d: dict[str, Any]) -> GPT2Config:
         """Read an HF GPT-2 ``config.json`` dict; unknown keys (task heads, versions...) are ignored."""
         if not isinstance(d, dict):
             raise TypeError(f"d must be a dict, got {type(d).__name__}")

@@ -194,7 +194,7 @@ class KVCache:
             new_lengths.append(len(kept))
         self.set(torch.tensor(new_lengths, dtype=torch.long, device=self.device), max(new_lengths))
 
-    def clone(self) -> "KVCache":
+    def clone(self) -> KVCache:
         """An independent copy (e.g. to branch a decode without disturbing the original)."""
         out = KVCache.__new__(KVCache)
         out.k, out.v, out.lengths, out.bound = self.k.clone(), self.v.clone(), self.lengths.clone(), self.bound

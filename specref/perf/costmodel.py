@@ -95,7 +95,7 @@ class FitError:
     n: int  # rows
 
     @classmethod
-    def of(cls, rel: np.ndarray) -> "FitError":
+    def of(cls, rel: np.ndarray) -> FitError:
         """From the rows' relative errors, predicted / measured - 1 (a 1-d array)."""
         r = np.abs(np.asarray(rel, dtype=np.float64))
         return cls(median=float(np.median(r)), max=float(r.max()), rms=float(np.sqrt(np.mean(r**2))), n=len(r))
@@ -133,7 +133,7 @@ class PassModel:
         return float(t) if t.ndim == 0 else t
 
     @classmethod
-    def fit(cls, rows: Iterable[Sequence[float] | Mapping[str, float]], form: str = "auto") -> "PassModel":
+    def fit(cls, rows: Iterable[Sequence[float] | Mapping[str, float]], form: str = "auto") -> PassModel:
         """Least squares on relative error over measured rows (batch_size, n_tokens, context, seconds).
 
         Rows may be tuples or dicts with those keys (`seconds` or `median_s`). form="auto"
@@ -150,7 +150,7 @@ class PassModel:
         return cls._fit(B, T, S, t, form)
 
     @classmethod
-    def _fit(cls, B: np.ndarray, T: np.ndarray, S: np.ndarray, t: np.ndarray, form: str) -> "PassModel":
+    def _fit(cls, B: np.ndarray, T: np.ndarray, S: np.ndarray, t: np.ndarray, form: str) -> PassModel:
         # Columns: overhead, kv (B S), per_token (B T), attention (B T S); each row divided by its
         # time, so the residual is the relative error and small passes weigh as much as large ones.
         X = np.stack([np.ones_like(t), B * S, B * T, B * T * S], 1) / t[:, None]
@@ -171,7 +171,7 @@ class PassModel:
         attention_flops_per_token: float = 0.0,  # FLOPs per new token and cached token, all layers
         efficiency: float = 1.0,  # the fraction of peak_flops the matmuls reach
         overhead: float = 0.0,
-    ) -> "PassModel":
+    ) -> PassModel:
         """The roofline of a model on a machine: weights / bandwidth, or 2 n_params FLOPs per token / compute.
 
         The ridge, in tokens per pass, is efficiency * peak_flops / bandwidth * bytes_per_param / 2.
@@ -200,7 +200,7 @@ class PassModel:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "PassModel":
+    def from_dict(cls, d: Mapping) -> PassModel:
         """Inverse of `as_dict` (e.g. from a benchmark's results file)."""
         err = d.get("error")
         return cls(**{k: float(d[k]) for k in _TERMS}, form=d.get("form", "sum"),
@@ -413,7 +413,7 @@ class CostModel:
                    for name in ("draft_fixed", "prompt_target", "prompt_draft")}, "alpha_sd": self.alpha_sd}
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "CostModel":
+    def from_dict(cls, d: Mapping) -> CostModel:
         """Inverse of `as_dict`: `CostModel.from_dict(results["cost_models"]["greedy"])` rebuilds a benchmark's fit."""
         draft = d["draft"]
         opt = {name: None if d.get(name) is None else PassModel.from_dict(d[name])

@@ -101,7 +101,7 @@ def pass_times(
     model(ids[:, :context_len], cache=cache)
     out = {}
     for n in ns:
-        def step() -> None:
+        def step(n: int = n) -> None:  # n bound now: the timer calls it within this iteration
             cache.truncate(context_len)
             model(ids[:, context_len:context_len + n], cache=cache)
 

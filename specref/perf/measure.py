@@ -103,7 +103,7 @@ def plain_time(
     for i, ids in enumerate(prompts):
         g = torch.Generator(device=target.device).manual_seed(seed + i)
         sync(target.device)
-        _, t = _timed(lambda: generate(target, ids, max_new_tokens, temperature=temperature, generator=g))
+        _, t = _timed(lambda ids=ids, g=g: generate(target, ids, max_new_tokens, temperature=temperature, generator=g))
         sync(target.device)
         total += t
     return total
@@ -131,7 +131,7 @@ def speculative_run(
     total = 0.0
     for i, ids in enumerate(prompts):
         g = torch.Generator(device=target.device).manual_seed(seed + i)
-        (_, s), t = _timed(lambda: speculative_generate(target, draft, ids, k=k, max_new_tokens=max_new_tokens,
+        (_, s), t = _timed(lambda ids=ids, g=g: speculative_generate(target, draft, ids, k=k, max_new_tokens=max_new_tokens,
                                                          temperature=temperature, generator=g,
                                                          timing=True))  # c and v need the passes' times
         total += t

@@ -70,11 +70,11 @@ def eagle_inputs(layer: EagleLayer, hidden_states: Sequence[torch.Tensor], input
     Every row has a label: ``target.lm_head(f_{s+1})`` exists even at the last row ``s = T - 2``.
     """
     hs, ids = check_pair(hidden_states, input_ids, target)
-    for l in layer.feature_layers:
-        if l >= len(hs):
-            raise ValueError(f"feature layer {l} is not in hidden_states (0 .. {len(hs) - 1})")
+    for layer_index in layer.feature_layers:
+        if layer_index >= len(hs):
+            raise ValueError(f"feature layer {layer_index} is not in hidden_states (0 .. {len(hs) - 1})")
     T = ids.shape[1]
-    g = layer.fuse([hs[l] for l in layer.feature_layers])[:, :T - 1]
+    g = layer.fuse([hs[i] for i in layer.feature_layers])[:, :T - 1]
     tok, pos = embed(target, ids[:, 1:], torch.arange(1, T, device=ids.device))
     return EagleBatch(g, tok, pos, hs[-1][:, 1:])
 

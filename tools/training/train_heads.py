@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import re
 import sys
@@ -40,12 +39,18 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools" / "training"))
 
 from heads_alignment import eagle_inputs, eagle_unroll, medusa_inputs, mtp_unroll  # noqa: E402
+from train_pair import collect_corpus, encode_stream, eval_windows, lr_at, open_log  # noqa: E402
+
 from specref.drafts.heads import (  # noqa: E402
-    EagleLayer, HeadsConfig, MedusaHeads, MTPStack, save_heads, target_fingerprint,
+    EagleLayer,
+    HeadsConfig,
+    MedusaHeads,
+    MTPStack,
+    save_heads,
+    target_fingerprint,
 )
 from specref.models.gpt2 import GPT2  # noqa: E402
 from specref.models.pair import bundled_tokenizer, load_pair, training_record  # noqa: E402
-from train_pair import collect_corpus, encode_stream, eval_windows, lr_at, open_log  # noqa: E402
 
 SECTION_BEGIN = "<!-- heads: begin (written by tools/training/train_heads.py) -->"
 SECTION_END = "<!-- heads: end -->"
@@ -462,7 +467,7 @@ def resume_heads(sets, out: Path, log) -> dict:
     from specref.drafts.heads import load_heads
 
     prior = {"minutes": 0.0, "steps": 0, "phases": []}
-    for name, (m, cfg) in sets.items():
+    for name, (m, _cfg) in sets.items():
         loaded, old = load_heads(out / f"{name}.safetensors")
         m.load_state_dict(loaded.state_dict())
         minutes, steps = old.notes.get("minutes_trained", 0.0), old.notes.get("steps", 0)

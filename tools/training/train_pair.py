@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from specref.models.gpt2 import GPT2, GPT2Config  # noqa: E402
-from specref.models.tokenizer import EOT, BPETokenizer, load_tokenizer, train_tokenizer  # noqa: E402
+from specref.models.tokenizer import BPETokenizer, load_tokenizer, train_tokenizer  # noqa: E402
 
 TEST_DIRS = {"test", "tests", "idle_test"}
 
@@ -143,7 +143,7 @@ def train_model(name: str, model: GPT2, train_stream: torch.Tensor, val_windows:
     # A resumed phase draws other batches than the first one did.
     gen = torch.Generator().manual_seed(args.seed + (0 if name == "target" else 1) + 100 * phase)
     decay, no_decay = [], []
-    for pname, p in model.named_parameters():
+    for p in model.parameters():
         (decay if p.ndim >= 2 else no_decay).append(p)
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
@@ -274,7 +274,7 @@ def write_markdown(record: dict, path: Path) -> None:
         f"`<|endoftext|>` = {record['tokenizer']['eot_id']}; {record['tokens']['train']} training tokens, "
         f"{record['tokens']['heldout']} held-out tokens.",
         "",
-        *([f"Commands of this run, in order: " + "; ".join(f"`{c}`" for c in record["commands"]), ""]
+        *(["Commands of this run, in order: " + "; ".join(f"`{c}`" for c in record["commands"]), ""]
           if record.get("commands") else []),
         "| model | layers x width (heads) | parameters | steps | tokens seen | minutes | held-out loss | held-out ppl |",
         "|---|---|---|---|---|---|---|---|",

@@ -39,7 +39,7 @@ def probe(index: str, package: str = "torch", timeout: float = DEFAULT_TIMEOUT_S
             status = getattr(answer, "status", 200)
     except urllib.error.HTTPError as e:
         status = e.code
-    except (urllib.error.URLError, socket.timeout, TimeoutError, OSError, ValueError) as e:
+    except (urllib.error.URLError, TimeoutError, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
         if isinstance(reason, (socket.timeout, TimeoutError)):
             return f"no answer within {timeout:g} s"

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=REQ / "lock.txt")
     args = ap.parse_args(argv)
 
-    here = "%d.%d" % sys.version_info[:2]
+    here = "{}.{}".format(*sys.version_info[:2])
     pins = pinned_versions(REQ / "test.txt", here)
     installed = {canonicalize_name(d.metadata["Name"]): d.version for d in metadata.distributions()}
     for name, version in pins.items():
