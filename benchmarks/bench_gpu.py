@@ -142,17 +142,19 @@ def pair_speedups(target: GPT2, draft: GPT2, prompts: list[torch.Tensor], new_to
                   ks: tuple[int, ...]) -> tuple[float, float, dict[int, tuple[float, float, bool]]]:
     """Greedy, B = 1: plain decoding's seconds (graphed, eager) and per k (speedup over graphed plain, alpha, same output).
 
-    One untimed run of each first (captures); then plain and each k run prompt by prompt, interleaved.
+    Eager plain decoding first (one untimed run, then timed). Then, graphed, one untimed run of every prompt with
+    plain decoding and with each k, so that every shape a timed run meets is captured before the timing starts.
     """
     dev = target.device
-    target.graphs.enabled = draft.graphs.enabled = True
-    expected = [generate(target, p, new_tokens, temperature=0) for p in prompts]  # warm-up and the reference
-    for k in ks:
-        speculative_generate(target, draft, prompts[0], k=k, max_new_tokens=new_tokens, temperature=0)
-    plain = sum(_timed(lambda p=p: generate(target, p, new_tokens, temperature=0), dev) for p in prompts)
     target.graphs.enabled = False
+    generate(target, prompts[0], new_tokens, temperature=0)  # the eager warm-up
     eager = sum(_timed(lambda p=p: generate(target, p, new_tokens, temperature=0), dev) for p in prompts)
-    target.graphs.enabled = True
+    target.graphs.enabled = draft.graphs.enabled = True
+    expected = [generate(target, p, new_tokens, temperature=0) for p in prompts]  # captures, and the reference
+    for k in ks:
+        for p in prompts:
+            speculative_generate(target, draft, p, k=k, max_new_tokens=new_tokens, temperature=0)
+    plain = sum(_timed(lambda p=p: generate(target, p, new_tokens, temperature=0), dev) for p in prompts)
     rows: dict[int, tuple[float, float, bool]] = {}
     for k in ks:
         spent, accepted, examined, same = 0.0, 0, 0, True

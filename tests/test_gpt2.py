@@ -379,3 +379,23 @@ def test_generations_keep_their_caches_where_passes_are_captured_so_nothing_is_c
     assert bigger.max_len >= 200 and len(target.graphs) == 0  # a new cache's addresses: the old graphs are dropped
     monkeypatch.setattr(target, "graphs", CapturedPasses(enabled=False))  # without graphs: a new cache each time
     assert target.run_cache("target", 2, 60) is not target.run_cache("target", 2, 60)
+
+
+def test_moving_the_weights_forgets_the_captured_passes_and_kept_caches(monkeypatch):
+    import specref.models.gpt2 as gpt2_module
+    from specref.models.graphs import CapturedPasses
+
+    from model_factory import small_gpt2
+
+    model = small_gpt2(vocab=50, n_embd=32, n_layer=2, seed=5, dtype=torch.float32)
+    monkeypatch.setattr(gpt2_module, "GRAPHED_DEVICES", ("cpu",))
+    model.graphs = CapturedPasses(graph_factory=_ReplayingGraph, device_types=("cpu",))
+    cache = model.run_cache("target", 1, 40)
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3]]), cache=cache)
+    assert len(model.graphs) == 1 and model.run_cache("target", 1, 40) is cache
+    with torch.enable_grad():  # with autograd on, nothing is captured: a replay's outputs would carry no history
+        model(torch.tensor([[4]]), cache=cache)
+    assert len(model.graphs) == 1
+    model.to(torch.float64)  # every weight moves: graphs captured on their addresses must go, and the caches
+    assert len(model.graphs) == 0 and model.run_cache("target", 1, 40) is not cache

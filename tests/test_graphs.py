@@ -211,15 +211,27 @@ def test_clear_forgets_graphs_and_captures_again():
     assert len(FakeGraph.made) == 2 and FakeGraph.made[1].pool_seen is None
 
 
-def test_a_capture_failure_names_the_key_and_keeps_nothing():
+def test_a_capture_failure_warns_names_the_key_keeps_the_eager_result_and_stays_eager():
+    made = []
+
     class Failing(FakeGraph):
+        def __init__(self) -> None:
+            super().__init__()
+            made.append(self)
+
         def capture(self, fn, inputs, pool):
             raise RuntimeError("operation not permitted when stream is capturing")
 
     passes = CapturedPasses(graph_factory=Failing, device_types=("cpu",))
-    with pytest.raises(RuntimeError, match="key 'k' could not be captured"):
+    with pytest.warns(RuntimeWarning, match="key 'k' could not be captured"):
+        assert torch.equal(passes.run("k", lambda x: x + 1, torch.ones(1)), torch.full((1,), 2.0))
+    assert len(passes) == 0 and "k" not in passes
+    assert torch.equal(passes.run("k", lambda x: x + 2, torch.ones(1)), torch.full((1,), 3.0))  # eager, no retry
+    assert len(made) == 1
+    passes.clear()  # clear forgets the failure too: the next call tries to capture again
+    with pytest.warns(RuntimeWarning):
         passes.run("k", lambda x: x + 1, torch.ones(1))
-    assert len(passes) == 0
+    assert len(made) == 2
 
 
 def test_enabled_must_be_a_bool():

@@ -395,3 +395,14 @@ def test_layout_refuses_what_is_not_a_tree():
         lookahead_layout([1, 2], 0, 3, 3)
     with pytest.raises(ValueError, match="window"):
         lookahead_layout(Tree((), ()), 0, 0, 3)
+
+
+def test_a_batch_reaches_the_end_of_the_window_when_its_rows_finish_at_different_steps():
+    # Rows that finish early give their cache back (lengths 0); the cache's host bound must then follow the rows
+    # still running, or the last steps ask for more slots than the window holds.
+    m = small_gpt2(vocab=6, n_embd=16, n_layer=1, seed=0, n_positions=64, scale=3.0)
+    for seed in range(8):
+        ids = torch.randint(0, 6, (4, 8), generator=torch.Generator().manual_seed(seed))
+        out, _ = lookahead_generate(m, ids, max_new_tokens=56, window=3, ngram=3, guesses=3, temperature=1.0,
+                                    generator=torch.Generator().manual_seed(seed))
+        assert out.shape == (4, 64)

@@ -240,7 +240,9 @@ def commit_tree(
     ends = torch.minimum(cache.lengths, seqs.lengths.to(cache.device) - 1)  # a cut by budget or EOS keeps less
     if release_done:
         ends = torch.where(torch.tensor(seqs.done_h, device=cache.device), 0, ends)
-    cache.truncate(ends, check=False, bound=max(seqs.lengths_h) - 1)  # ends <= lengths, by the minimum
+    # ends <= lengths, by the minimum; the bound counts only the rows that keep their cache (a released row is 0)
+    live = [n - 1 for n, done in zip(seqs.lengths_h, seqs.done_h) if not (release_done and done)]
+    cache.truncate(ends, check=False, bound=max(live, default=0))
     served = [b for b, m in enumerate(kept) if m]
     stats.count_step([results[b].n_accepted for b in served], sum(kept), sum(trees[b].n_nodes for b in served),
                      sum(len(results[b].trials) for b in served))  # examined: the children the rule tried

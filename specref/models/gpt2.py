@@ -294,7 +294,9 @@ class GPT2(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
         self.graphs = CapturedPasses()  # on CUDA, `step` replays captured passes (graphs.enabled = False: eager)
-        self.graph_max_tokens = 64  # longer passes (a prompt's, run once per generation) are not worth capturing
+        # Longer passes (a prompt's, once per generation) are not worth a capture: 32 holds a verification of
+        # k + 1 tokens and a tree of up to 31 nodes.
+        self.graph_max_tokens = 32
         self.apply(self._init_weights)
         # GPT-2 scales residual projections by 1/sqrt(2 * n_layer) so the residual
         # stream's variance does not grow with depth.
@@ -311,6 +313,16 @@ class GPT2(nn.Module):
         if isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
+
+    def _forget_addresses(self) -> None:
+        """The weights move (.to(), .half(), a load with assign=True): captured passes and kept caches go."""
+        if "graphs" in self.__dict__:
+            self.graphs.clear()
+        self.__dict__["_run_caches"] = {}
+
+    def _apply(self, fn, *args, **kwargs):  # .to(), .cuda(), .half() ... all go through here
+        self._forget_addresses()
+        return super()._apply(fn, *args, **kwargs)
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy (``copy.deepcopy``, pickling) gets its own empty `CapturedPasses`: graphs belong to addresses."""
@@ -368,13 +380,15 @@ class GPT2(nn.Module):
         prompts of nearby lengths share one. Elsewhere it is `new_cache`. A cache handed out
         belongs to its generation until the next call with the same role.
         """
-        if not (self.graphs.enabled and self.device.type in GRAPHED_DEVICES):
-            return self.new_cache(batch_size, max_len=max_len)
         if not isinstance(role, str):
             raise TypeError(f"role must be a str, got {type(role).__name__}")
+        if not (self.graphs.enabled and self.device.type in GRAPHED_DEVICES):
+            c = self.config  # a plain cache; the graphs and caches kept for the captured passes stay
+            return KVCache(c.n_layer, batch_size, c.n_head, c.head_dim, check_int(
+                "max_len", max_len, 1, "cache slots"), device=self.device, dtype=self.dtype)
         kept = getattr(self, "_run_caches", {}).get(role)
         if kept is not None and kept.batch_size == batch_size and kept.dtype == self.dtype \
-                and max_len <= kept.max_len:
+                and kept.device == self.device and max_len <= kept.max_len:
             kept.reset()
             return kept
         rounded = min(self.config.n_positions, -(-max_len // 64) * 64)
@@ -468,10 +482,12 @@ class GPT2(nn.Module):
         run = partial(self._core, cache, n_slots, return_hidden, logits_to_keep,
                       position_ids is not None, attention_mask is not None)
         inputs = tuple(t for t in (input_ids, position_ids, attention_mask) if t is not None)
-        if cache is not None and input_ids.device.type in GRAPHED_DEVICES and T <= self.graph_max_tokens:
+        # Captured only without autograd (the decoding loops run under no_grad): a replay's outputs have no history.
+        if cache is not None and input_ids.device.type in GRAPHED_DEVICES and T <= self.graph_max_tokens \
+                and not torch.is_grad_enabled():
             weights = (self.transformer.wte.weight.data_ptr(), self.transformer.h[-1].mlp.c_proj.weight.data_ptr())
             key = (B, T, n_slots, cache.k.data_ptr(), cache.v.data_ptr(), cache.lengths.data_ptr(), cache.dtype,
-                   weights, return_hidden, logits_to_keep, tuple(t.shape for t in inputs))
+                   tuple(cache.k.shape), weights, return_hidden, logits_to_keep, tuple(t.shape for t in inputs))
             out = self.graphs.run(key, run, *inputs)
         else:
             out = run(*inputs)
@@ -515,6 +531,7 @@ class GPT2(nn.Module):
         Tolerates a missing ``lm_head.weight`` (it is tied to ``wte``) and drops HF's
         non-persistent ``attn.bias`` / ``attn.masked_bias`` buffers.
         """
+        self._forget_addresses()
         sd = normalize_state_dict(state_dict)
         if "lm_head.weight" not in sd:
             sd["lm_head.weight"] = sd.get("transformer.wte.weight", self.transformer.wte.weight)

@@ -27,6 +27,7 @@ many shapes cost about what the largest needs.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -115,6 +116,7 @@ class CapturedPasses:
         self._factory: Callable[[], Graph] = graph_factory or CudaGraph
         self._device_types = tuple(device_types)
         self._captured: dict[Hashable, _Captured] = {}
+        self._eager: set[Hashable] = set()  # keys whose capture failed: they run eagerly
         self._pool: Any = None
 
     def __len__(self) -> int:
@@ -127,6 +129,7 @@ class CapturedPasses:
     def clear(self) -> None:
         """Forget every graph and the shared pool (the next call with any key captures afresh)."""
         self._captured.clear()
+        self._eager.clear()
         self._pool = None
 
     def run(self, key: Hashable, fn: Callable[..., Any], *inputs: torch.Tensor) -> Any:
@@ -140,6 +143,8 @@ class CapturedPasses:
         held = self._captured.get(key)
         if held is not None:
             return self._replay(key, held, inputs)
+        if key in self._eager:
+            return fn(*inputs)
         if not inputs or any(x.device.type not in self._device_types for x in inputs):
             return fn(*inputs)
         return self._warm_up_and_capture(key, fn, inputs)
@@ -147,14 +152,18 @@ class CapturedPasses:
     def _warm_up_and_capture(self, key: Hashable, fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> Any:
         out = fn(*inputs)  # the warm-up: the eager pass, whose side effects are this call's
         _check_output(out, key)
-        static_inputs = tuple(x.detach().clone() for x in inputs)
+        with torch.inference_mode(False):  # buffers a later replay outside inference mode may write
+            static_inputs = tuple(x.detach().clone() for x in inputs)
         graph = self._factory()
         try:
             with _no_grad():
                 static_outputs = graph.capture(fn, static_inputs, self._pool)
-        except RuntimeError as err:
-            raise RuntimeError(f"the pass of key {key!r} could not be captured as a CUDA graph: it must "
-                               f"read nothing back to the host and keep its shapes ({err})") from err
+        except RuntimeError as err:  # this call's result stands (the eager pass ran); later calls stay eager
+            warnings.warn(f"the pass of key {key!r} could not be captured as a CUDA graph and runs eagerly from "
+                          f"now on: a captured pass must read nothing back to the host and keep its shapes ({err})",
+                          RuntimeWarning, stacklevel=3)
+            self._eager.add(key)
+            return out
         _check_output(static_outputs, key)
         if self._pool is None:
             self._pool = graph.pool()
