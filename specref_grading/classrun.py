@@ -46,15 +46,23 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
+from specref_grading.exercises import MarkerError, check_rubrics, strip_regions
 from specref_grading.grade import CELL_TIMEOUT_S, ROOT, RUN_TIMEOUT_S, grade
 from specref_grading.notebook import GradeError, find_solution, nbgrader, read_notebook
 from specref_grading.plan import hidden_seed
 from specref_grading.processes import SUBMISSION_PEAK_MB, die_with_parent
-from specref_grading.report import (EXIT_FAILED, EXIT_FULL, EXIT_REVIEW, EXIT_UNGRADABLE, STATUS, Report, printable,
-                                    status_text)
+from specref_grading.report import (
+    EXIT_FAILED,
+    EXIT_FULL,
+    EXIT_REVIEW,
+    EXIT_UNGRADABLE,
+    STATUS,
+    Report,
+    printable,
+    status_text,
+)
 from specref_grading.version import grader_version
 from specref_grading.wall import MEMORY_MB
-from specref_grading.exercises import MarkerError, check_rubrics, strip_regions
 
 STATE_VERSION = 1
 TRANSIENT = {"timeout", "died"}  # outcomes --retry regrades even when nothing changed

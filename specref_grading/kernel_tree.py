@@ -17,7 +17,7 @@ specref (`build`) from which, read statically with `ast`,
 
 `available` tells the plan which names the kernel can import. What the setup (or the checks cell) gives the
 learner that the copy lacks is served from the trusted process only when the exercise's check modules list it in
-their ``ALLOWED`` (ex01's MACHINES, ex07's server_rows, ex08's SAMPLERS: given on purpose); anything else the copy
+their ``ALLOWED`` (ex04's sampling_power, given on purpose, whose module needs what ex04 forbids); anything else the copy
 lacks is the answer key or needs it (ex06's tree_attention_mask, ex03's toy_reference) and is never served, and
 the exercise's given cells after an answer that use it (demos comparing with the reference) are marked "demo"
 and not run in grading (`prepare`). Built trees are cached per (specref's sources,

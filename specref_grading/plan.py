@@ -15,10 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specref_grading import kernel_tree
-from specref_grading.exercises import MarkerError, strip_regions, tests_version
+from specref_grading.exercises import MarkerError, left_out, strip_regions, tests_version
 from specref_grading.notebook import GradeError, exercise_id, is_answer, is_test, nbgrader, source, stamp
-from specref_grading.scan import (UNREADABLE, binds_unknown, helper_names, imported_specref_names, names_bound,
-                                  names_used, scan)
+from specref_grading.scan import (
+    UNREADABLE,
+    binds_unknown,
+    helper_names,
+    imported_specref_names,
+    names_bound,
+    names_used,
+    scan,
+)
 
 DEFAULT_HIDDEN_SEED = 1  # what the solutions' setup cells set HIDDEN_SEED to (a test keeps them equal)
 
@@ -174,7 +181,7 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
                                  "tests were run")
             tests.append(spec)
             cells.append({"n": i, "role": "test", "grade_id": gid, "source": with_seed(spec.source, seed)})
-        elif ref.get("cell_type") == "code":
+        elif ref.get("cell_type") == "code" and not left_out(ref):  # a solution_only cell is not the exercise's
             try:
                 text = strip_regions(source(ref), "code", f"{solution_name}: cell {i}")
             except MarkerError as e:

@@ -13,11 +13,14 @@ What stays out: solutions/ (the answers, the hidden tests, the rubrics, the exer
 grader `specref_grading` (its per-exercise checks are answer keys), tests/, benchmarks/ (development history)
 and the other upkeep tools. `problems_in` then reads back every file written, and the release is refused if it
 holds a solution marker (``### BEGIN SOLUTION``, ``### BEGIN HIDDEN TESTS``), a rubric or solution_only cell, or
-a module of the grader. The learners' kernels import the checks in an exercise's first cell: in a class folder
-that cell and the test cells do not run; the instructor grades the notebooks handed in (``make grade-all``). Where other
-cells of an exercise use what that cell imports (data the checks serve, such as ex07's timings), they fail in
-the release too: `needs_grader` finds them, and the command names them, as it names each file a released
-notebook points at that the release does not hold (`dead_mentions`).
+a module of the grader. An exercise's checks cell (``"specref": {"side": "checks"}``) imports the grader's checks,
+which a class folder lacks: the release rewrites it (`offline_checks`) into definitions of the same names, each
+printing one line that says the instructor's grader runs it and returning None, so a learner runs the exercise top
+to bottom and the instructor grades the notebooks handed in (``make grade-all``); the grader still runs its own
+checks cell, whatever a learner's copy holds. What the exercises give on purpose lives in specref (ex01's
+`specref.perf.machine.MACHINES`, ex07's `specref.course.server.server_rows`). Where another cell of an exercise
+still uses a name only the checks cell imports, it fails in the release: `needs_grader` finds it, and the command
+names it, as it names each file a released notebook points at that the release does not hold (`dead_mentions`).
 
 The folder must be new or empty and outside this repository (a release inside the checkout would be
 committed, or regraded as submissions); anything else is refused with exit status 2 and nothing is written.
@@ -34,7 +37,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from specref_grading.exercises import (BEGIN_HIDDEN, BEGIN_SOLUTION, ROOT, MarkerError, expected_files, left_out)
+from specref_grading.exercises import BEGIN_HIDDEN, BEGIN_SOLUTION, ROOT, MarkerError, expected_files, left_out
 
 # (path relative to the repository, kind): "file", or "tree" (a folder, all of it but caches).
 RELEASE: tuple[tuple[str, str], ...] = (
@@ -98,8 +101,57 @@ def contents(root: Path = ROOT) -> dict[str, bytes | Path]:
         raise ReleaseError(f"the exercises cannot be generated: {e}") from e
     if not exercises:
         raise ReleaseError(f"no solutions in {root / 'solutions'}: nothing to generate exercises from")
-    out.update({f"exercises/{name}": data for name, data in exercises.items()})
+    out.update({f"exercises/{name}": offline_checks(data) for name, data in exercises.items()})
     return out
+
+
+OFFLINE_NOTE = "your instructor's grader runs this check"
+
+
+def _checks_names(src: str) -> list[str]:
+    """The names a checks cell binds by its imports, in order (ValueError when it does anything else)."""
+    tree = ast.parse(src)
+    names = []
+    for node in tree.body:
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            raise ValueError(f"a checks cell only imports; it has a {type(node).__name__}")
+        names += [a.asname or a.name.split(".")[0] for a in node.names]
+    return names
+
+
+def offline_checks(data: bytes) -> bytes:
+    """An exercise notebook whose checks cell defines, instead of importing them from the grader, each check it
+    imports (``check_*``) as a function that prints "check_x: your instructor's grader runs this check" and returns
+    None. Other names the cell imports are the grader's (hidden settings) and are not defined: what an exercise gives
+    on purpose lives in specref. A notebook without a checks cell comes back unchanged; ReleaseError when the cell
+    does anything but import."""
+    nb = json.loads(data)
+    changed = False
+    for cell in nb["cells"]:
+        meta = cell.get("metadata", {}).get("specref")
+        if not (isinstance(meta, dict) and meta.get("side") == "checks"):
+            continue
+        src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        try:
+            names = _checks_names(src)
+        except (SyntaxError, ValueError) as e:
+            raise ReleaseError(f"a checks cell cannot be rewritten for a class folder: {e}") from e
+        # The grader's other names (ex04's SAMPLING_HIDDEN, for its hidden tests) stay undefined: `needs_grader`
+        # names any cell of the exercise that uses one.
+        names = [n for n in names if n.startswith("check_")]
+        lines = ["# The checks that grade your answers run in your instructor's grader (not in this folder): here each",
+                 "# one only says so. Hand in the notebook; the grader runs the real checks on its own side.",
+                 "def _graded_by_your_instructor(name):",
+                 "    def check(*args, **kwargs):",
+                 f"        print(f\"{{name}}: {OFFLINE_NOTE}\")",
+                 "    check.__name__ = name",
+                 "    return check",
+                 ""]
+        lines += [f"{n} = _graded_by_your_instructor({n!r})" for n in names]
+        cell["source"] = "\n".join(lines)
+        cell["outputs"], cell["execution_count"] = [], None
+        changed = True
+    return (json.dumps(nb, indent=1, ensure_ascii=False) + "\n").encode("utf-8") if changed else data
 
 
 def check_target(folder: Path, root: Path = ROOT) -> Path:
@@ -216,7 +268,8 @@ def build(folder: Path, root: Path = ROOT) -> dict:
     finally:
         if staging.exists():
             shutil.rmtree(staging)
-    grader = {rel: found for rel, data in sorted(files.items()) if rel.startswith("exercises/")
+    # Read from the exercises as generated, before their checks cells were rewritten (`offline_checks`).
+    grader = {f"exercises/{name}": found for name, data in sorted(expected_files(root / "solutions").items())
               for found in [needs_grader(json.loads(data))] if found}
     return {"folder": target, "files": len(files), "bytes": size, "needs_grader": grader, "dead": dead}
 
@@ -239,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         uses = "; ".join(f"{name} (cell{'s' if len(cells) > 1 else ''} {', '.join(map(str, cells))})"
                          for name, cells in found.items())
         print(f"note: {rel} uses what only the grader's checks give, so those cells fail in the release: {uses}")
+    print("note: exercise 8's six samplers ship as code (specref/checks/samplers.py): they are its problem statement; "
+          "the verdicts are decided by the grader alone.")
     for line in done["dead"]:
         print(f"note: {line} is named there but is not in the release")
     return 0

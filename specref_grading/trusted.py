@@ -31,8 +31,16 @@ import resource
 import signal
 import sys
 
-from specref_grading.protocol import (CallLimit, CallTimeout, ChannelClosed, MessageRefused, Peer, Remote, _message,
-                                      describe_error)
+from specref_grading.protocol import (
+    CallLimit,
+    CallTimeout,
+    ChannelClosed,
+    MessageRefused,
+    Peer,
+    Remote,
+    _message,
+    describe_error,
+)
 
 _EVENTS = -1  # the events pipe, from the plan (main)
 

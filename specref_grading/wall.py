@@ -21,10 +21,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specref_grading import jail
-from specref_grading import kernel_tree
-from specref_grading.processes import (MARKER_ENV, _child_setup, _drop_cmd, _environment, _free_uid, _kill_all,
-                                       can_jail, make_undumpable, trusted_setup, unjailed_uid)
+from specref_grading import jail, kernel_tree
+from specref_grading.processes import (
+    MARKER_ENV,
+    _child_setup,
+    _drop_cmd,
+    _environment,
+    _free_uid,
+    _kill_all,
+    can_jail,
+    make_undumpable,
+    trusted_setup,
+    unjailed_uid,
+)
 
 CALL_TIMEOUT_S = 60  # one call of the checks into the submission's code (the cell's own limit still applies)
 WALL_TEST_FACTOR = 3  # a test cell across the wall may take this many cell limits (thousands of calls: ex04)

@@ -382,10 +382,10 @@ def test_generations_keep_their_caches_where_passes_are_captured_so_nothing_is_c
 
 
 def test_moving_the_weights_forgets_the_captured_passes_and_kept_caches(monkeypatch):
+    from model_factory import small_gpt2
+
     import specref.models.gpt2 as gpt2_module
     from specref.models.graphs import CapturedPasses
-
-    from model_factory import small_gpt2
 
     model = small_gpt2(vocab=50, n_embd=32, n_layer=2, seed=5, dtype=torch.float32)
     monkeypatch.setattr(gpt2_module, "GRAPHED_DEVICES", ("cpu",))

@@ -307,7 +307,9 @@ def test_the_setup_imports_nothing_that_solves_a_task_and_no_docstring_gives_a_f
     assert "specref.perf" not in setup and "specref.theory" not in setup
     imported = setup.split("import (")[-1] if "import (" in setup else setup.split("batch import")[1].split("\n")[0]
     assert {n.strip() for n in imported.split(",")} == {"check_crossover", "check_fit", "check_policy",
-                                                        "check_speedup", "server_rows"}
+                                                        "check_speedup"}
+    given = "".join([c for c in nb["cells"] if c["cell_type"] == "code"][1]["source"])
+    assert "from specref.course.server import server_rows" in given  # the table, in a learner's copy too
     text = "\n".join("".join(c["source"]) for c in nb["cells"])
     for formula in ("1 - alpha ** (k + 1)", "(1 - alpha^(k+1))", "E / (v + c k)", "/ t[:, None]"):
         outside = [c for c in nb["cells"] if formula in "".join(c["source"]) and "### BEGIN SOLUTION" not in "".join(c["source"])]

@@ -13,8 +13,8 @@ import torch
 
 from specref import process_logits, verify_chain
 from specref.checks.montecarlo import verify_skip_residual
-from specref_grading.checks import gpt2_pair as G
 from specref.models import heldout_prompts
+from specref_grading.checks import gpt2_pair as G
 
 # --------------------------------------------------------------------------------------
 # The reference solution, written with the learner's interface, and its broken twins

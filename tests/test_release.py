@@ -18,8 +18,16 @@ import nbformat
 import pytest
 
 from specref_grading import release
-from specref_grading.exercises import (BEGIN_HIDDEN, BEGIN_SOLUTION, END_HIDDEN, END_SOLUTION, expected_files,
-                                       is_solution_only, notebooks_in, rubric_for)
+from specref_grading.exercises import (
+    BEGIN_HIDDEN,
+    BEGIN_SOLUTION,
+    END_HIDDEN,
+    END_SOLUTION,
+    expected_files,
+    is_solution_only,
+    notebooks_in,
+    rubric_for,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools" / "upkeep"))
@@ -127,9 +135,103 @@ def test_no_solution_marker_rubric_or_solution_only_cell_anywhere(built):
 
 
 def test_the_released_exercises_are_the_generated_ones(built):
+    """The generated exercises, each checks cell rewritten into stand-ins (nothing else changes)."""
     want = expected_files(REPO / "solutions")
     have = {p.name: p.read_bytes() for p in (built / "exercises").glob("*.ipynb")}
-    assert have == want
+    assert have == {name: release.offline_checks(data) for name, data in want.items()}
+    for name, data in have.items():
+        generated = json.loads(want[name])["cells"]
+        for old, new in zip(generated, json.loads(data)["cells"], strict=True):
+            if (old.get("metadata", {}).get("specref") or {}).get("side") == "checks":
+                assert "specref_grading" not in "".join(new["source"]), name
+                assert "_graded_by_your_instructor" in "".join(new["source"]), name
+            else:
+                assert old == new, name
+
+
+def test_a_rewritten_checks_cell_defines_the_same_checks_that_only_say_so(capsys):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from specref_grading.checks.x import (HIDDEN, check_a,\n    check_b as check_c)",
+        metadata={"specref": {"side": "checks"}})])
+    cell = json.loads(release.offline_checks(nbformat.writes(nb).encode()))["cells"][0]
+    space: dict = {}
+    exec("".join(cell["source"]), space)  # noqa: S102 - the cell the release writes
+    assert space["check_a"](1, seed=2) is None and space["check_c"]() is None and "HIDDEN" not in space
+    assert capsys.readouterr().out.splitlines() == [f"check_a: {release.OFFLINE_NOTE}", f"check_c: {release.OFFLINE_NOTE}"]
+    nb.cells[0].source = "from specref_grading.checks.x import check_a\nprint(check_a)"  # not only imports
+    with pytest.raises(release.ReleaseError, match="only imports"):
+        release.offline_checks(nbformat.writes(nb).encode())
+    plain = nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])).encode()
+    assert release.offline_checks(plain) == plain  # no checks cell: unchanged
+
+
+# -- a learner works through every released exercise ------------------------------------------------------------
+# What a cell of a released exercise may raise: an unanswered task's stub (or what it leaves undone: a name an earlier
+# cell that raised would have bound). Never a name, module or import the class folder lacks.
+STUB_ERRORS = ("NotImplementedError",)
+CELL_TIMEOUT = 30
+
+
+def _run(nb, folder: Path, env: dict) -> tuple[list[str], bool]:
+    """Execute `nb` in one kernel (cwd `folder`, environment `env`), every cell whatever the errors; (the errors a
+    learner must never meet, as "cell N: Name: message"; whether a stand-in check printed its line)."""
+    from nbclient import NotebookClient
+
+    from specref_grading.scan import names_bound
+    NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(folder)}}).execute(env=env)
+    bad, said = [], False
+    unset: set[str] = set()  # what the cells that raised would have bound: a later cell may miss it
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and release.OFFLINE_NOTE in out.get("text", ""):
+                said = True
+            if out.get("output_type") != "error":
+                continue
+            ename, evalue = out["ename"], out["evalue"]
+            m = re.fullmatch(r"name '(\w+)' is not defined", evalue) if ename == "NameError" else None
+            if not (ename in STUB_ERRORS or (m and m.group(1) in unset)):
+                bad.append(f"cell {i}: {ename}: {evalue}")
+            unset |= names_bound(cell.source)  # and what its stubs say they leave to write or set:
+            for named in re.findall(r'NotImplementedError\("Task \d+: (?:write|set) (.+?) \(see', cell.source):
+                unset |= set(re.split(r", | and ", named))
+    return bad, said
+
+
+def _release_env(built: Path) -> dict:
+    import os
+    return {**os.environ, "PYTHONPATH": str(built), "OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.slow
+def test_every_released_exercise_runs_top_to_bottom(built):
+    """Each released exercise, every cell in order, in one kernel that imports the release's specref (not this
+    checkout's). The only errors are the stubs' own NotImplementedError, or a NameError of a name that an earlier
+    cell, which raised, would have bound (or its stub names): never a name the release lacks, an ImportError or a ModuleNotFoundError.
+    Each exercise's stand-in checks print their line."""
+    bad = []
+    for path in sorted((built / "exercises").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        nb.cells.insert(0, nbformat.v4.new_code_cell(  # cell numbers below count this one: cell N is N - 1 here
+            f"import specref\nassert specref.__file__.startswith({str(built)!r}), specref.__file__"))
+        found, said = _run(nb, path.parent, _release_env(built))
+        bad += [f"{path.name} (+1) {line}" for line in found]
+        assert said, f"{path.name}: no stand-in check printed {release.OFFLINE_NOTE!r}"
+    assert not bad, "\n".join(bad)
+
+
+def test_the_run_flags_what_a_release_lacks(built):
+    """Negative control of the test above: a name nothing bound, a module the release lacks and an import from the
+    grader are flagged; a stub's NotImplementedError and the NameError it leaves behind are not."""
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("print(MACHINES)"),
+        nbformat.v4.new_code_cell("import specref.not_in_the_release"),
+        nbformat.v4.new_code_cell("from specref.perf.machine import SERVER_ROWS"),
+        nbformat.v4.new_code_cell('rows = 1\nraise NotImplementedError("Task 1: write f (see the task above)")'),
+        nbformat.v4.new_code_cell("print(rows)")])
+    bad, said = _run(nb, built / "exercises", _release_env(built))
+    assert [line.split(":")[:2] for line in bad] == [["cell 0", " NameError"], ["cell 1", " ModuleNotFoundError"],
+                                                     ["cell 2", " ImportError"]] and not said
 
 
 def test_a_release_that_would_leak_is_refused_and_nothing_is_left(tmp_path, monkeypatch):

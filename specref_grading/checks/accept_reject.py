@@ -32,6 +32,7 @@ from specref.checks.exact import enumerate_step, merge
 from specref.checks.rng import _SYMBOLIC_HINT, exact_distribution
 from specref.rejection import residual as _ref_residual
 from specref.rejection import verify_chain
+
 from .report import (
     TOL,
     as_float,

@@ -45,7 +45,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from specref.course.server import SERVER as _SERVER
+from specref.course.server import noisy_rows, server_rows  # noqa: F401 (the exercise's given table)
 from specref.perf.costmodel import CostModel, PassModel
+
 from .report import as_float, call_learner, failure, passed
 from .rules import graded
 
@@ -56,13 +59,13 @@ REL = 1e-9  # closed forms in float64
 SAFE = 0.90  # the policy's worst batch size, in plain decoding's throughput (the docstring: false-fail rate)
 EFFICIENT = 0.85  # the policy's mean share of the best k's throughput
 DAY, NIGHT = 256, 8  # the chapter's question: batch 256 by day, 8 at night
-SERVER = np.array([3e-3, 80e-6, 0.05e-6])  # the exercise's server: overhead, per_token, kv (seconds)
+SERVER = np.array(_SERVER)  # the exercise's server (specref.course.server): overhead, per_token, kv (seconds)
 POLICY_NOISE = (0.1, 0.25)  # the policy's tables: a quick measurement, 10-25 % noise per pass
 POLICY_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 # Answers must not call the reference of what the tasks ask for: the cost model and the theory.
 FORBIDDEN = ("specref.perf", "specref.theory", "specref_grading.checks.batch")
-ALLOWED = ("specref_grading.checks.batch.server_rows",)  # the setup's own import
+ALLOWED = ("specref.course.server.server_rows",)  # the setup's own import; the kernel's specref has it
 
 
 # -- the true model and its tables ------------------------------------------------------------------
@@ -79,9 +82,7 @@ def _model(theta: Sequence[float], c: float, context: int) -> CostModel:
 
 
 def _noisy(rng: np.random.Generator, theta: np.ndarray, Bs, Ts, Ss, sigma: float) -> np.ndarray:  # [n, 4]
-    B, T, S = (a.ravel().astype(np.float64) for a in np.meshgrid(Bs, Ts, Ss, indexing="ij"))
-    t = _t(theta, B, T, S) * np.exp(sigma * rng.standard_normal(B.size))
-    return np.stack([B, T, S, t], 1)
+    return noisy_rows(rng, theta, Bs, Ts, Ss, sigma)
 
 
 def _visible_theta(rng: np.random.Generator) -> np.ndarray:
@@ -107,13 +108,6 @@ def _unseen_table(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, flo
     Ss = np.sort(rng.choice([16, 32, 96, 160, 320, 640, 1024], size=int(rng.integers(2, 4)), replace=False))
     sigma = float(rng.uniform(0.02, 0.12))
     return theta, _noisy(rng, theta, Bs, Ts, Ss, sigma), sigma
-
-
-def server_rows(seed: int = 0) -> list[tuple[int, int, int, float]]:
-    """The exercise's measured table: (batch_size, n_tokens, context, seconds) rows of one server's passes."""
-    rng = np.random.default_rng(seed)
-    rows = _noisy(rng, SERVER, [1, 2, 4, 8, 16, 32, 64, 128, 256], [1, 2, 3, 5, 9], [64, 256], 0.05)
-    return [(int(B), int(T), int(S), float(t)) for B, T, S, t in rows]
 
 
 def _show_rows(rows: np.ndarray) -> list[str]:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from specref.decoding.record import RecordedStep, acceptance_by_position
+
 from .report import call_learner, failure, passed
 from .rules import graded
 

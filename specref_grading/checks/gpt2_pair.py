@@ -38,12 +38,12 @@ from collections.abc import Callable
 
 import torch
 
-from specref.checks.exact import enumerate_step
-from specref.checks.montecarlo import ALPHA, distribution_test, verify_skip_residual
-from specref.rejection import verify_chain
+from specref.checks.montecarlo import distribution_test
+from specref.checks.pair_power import SAMPLING, exact_first_two, sampling_power  # noqa: F401 (the setup's tool)
 from specref.models import heldout_prompts, load_pair
 from specref.models.kvcache import KVCache
 from specref.sampling import process_logits
+
 from .report import derived_seed, failure, passed
 from .rules import graded
 
@@ -52,7 +52,7 @@ from .rules import graded
 FORBIDDEN = ("specref.decoding", "specref.drafts", "specref_grading")
 ALLOWED = tuple(f"specref_grading.checks.gpt2_pair.{n}" for n in (
     "SAMPLING_HIDDEN", "check_first_two_tokens", "check_propose", "check_speculative_decode",
-    "check_speculative_step", "sampling_power"))
+    "check_speculative_step")) + ("specref.checks.pair_power.sampling_power",)
 
 
 # --------------------------------------------------------------------------------------
@@ -317,21 +317,9 @@ def check_propose(fn: Callable[..., object], cases=PROPOSE_CASES, seed: int = 0)
 # (probability below SAMPLING_ALPHA), or fewer first drafts are accepted than N beta - 6 sd (below 1e-9): at
 # most 2 SAMPLING_ALPHA + 1e-9 = 5e-4 per check, 1 in 2,000 (tests/test_grade_false_fail.py measures it).
 # The hidden setting (prompt 31, 9 tokens, top-k 4, k = 1): beta 0.50, TV 0.25 and 0.30, 16 cells.
-SAMPLING = {"prompt": 15, "n_tokens": 30, "k": 2, "temperature": 0.7, "top_k": 3, "n": 2000}
 SAMPLING_HIDDEN = {"prompt": 31, "n_tokens": 9, "k": 1, "temperature": 0.7, "top_k": 4, "n": 2000}
 SAMPLING_ALPHA = 2.5e-4  # the distribution test's level: a correct decoder fails at most 2 x this (see above)
 FALSE_FAIL_RATE = 2 * SAMPLING_ALPHA + 1e-9  # check_first_two_tokens on a correct decoder, at a random seed
-
-
-def exact_first_two(target: torch.nn.Module, prompt: list[int], temperature: float, top_k: int | None
-                    ) -> dict[tuple[int, int], float]:
-    """P(first two generated tokens = (y1, y2)) = p1(y1) p2(y2 | y1), processed target distributions, float64."""
-    with torch.no_grad():
-        p1 = process_logits(target(torch.tensor([prompt]))[0, -1].double(), temperature, top_k)
-        first = torch.nonzero(p1 > 0).flatten().tolist()
-        rows = torch.tensor([prompt + [y] for y in first])
-        p2 = process_logits(target(rows)[:, -1].double(), temperature, top_k)  # [len(first), V]
-    return {(y1, y2): float(p1[y1] * p2[i, y2]) for i, y1 in enumerate(first) for y2 in torch.nonzero(p2[i] > 0).flatten().tolist()}
 
 
 def _first_beta(prompt: list[int], temperature: float, top_k: int | None) -> float:
@@ -533,52 +521,6 @@ def _first_two_tokens(fn: Callable[..., object], sampling: dict | None, seed: in
                         "the distribution each draft was sampled from; after a rejection sample the residual "
                         "max(0, p - q) normalized; if all k drafts pass, the bonus comes from p_{k+1}.")
     return N
-
-
-def sampling_power(sampling: dict | None = None) -> dict[str, float]:
-    """What the sampling check can see, exactly (float64): the first token's distribution under the rule and
-    under two broken decoders, each enumerated by `specref.checks.exact.enumerate_step`, their TV from p_1 and
-    chi-square non-centrality per sample, next to the test's TV bound at N over the two tokens' cells.
-
-    `skip_residual` runs `verify_skip_residual`; `q_unprocessed` runs `verify_chain` on drafts sampled from the
-    processed q but handed softmax(draft logits) (temperature 1, no top-k).
-    """
-    s = dict(SAMPLING if sampling is None else sampling)
-    target, draft = _pair64()
-    prompt = heldout_prompts(n=s["prompt"] + 1, n_tokens=s["n_tokens"])[s["prompt"]]
-    with torch.no_grad():
-        lt, ld = target(torch.tensor([prompt]))[0, -1], draft(torch.tensor([prompt]))[0, -1]
-    p, q = process_logits(lt, s["temperature"], s["top_k"]), process_logits(ld, s["temperature"], s["top_k"])
-    q_raw = torch.softmax(ld, -1)
-    # Enumerate on the tokens p or q can give, plus one cell holding the rest of q_raw's mass: no draft and
-    # no output lands there, so the rules behave exactly as on the full vocabulary, and the enumeration stays small.
-    keep = (p > 0) | (q > 0)
-    p, q = torch.cat([p[keep], p.new_zeros(1)]), torch.cat([q[keep], q.new_zeros(1)])
-    q_raw = torch.cat([q_raw[keep], q_raw[~keep].sum(0, keepdim=True)])
-    xs = torch.nonzero(q > 0)  # [R, 1]: every draft with its probability q(x)
-    R = xs.shape[0]
-    rows_p = p.expand(R, 2, -1)
-
-    def first_token(q_rule: torch.Tensor, rule) -> torch.Tensor:  # [V']
-        tokens, prob = enumerate_step(xs, q_rule.expand(R, 1, -1), rows_p, q[xs[:, 0]], rule)
-        return torch.zeros_like(p).index_add_(0, tokens[:, 0], prob)
-
-    out = {"beta": float(torch.minimum(p, q).sum()), "n": s["n"]}
-    support = p > 0
-    for name, dist in (("correct", first_token(q, verify_chain)), ("skip_residual", first_token(q, verify_skip_residual)),
-                       ("q_unprocessed", first_token(q_raw, verify_chain))):
-        out[f"tv_{name}"] = 0.5 * float((dist - p).abs().sum())
-        out[f"ncp_{name}"] = float(((dist - p)[support] ** 2 / p[support]).sum()) + (math.inf if float(dist[~support].sum()) > 0 else 0.0)
-    m = len(exact_first_two(target, prompt, s["temperature"], s["top_k"]))
-    out["cells"] = m
-    out["tv_bound"] = math.sqrt((m * math.log(2) + math.log(1 / ALPHA)) / (2 * s["n"]))
-    out["tv_bound_full_vocabulary"] = math.sqrt((target.config.vocab_size * math.log(2) + math.log(1 / ALPHA)) / (2 * s["n"]))
-    return out
-
-
-# --------------------------------------------------------------------------------------
-# Exercise 4.3: the decoder
-# --------------------------------------------------------------------------------------
 
 
 def _fed_in_order(fed: list[list[int] | None], tokens: list[int]) -> bool:

@@ -40,174 +40,20 @@ import functools
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from specref.checks.rng import exact_distribution
-from specref.checks.toy import MarkovChain, random_chain
+from specref.checks.samplers import SAMPLERS, TEMPERATURE, VISIBLE, Sampler, Spec, make_sampler, reference_cases  # noqa: F401
+from specref.checks.toy import MarkovChain
+
 from .report import as_float, call_learner, failure, passed
 from .rules import graded
 
-TEMPERATURE = 0.7
 TOL = 1e-9
+_make, _VISIBLE = make_sampler, VISIBLE  # the names this module and its tests used before the move
 
-Sampler = Callable[..., list]
-
-
-# --------------------------------------------------------------------------------------
-# The samplers: one generator of speculative steps, and the ways it can be built
-# --------------------------------------------------------------------------------------
-
-
-def _processed(rows: torch.Tensor, temperature: float) -> list[list[float]]:
-    """softmax(log(rows) / T) per row, as Python lists (the samplers run on plain floats: fast to enumerate)."""
-    out = []
-    for r in rows.tolist():
-        w = [x ** (1 / temperature) for x in r]
-        total = sum(w)
-        out.append([x / total for x in w])
-    return out
-
-
-def _one_hot_argmax(rows: list[list[float]]) -> list[list[float]]:
-    out = []
-    for r in rows:
-        best = max(range(len(r)), key=r.__getitem__)
-        out.append([1.0 if j == best else 0.0 for j in range(len(r))])
-    return out
-
-
-def _residual(p: list[float], q: list[float]) -> list[float]:
-    diff = [max(0.0, a - b) for a, b in zip(p, q)]
-    mass = sum(diff)
-    return [d / mass for d in diff] if mass > 0 else list(p)
-
-
-def _entropy(p: list[float]) -> float:
-    return -sum(x * math.log(x) for x in p if x > 0)
-
-
-@dataclass(frozen=True)
-class Spec:
-    """How a sampler is built: every field at its first value is the exact rule at TEMPERATURE.
-
-    k: drafts per step. temperature: what the sampler processes the target with. sampled / reported:
-    the draft distributions the drafts come from and the one handed to the rule ("processed": the draft
-    at the sampler's temperature, "raw": unprocessed, "argmax": one-hot on the processed argmax,
-    "softmax": the processed draft where the drafts were argmax, "mix:w": w x processed + (1 - w) x uniform).
-    verify: "exact", "count" (every test drawn first, then counted), "always", "typical:h" (keep a draft
-    whose p exceeds h; argmax next token), "inverted" (accept with min(1, q/p)), "extra_draw" (an unused
-    uniform first: lossless). final: "residual", "skip_residual" (p_a after a rejection), "q_residual"
-    (max(0, q - p)). bonus: "next" (p_{k+1}), "same" (p_k again), "none" (no bonus: lossless).
-    inplace: "" or the input ("target" or "draft") the sampler writes into.
-    """
-
-    k: int = 2
-    temperature: float = TEMPERATURE
-    sampled: str = "processed"
-    reported: str = "processed"
-    verify: str = "exact"
-    final: str = "residual"
-    bonus: str = "next"
-    inplace: str = ""
-
-
-def _draft_rows(draft: torch.Tensor, how: str, temperature: float) -> list[list[float]]:
-    if how == "raw":
-        return draft.double().tolist()
-    rows = _processed(draft, temperature)
-    if how == "argmax":
-        return _one_hot_argmax(rows)
-    if how.startswith("mix:"):
-        w = float(how[4:])
-        return [[w * x + (1 - w) / len(r) for x in r] for r in rows]
-    return rows  # "processed", "softmax"
-
-
-def _speculate(target: torch.Tensor, draft: torch.Tensor, start: int, n: int, rng: object, spec: Spec) -> list:
-    """n tokens of the target at TEMPERATURE (if the spec is right) by speculation with spec.k drafts per step."""
-    T = spec.temperature
-    if spec.inplace == "target":  # the temperature applied to the caller's tensor, in place
-        target.copy_(torch.softmax(torch.log(target) / T, -1))
-        P = target.tolist()
-    else:
-        P = _processed(target, T)
-    sampled = _draft_rows(draft, spec.sampled, T)
-    reported = _draft_rows(draft, spec.reported, T)
-    if spec.inplace == "draft":  # the draft's rows normalised in place after use: the caller's tensor changes
-        draft.copy_(torch.softmax(torch.log(draft) / T, -1))
-    k = spec.k
-    out: list[int] = []
-    last = start
-    while len(out) < n:
-        if spec.verify == "extra_draw":
-            rng.uniform()  # drawn and never used: changes nothing
-        xs, ctx = [], last
-        for _ in range(k):
-            x = rng.categorical(sampled[ctx])
-            xs.append(x)
-            ctx = x
-        ctxs = [last] + xs  # ctxs[i]: the context of position i
-        emitted: list[int] = []
-        if spec.verify == "count":  # every accept test drawn first, then counted, not stopped at the first failure
-            kept = [rng.uniform() < min(1.0, P[ctxs[i]][x] / reported[ctxs[i]][x]) for i, x in enumerate(xs)]
-            a = sum(kept)
-            emitted = xs[:a]
-            last_dist = P[ctxs[k]] if a == k else _residual(P[ctxs[a]], reported[ctxs[a]])
-            emitted.append(rng.categorical(last_dist))
-        else:
-            a = 0
-            for i, x in enumerate(xs):
-                p_i, q_i = P[ctxs[i]], reported[ctxs[i]]
-                if spec.verify.startswith("typical:"):
-                    keep = p_i[x] > float(spec.verify[8:])
-                elif spec.verify == "always":
-                    keep = True
-                elif spec.verify == "inverted":
-                    keep = rng.uniform() < min(1.0, q_i[x] / p_i[x]) if p_i[x] > 0 else False
-                else:
-                    keep = rng.uniform() < min(1.0, p_i[x] / q_i[x])
-                if not keep:
-                    break
-                emitted.append(x)
-                a += 1
-            typical = spec.verify.startswith("typical:")
-            if a < k:  # rejected at position a
-                p_a, q_a = P[ctxs[a]], reported[ctxs[a]]
-                if typical:
-                    emitted.append(max(range(len(p_a)), key=p_a.__getitem__))
-                elif spec.final == "skip_residual":
-                    emitted.append(rng.categorical(p_a))
-                elif spec.final == "q_residual":
-                    emitted.append(rng.categorical(_residual(q_a, p_a)))
-                else:
-                    emitted.append(rng.categorical(_residual(p_a, q_a)))
-            elif typical:
-                bonus = P[ctxs[k]]
-                emitted.append(max(range(len(bonus)), key=bonus.__getitem__))
-            elif spec.bonus == "same" and k > 0:
-                emitted.append(rng.categorical(P[ctxs[k - 1]]))
-            elif spec.bonus != "none" or k == 0:
-                emitted.append(rng.categorical(P[ctxs[k]]))
-        out += emitted
-        last = out[-1] if emitted else last
-    return out[:n]
-
-
-def _make(spec: Spec) -> Sampler:
-    def sampler(target: torch.Tensor, draft: torch.Tensor, start: int, n: int, rng: object) -> list:
-        """n tokens of the target chain at TEMPERATURE, by speculation with the draft chain."""
-        return _speculate(target, draft, start, n, rng, spec)
-
-    return sampler
-
-
-# Visible: what the learner classifies. The names say nothing; the constructions are the grader's.
-_VISIBLE = {"A": Spec(), "B": Spec(sampled="argmax", reported="softmax"), "C": Spec(sampled="raw", reported="raw"),
-            "D": Spec(verify="count"), "E": Spec(bonus="none"), "F": Spec(k=1, inplace="target")}
-SAMPLERS: dict[str, Sampler] = {name: _make(spec) for name, spec in _VISIBLE.items()}
 
 # The ways a hidden sampler is built: lossless variants, and flaws (one per broken sampler).
 _LOSSLESS_DRAFTS = [("processed", "processed"), ("raw", "raw"), ("argmax", "argmax"), ("mix", "mix")]
@@ -275,23 +121,6 @@ def hidden_specs(seed: int, count: int = 8) -> list[Spec]:
 # --------------------------------------------------------------------------------------
 
 
-def reference_cases(n_cases: int = 3, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
-    """(target, draft, start) over 3 tokens: random chains of several sharpnesses, and one draft equal to its target.
-
-    The draft is unrelated to the target, so every broken sampler of the exercise moves the output of two tokens
-    by a TV of 0.03 or more on at least one case, for seeds 0 and 1 (tests/test_grading_ex08.py); a distribution
-    test of 20 000 samples resolves about 0.02 over the 9 cells.
-    """
-    cases = []
-    for i in range(n_cases):
-        g = torch.Generator().manual_seed(1000 * seed + i)
-        sharp_t, sharp_d = ((1.0, 1.0), (2.0, 2.0), (1.5, 3.0))[i % 3]
-        t = random_chain(3, sharp_t, g)
-        d = t if i == 2 else random_chain(3, sharp_d, g)  # one case with p == q: the residual is never needed
-        cases.append((t.transition, d.transition, i % 3))
-    return cases
-
-
 def _evidence_of(sampler: Sampler, cases: list, n: int = 2) -> tuple[str | None, float]:
     """(the input the sampler writes into, "target" or "draft", else None; its largest exact TV over the cases).
 
@@ -305,7 +134,8 @@ def _evidence_of(sampler: Sampler, cases: list, n: int = 2) -> tuple[str | None,
         want = MarkovChain(target).processed(TEMPERATURE).joint(start, n)
         changed: set[str] = set()
 
-        def run(rng: object, target: torch.Tensor = target, draft: torch.Tensor = draft, start: int = start) -> tuple:
+        def run(rng: object, target: torch.Tensor = target, draft: torch.Tensor = draft, start: int = start,
+                changed: set[str] = changed) -> tuple:
             t_in, d_in = target.clone(), draft.clone()
             out = tuple(int(x) for x in sampler(t_in, d_in, start, n, rng))
             changed.update(name for name, a, b in (("target", t_in, target), ("draft", d_in, draft))
@@ -324,7 +154,7 @@ def _evidence_of(sampler: Sampler, cases: list, n: int = 2) -> tuple[str | None,
 @functools.lru_cache(maxsize=256)
 def _truth(spec: Spec, seed: int = 0) -> tuple[bool, str | float]:
     """The grader's (lossless?, evidence) for one construction on the cases of `seed` (once per process)."""
-    changed, tv = _evidence_of(_make(spec), reference_cases(seed=seed))
+    changed, tv = _evidence_of(make_sampler(spec), reference_cases(seed=seed))
     if changed is not None:
         return False, changed
     return tv <= TOL, tv
@@ -338,7 +168,7 @@ def _truth(spec: Spec, seed: int = 0) -> tuple[bool, str | float]:
 def _opaque(spec: Spec, rnd: random.Random) -> tuple[str, Sampler]:
     """A fresh function object with a random name: a check can only tell samplers apart by running them."""
     name = "sampler_" + "".join(rnd.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(6))
-    inner = _make(spec)
+    inner = make_sampler(spec)
 
     def wrapped(target: torch.Tensor, draft: torch.Tensor, start: int, n: int, rng: object) -> list:
         return inner(target, draft, start, n, rng)
@@ -349,13 +179,15 @@ def _opaque(spec: Spec, rnd: random.Random) -> tuple[str, Sampler]:
 
 def _specs(hidden: bool, seed: int | None) -> list[Spec]:
     if not hidden:
-        return list(_VISIBLE.values())
+        return list(VISIBLE.values())
     return hidden_specs(0 if seed is None else seed)
 
 
 # What the tasks must not call: the graders' insides (the exercise's own setup names stay allowed).
+# The given names live in specref.checks.samplers; this module re-exports them, so both spellings are allowed.
 ALLOWED = tuple(f"specref_grading.checks.pitfalls.{n}" for n in (
-    "reference_cases", "check_lossless_check", "check_resolution", "SAMPLERS", "TEMPERATURE"))
+    "reference_cases", "check_lossless_check", "check_resolution", "SAMPLERS", "TEMPERATURE")) + tuple(
+    f"specref.checks.samplers.{n}" for n in ("reference_cases", "SAMPLERS", "TEMPERATURE"))
 # specref.checks.montecarlo: its distribution_test computes a TV threshold from the sample size, Task 2's answer.
 FORBIDDEN = ("specref_grading", "specref.checks.montecarlo")
 

@@ -368,7 +368,10 @@ def check_tau_interval(fn: Callable, n_cases: int = 60, seed: int = 0) -> None:
     g = "check_tau_interval"
     for n, (a, b, level) in enumerate(tau_cases(n_cases, seed), 1):
         where = f"wrong answer on case {n} of {n_cases}."
-        show = lambda xs: str(xs) if len(xs) <= 12 else f"{xs[:12]}... ({len(xs)} steps)"
+
+        def show(xs: list) -> str:
+            return str(xs) if len(xs) <= 12 else f"{xs[:12]}... ({len(xs)} steps)"
+
         inputs = [f"a = {show(a)}", f"b = {show(b)}", f"level = {level}"]
         arg_a, arg_b = list(a), list(b)
         out = call_learner(g, where, inputs, fn, arg_a, arg_b, level)

@@ -19,6 +19,7 @@ from scipy.stats import chi2 as scipy_chi2
 
 from specref.checks.montecarlo import simulate
 from specref.checks.toy import MarkovChain, mixture, random_chain, toy_pair
+
 from .report import as_float, as_vector, call_learner, derived_seed, failure, passed
 from .rules import graded
 

@@ -18,6 +18,7 @@ import torch
 from specref.checks.exact_trees import random_parents
 from specref.checks.rng import exact_distribution
 from specref.trees import ROOT, Tree, tree_attention_mask, tree_position_ids, verify_tree
+
 from .report import as_float, call_learner, failure, fmt, passed
 from .rules import graded
 
@@ -136,7 +137,10 @@ def check_tree_mask(fn: Callable[[list[int], int], object], n_cases: int = 40, s
 def _one_level_cases(n_cases: int, seed: int) -> list[tuple[str, torch.Tensor, torch.Tensor, int, bool]]:
     """(label, p, q, number of children, deterministic) with the edge cases: p == q, zeros, many children."""
     rng = np.random.default_rng(seed)
-    t = lambda x: torch.tensor(np.asarray(x, dtype=np.float64))
+
+    def t(x) -> torch.Tensor:
+        return torch.tensor(np.asarray(x, dtype=np.float64))
+
     cases = [
         ("worked example, 2 sampled children", t([0.6, 0.3, 0.1]), t([0.3, 0.6, 0.1]), 2, False),
         ("worked example, top-2 children", t([0.6, 0.3, 0.1]), t([0.3, 0.6, 0.1]), 2, True),
@@ -286,7 +290,10 @@ def _acceptance_cases(n_cases: int, seed: int) -> list[tuple[str, torch.Tensor, 
     """(label, p, q, m, deterministic, small): small cases are graded against enumeration, large ones (up to 40
     tokens and 4 children, far too many draws to enumerate in a grading run) against the closed form."""
     rng = np.random.default_rng(seed)
-    t = lambda x: torch.tensor(np.asarray(x, dtype=np.float64))
+
+    def t(x) -> torch.Tensor:
+        return torch.tensor(np.asarray(x, dtype=np.float64))
+
     cases = [
         ("worked example, 2 sampled children", t([0.6, 0.3, 0.1]), t([0.3, 0.6, 0.1]), 2, False, True),
         ("worked example, top-2 children", t([0.6, 0.3, 0.1]), t([0.3, 0.6, 0.1]), 2, True, True),
