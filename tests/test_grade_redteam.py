@@ -117,10 +117,21 @@ def test_forging_results_through_torch_on_a_real_exercise_gets_nothing(tmp_path)
 # -- 2. ex04: the models a check hands the learner ---------------------------------------------------
 def _plain_decode_through_the_wrapped_model(target, draft, prompt, k, max_new_tokens, temperature=0.0, top_k=None,
                                             generator=None):
-    """Plain greedy decoding, no speculation, on a model the pass counter does not see (the grader's own pair)."""
+    """Plain greedy decoding, no speculation, on a model the pass counter does not see (the notebook's own pair)."""
+    from specref.models.pair import load_pair
+
+    return _plain_greedy(load_pair()[0].double(), prompt, max_new_tokens)
+
+
+def _plain_decode_on_the_graders_pair(target, draft, prompt, k, max_new_tokens, temperature=0.0, top_k=None,
+                                      generator=None):
+    """The same on the grader's own float64 pair."""
     from specref_grading.checks import gpt2_pair as G
 
-    model = G._pair64()[0]
+    return _plain_greedy(G._pair64()[0], prompt, max_new_tokens)
+
+
+def _plain_greedy(model, prompt, max_new_tokens):
     cache, out = model.new_cache(1), []
     with torch.no_grad():
         logits = model(torch.tensor([prompt]), cache=cache)[0, -1]
@@ -136,6 +147,9 @@ def test_plain_decoding_on_a_model_the_check_does_not_count_is_not_speculation()
 
     with pytest.raises(AssertionError, match="called the target 0 times"):
         G.check_speculative_decode(_plain_decode_through_the_wrapped_model, n_prompts=1, ks=(1,))
+    # Reaching for the grader's own pair is refused before anything runs: the import names the grader.
+    with pytest.raises(AssertionError, match="uses specref_grading.checks.gpt2_pair"):
+        G.check_speculative_decode(_plain_decode_on_the_graders_pair, n_prompts=1, ks=(1,))
 
 
 def test_weights_the_learner_writes_never_reach_the_reference_of_later_checks():

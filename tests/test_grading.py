@@ -479,6 +479,41 @@ def test_the_reference_rule_ignores_a_learner_name_that_a_grading_helper_also_ha
         "specref_grading.checks.accept_reject.check_residual"]
 
 
+def test_a_reference_imported_inside_the_learners_function_is_found_as_one_imported_at_the_top():
+    # An import in a function's body is not among its globals: the rule reads the import statements themselves.
+    from specref_grading.checks.rules import reference_uses
+
+    forbidden, allowed = ("specref.theory", "specref.checks.montecarlo"), ("specref.checks.montecarlo.ALPHA",)
+
+    def from_import(a, c):
+        from specref.theory import optimal_k
+        return optimal_k(a, c, 10)
+
+    def through_the_package(a, c):
+        from specref import optimal_k  # a lazy re-export: judged where it is defined
+        return optimal_k(a, c, 10)
+
+    def module_import():
+        import specref.checks.montecarlo as m
+        return m.distribution_test
+
+    def submodule_from_package():
+        from specref.checks import montecarlo
+        return montecarlo
+
+    def allowed_and_unrelated():
+        import math
+
+        from specref.checks.montecarlo import ALPHA
+        return math.pi, ALPHA
+
+    assert reference_uses(from_import, forbidden) == ["specref.theory.optimal_k"]
+    assert reference_uses(through_the_package, forbidden) == ["specref.theory.optimal_k"]
+    assert reference_uses(module_import, forbidden) != []
+    assert reference_uses(submodule_from_package, forbidden) == ["specref.checks.montecarlo"]
+    assert reference_uses(allowed_and_unrelated, forbidden, allowed) == []
+
+
 def test_the_broken_samplers_parts_make_a_correct_step_when_none_is_swapped(capsys):
     # The control for the test above: each broken sampler fails for the one part it swaps.
     accept_reject.check_accept_reject_step(_learner_step())

@@ -382,8 +382,10 @@ class GPT2(nn.Module):
         """
         if not isinstance(role, str):
             raise TypeError(f"role must be a str, got {type(role).__name__}")
-        if not (self.graphs.enabled and self.device.type in GRAPHED_DEVICES):
-            c = self.config  # a plain cache; the graphs and caches kept for the captured passes stay
+        if self.device.type not in GRAPHED_DEVICES:
+            return self.new_cache(batch_size, max_len=max_len)
+        if not self.graphs.enabled:  # switched off for now: a plain cache, and the kept graphs and caches stay
+            c = self.config
             return KVCache(c.n_layer, batch_size, c.n_head, c.head_dim, check_int(
                 "max_len", max_len, 1, "cache slots"), device=self.device, dtype=self.dtype)
         kept = getattr(self, "_run_caches", {}).get(role)

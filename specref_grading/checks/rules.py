@@ -21,7 +21,9 @@ it: there, the reference functions are simply absent from the specref the kernel
 
 from __future__ import annotations
 
+import dis
 import functools
+import sys
 import types
 from collections.abc import Callable, Iterable
 
@@ -64,6 +66,18 @@ def _code_objects(code: types.CodeType) -> Iterable[types.CodeType]:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             yield from _code_objects(const)
+
+
+def _local_imports(code: types.CodeType) -> list[tuple[str, list[str]]]:
+    """The imports a function makes in its own body: (module, names taken from it) per import statement."""
+    found: list[tuple[str, list[str]]] = []
+    for c in _code_objects(code):
+        for ins in dis.get_instructions(c):
+            if ins.opname == "IMPORT_NAME":
+                found.append((ins.argval, []))
+            elif ins.opname == "IMPORT_FROM" and found and ins.argval not in found[-1][0].split(".")[1:]:
+                found[-1][1].append(ins.argval)  # (`import a.b.c as m` reads b and c the same way: not taken)
+    return found
 
 
 def reference_uses(obj: object, forbidden: Iterable[str], allowed: Iterable[str] = ()) -> list[str]:
@@ -154,6 +168,18 @@ def reference_uses(obj: object, forbidden: Iterable[str], allowed: Iterable[str]
             for const in code.co_consts:
                 if isinstance(const, str) and "." in const and " " not in const:
                     flag(const)  # importlib.import_module("specref.drafts.prompt_lookup")
+        for module, taken in _local_imports(f.__code__):  # imports inside the function: not in its globals
+            loaded = sys.modules.get(module)
+            if not taken:  # `import specref.checks.montecarlo`: judged as the module it names
+                if loaded is None:
+                    flag(module)
+                else:
+                    value(loaded, names, home)
+            for n in taken:  # `from m import x`: x judged by where it is defined (an allowed name stays allowed)
+                if flag(f"{module}.{n}"):
+                    continue
+                if loaded is not None and hasattr(loaded, n):
+                    value(getattr(loaded, n), names, home)
         builtins = home.get("__builtins__", {})
         for name in sorted(names):
             if name in home:
