@@ -180,13 +180,24 @@ def step_distribution_formula(
     rejecting at a and drawing y from the residual has probability (1 - beta_a) residual_a(y) = max(0, p_a - q_a)(y).
     """
     p, q, k = _check_step(p, q)
-    V = p.shape[-1]
     kept = torch.minimum(p[:k], q)  # [k, V]
+    return chain_outputs(kept, [(p[a] - q[a]).clamp(min=0) for a in range(k)] + [p[k]])
+
+
+def chain_outputs(
+    kept: torch.Tensor,  # [k, V]: the mass of drawing and keeping draft y at position i
+    last: list[torch.Tensor],  # k + 1 tensors [V]: the mass of emitting y after a accepted drafts
+) -> dict[tuple[int, ...], float]:
+    """P(emit y_0..y_a) = prod_{i<a} kept_i(y_i) * last_a(y_a), for every a in 0..k and every sequence (nonzero only).
+
+    The shape every chain rule's exact output takes: the exact rule's (`step_distribution_formula`) and
+    lossy variants' (a different `kept` or `last`).
+    """
+    V, k = kept.shape[-1], kept.shape[0]
     out: dict[tuple[int, ...], float] = {}
     for a in range(k + 1):
-        last = (p[a] - q[a]).clamp(min=0) if a < k else p[k]
         for seq in itertools.product(range(V), repeat=a + 1):
-            w = float(last[seq[-1]])
+            w = float(last[a][seq[-1]])
             for i, y in enumerate(seq[:-1]):
                 w *= float(kept[i, y])
             if w > 0:

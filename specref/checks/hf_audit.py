@@ -18,14 +18,13 @@ exact rule is computed exactly and the function's samples are tested against it 
 from __future__ import annotations
 
 import inspect
-import itertools
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from ..rejection import ChainRule
-from .exact import step_distribution_formula
+from .exact import chain_outputs, step_distribution_formula
 from .montecarlo import ALPHA, DistributionTest, distribution_test
 from .pitfalls import _check_step_inputs, step_cells, step_table, tv_distance
 
@@ -104,21 +103,12 @@ def ensemble_step_distribution(
         raise ValueError(f"weight must be in (0, 1], got {weight!r}")
     v = weight * p[:k] + (1 - weight) * q  # [k, V]
     kept = torch.minimum(q, v)  # [k, V]
-    out: dict[tuple[int, ...], float] = {}
-    for a in range(k + 1):
-        if a < k:
-            diff = (p[a] - q[a]).clamp(min=0)
-            res = diff / diff.sum() if float(diff.sum()) > 0 else p[a]
-            last = (1 - kept[a].sum()) * res
-        else:
-            last = p[k]
-        for seq in itertools.product(range(V), repeat=a + 1):
-            w = float(last[seq[-1]])
-            for i, y in enumerate(seq[:-1]):
-                w *= float(kept[i, y])
-            if w > 0:
-                out[seq] = w
-    return out
+    last = []
+    for a in range(k):
+        diff = (p[a] - q[a]).clamp(min=0)
+        res = diff / diff.sum() if float(diff.sum()) > 0 else p[a]
+        last.append((1 - kept[a].sum()) * res)
+    return chain_outputs(kept, last + [p[k]])
 
 
 def first_token(dist: dict[tuple[int, ...], float], V: int) -> torch.Tensor:  # [V]
