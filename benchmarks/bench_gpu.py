@@ -35,7 +35,7 @@ import torch
 
 from specref.decoding.chain import generate, speculative_generate
 from specref.models.gpt2 import GPT2, GPT2Config
-from specref.models.kvcache import KVCache
+from specref.models.kvcache import KVCache, attended_slots
 from specref.models.pair import heldout_prompts, load_pair
 from specref.models.pretrained import TIMING_CONFIGS, random_gpt2, timing_pair
 from specref.perf.costmodel import PassModel
@@ -214,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{kv_row * max(plan.batches) / 2**30:.1f} GiB against {weight_bytes(model) / 2**30:.2f} GiB of weights)")
     # specref's pass attends over the cache's capacity (`KVCache.capacity`: a power of two, at most max_len), not
     # the exact context: the models below count the K/V slots the timed passes read.
-    slots = min(plan.context + plan.inner * max(plan.tokens), 1 << plan.context.bit_length())
+    max_len = plan.context + plan.inner * max(plan.tokens)  # pass_grid's cache
+    slots = attended_slots(max_len, max_len)  # the largest pass's capacity; the bucket is cut at max_len
     print(f"the timed passes attend over {slots} cache slots (the cache's capacity) after {plan.context} cached tokens")
     eager = pass_grid(model, plan, graphed=False)
     graphed = pass_grid(model, plan, graphed=True) if dev.type == "cuda" else dict(eager)

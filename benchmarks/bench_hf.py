@@ -14,7 +14,12 @@ equals specref's, and whether scikit-learn was installed (HF adapts the threshol
 Goal: greedy speculative decoding >= 2x HF assisted generation at k = 4, threshold off
 (tokens per second, one run).
 
-    python benchmarks/bench_hf.py [--prompts 8] [--prompt-tokens 32] [--new-tokens 64] [--repeats 3]
+`--floor` adds the kernel-only floor: specref's prompt set run once under `torch.profiler`, the self
+CPU time of its aten ops summed (the arithmetic and the tensor bookkeeping, none of the Python around
+them; the profiler's own cost per op is included, so the floor is an upper bound), beside HF's total
+with the threshold off: the ratio that zero Python overhead in specref would reach.
+
+    python benchmarks/bench_hf.py [--prompts 8] [--prompt-tokens 32] [--new-tokens 64] [--repeats 3] [--floor]
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+from collections.abc import Callable
 
 import torch
 
@@ -39,6 +45,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--floor", action="store_true", help="also measure specref's kernel-only floor (torch.profiler)")
     args = ap.parse_args()
     missing = hf.hf_missing()
     if missing is not None:
@@ -85,6 +92,21 @@ def main() -> None:
     ratio = tps["specref"] / tps["HF, threshold off"]
     print(f"goal: greedy speculative >= {GOAL:g}x HF assisted generation at k = {k}, threshold off: "
           f"{ratio:.2f}x -> {'met' if ratio >= GOAL else 'NOT met'}")
+    if args.floor:
+        floor = kernel_floor(lambda: [configs["specref"](pr) for pr in prompts])
+        hf_total = statistics.median(seconds["HF, threshold off"])
+        print(f"kernel-only floor of specref's run: {floor:.3f} s of aten self CPU time (profiled) against "
+              f"{statistics.median(seconds['specref']):.3f} s of wall time; HF, threshold off: {hf_total:.3f} s; "
+              f"with zero overhead specref would reach at most {hf_total / floor:.2f}x")
+
+
+def kernel_floor(run: Callable[[], object]) -> float:
+    """Seconds of self CPU time of the aten ops in one call of `run`, by `torch.profiler` (its cost per op included)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    return sum(e.self_cpu_time_total for e in prof.key_averages() if e.key.startswith("aten::")) / 1e6
 
 
 if __name__ == "__main__":

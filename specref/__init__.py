@@ -21,11 +21,11 @@ models
     models.pair         load_pair, training_record, heldout_prompts            (nb 04)
     models.workloads    edit_prompts, edit_cases: the copy-heavy "apply an edit" workload  (nb 05)
 drafts
-    drafts.base         the Draft (chain) and TreeDraft protocols, their base  (nb 04, 05)
-    drafts.cached       CachedDraft: a draft's own KV cache, its catch-up, feeding a tree's ancestors
+    drafts.base         Draft, the one contract (propose; propose_tree where a draft grows trees)  (nb 04, 05)
+    drafts.cached       DraftCache: the part that holds a draft's own KV cache, its catch-up, a tree's ancestors
     drafts.model        ModelDraft, TreeModelDraft                             (nb 04, 06)
     drafts.prompt_lookup  PromptLookupDraft: copy what followed the last n-gram
-    drafts.features     FeatureDraft: the target's hidden states via the loop's observe hook
+    drafts.features     FeatureBuffer: the part that holds the target's hidden states (the observe hook)
     drafts.eagle        EagleDraft: one layer drafting the next feature (EAGLE-1/2/3)
     drafts.medusa       MedusaDraft: k heads on the last feature, chain or Medusa tree
     drafts.mtp          MTPDraft: DeepSeek-V3 MTP modules chained by depth, a cache each
@@ -79,7 +79,7 @@ _LAZY: dict[str, str] = {
     "edit_prompts": "specref.models.workloads",
     "estimate_alpha": "specref.theory",
     "expected_tokens_per_step": "specref.theory",
-    "FeatureDraft": "specref.drafts.features",
+    "FeatureBuffer": "specref.drafts.features",
     "generate": "specref.decoding.chain",
     "generation_distribution": "specref.checks.exact",
     "h100_worked_example": "specref.perf.costmodel",
@@ -161,7 +161,7 @@ __all__ = [
     "Draft",
     "DynamicTree",
     "EagleDraft",
-    "FeatureDraft",
+    "FeatureBuffer",
     "MTPDraft",
     "MarkovChain",
     "MedusaDraft",

@@ -68,16 +68,6 @@ def check_rows(name: str, x: object, batch_size: int, dims: str = "[B]") -> torc
     return x
 
 
-def check_context(tokens: object, lengths: object, batch_size: int) -> torch.Tensor:  # [B, L], [B] -> lengths [B]
-    """Raise unless tokens is an integer [B, L] buffer and lengths [B] in [1, L]; lengths as a long tensor."""
-    tokens = check_rows("tokens", tokens, batch_size, "[B, L]")
-    lengths = check_rows("lengths", lengths, batch_size).to(tokens.device, torch.long)
-    lo, hi = torch.stack(torch.aminmax(lengths)).tolist()  # one read back from the device
-    if lo < 1 or hi > tokens.shape[1]:
-        raise ValueError(f"lengths must be in [1, {tokens.shape[1]}] (the buffer's width), got {lengths.tolist()}")
-    return lengths
-
-
 def check_gpt2(target: object) -> torch.nn.Module:
     """target as given; TypeError unless it is a GPT-2 model (a Module with config, lm_head and transformer)."""
     if not isinstance(target, torch.nn.Module) or getattr(target, "config", None) is None \

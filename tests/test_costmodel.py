@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 
 from specref.perf.costmodel import (
     CostModel,
@@ -250,3 +251,27 @@ def test_a_spread_fitted_at_one_alpha_is_capped_where_a_lower_mean_cannot_have_i
     assert math.isfinite(model.predict_time(a, 4, 8, 32, 64))
     with pytest.raises(ValueError):
         model.spread_at(1.5)
+
+
+def test_with_max_len_a_pass_is_charged_for_the_slots_specrefs_pass_attends_over():
+    """specref's pass reads KVCache.capacity slots (a power of two), not the context: the model counts those."""
+    from specref.models.kvcache import KVCache, attended_slots
+
+    kv_only = PassModel(kv=1e-6)  # a pass costs its K/V reads and nothing else
+    exact = CostModel(kv_only, draft=0.0, context=100)
+    bucketed = CostModel(kv_only, draft=0.0, context=100, max_len=1024)
+    assert exact.pass_time(1, 5) == pytest.approx(100e-6)
+    assert bucketed.read_slots(5) == 128 and bucketed.pass_time(1, 5) == pytest.approx(128e-6)
+    assert bucketed.read_slots(29) == 256  # 100 + 29 crosses 128
+    cache = KVCache(1, 1, 1, 1, max_len=1024, device="cpu", dtype=torch.float32)
+    for n in (1, 5, 40, 300):  # the same rule as the cache's
+        cache.reset()
+        cache.advance(n)
+        assert attended_slots(n + 3, 1024) == cache.capacity(3)
+    assert CostModel.from_dict(bucketed.as_dict()).max_len == 1024
+    with pytest.raises(ValueError, match="max_len must leave room"):
+        CostModel(kv_only, draft=0.0, context=100, max_len=100)
+    tight = CostModel(kv_only, draft=0.0, context=100, max_len=104)
+    assert tight.read_slots(9) == 104  # a pass past the cache reads all of it (choose_k may ask for large k)
+    assert tight.predict_time(0.8, 4, 1, 300, 400) > 0  # a run sizes its own cache: prompt, tokens and drafts
+    assert "max_len" not in exact.as_dict()  # a dict without it still reads as before

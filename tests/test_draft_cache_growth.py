@@ -54,12 +54,12 @@ def test_begin_alone_allocates_the_window_and_size_for_only_what_a_generation_ne
     model = small_gpt2(vocab=40, n_embd=16, n_layer=1, seed=1, n_positions=1024)
     draft = ModelDraft(model)
     draft.begin(4)
-    assert draft.cache.max_len == 1024  # a draft used on its own does not know the run
+    assert draft.cache.kv.max_len == 1024  # a draft used on its own does not know the run
     draft.size_for(30)
     draft.begin(4)
-    assert draft.cache.max_len == 30
+    assert draft.cache.kv.max_len == 30
     draft.begin(4)
-    assert draft.cache.max_len == 1024  # a size holds for one generation only
+    assert draft.cache.kv.max_len == 1024  # a size holds for one generation only
 
 
 @pytest.mark.parametrize("B", [1, 64])
@@ -77,16 +77,17 @@ def test_a_chain_generation_sizes_both_caches_to_its_need_and_never_moves_them(p
     target.new_cache = recording
     try:
         speculative_generate(target, draft, ids, k=k, max_new_tokens=new, temperature=0,
-                             on_step=lambda step: addresses.add((draft.cache.k.data_ptr(), draft.cache.v.data_ptr(),
-                                                                 draft.cache.lengths.data_ptr())))
+                             on_step=lambda step: addresses.add((draft.cache.kv.k.data_ptr(),
+                                                                 draft.cache.kv.v.data_ptr(),
+                                                                 draft.cache.kv.lengths.data_ptr())))
     finally:
         del target.new_cache
     need = ids.shape[1] + new + k
     assert [c.max_len for c in made] == [need]  # one target cache, of the run's size
-    assert draft.cache.max_len == need < draft_model.config.n_positions
+    assert draft.cache.kv.max_len == need < draft_model.config.n_positions
     assert len(addresses) == 1  # the draft's buffers kept their addresses for the whole run
     # Memory at a large batch: the draft's K/V is need / window of what the whole window would hold.
-    assert draft.cache.k.numel() == draft_model.config.n_layer * B * draft_model.config.n_head * need * (
+    assert draft.cache.kv.k.numel() == draft_model.config.n_layer * B * draft_model.config.n_head * need * (
         draft_model.config.n_embd // draft_model.config.n_head)
 
 
@@ -133,7 +134,7 @@ def _eagle_runs(pair, eagle_layer, decode) -> list[torch.Tensor]:
     target, _ = pair
     drafts = [EagleDraft(target, eagle_layer), _WholeWindow(EagleDraft(target, eagle_layer)).draft]
     runs = [decode(d) for d in drafts]
-    sized, whole = drafts[0].cache, drafts[1].cache
+    sized, whole = drafts[0].cache.kv, drafts[1].cache.kv
     assert sized.max_len < whole.max_len == target.config.n_positions
     assert torch.equal(sized.lengths, whole.lengths)
     for b, n in enumerate(sized.lengths.tolist()):

@@ -212,14 +212,14 @@ def test_negative_control_a_misreported_tree_q_is_flagged(tiny):
 
 @torch.no_grad()
 def _assert_state_is_a_recompute(target, draft: EagleDraft, seqs: Sequences, caught_up: bool) -> None:
-    fed, held = draft.fed.tolist(), draft.held().tolist()
-    assert draft.cache.lengths.tolist() == fed
+    fed, held = draft.cache.fed.tolist(), draft.features.held().tolist()
+    assert draft.cache.kv.lengths.tolist() == fed
     for b, n in enumerate(seqs.lengths_h):
         assert held[b] in (n - 1, n) and (held[b] == n - 1 or seqs.done_h[b])
         assert fed[b] <= n - 1 and (not caught_up or fed[b] == n - 1), (b, fed[b], n)
         hs = target(seqs.tokens[b : b + 1, :n], return_hidden=True).hidden_states
         for j, layer in enumerate(draft.feature_layers):
-            torch.testing.assert_close(draft.features[j][b, : held[b]], hs[layer][0, : held[b]], atol=1e-10, rtol=0)
+            torch.testing.assert_close(draft.features.buffers[j][b, : held[b]], hs[layer][0, : held[b]], atol=1e-10, rtol=0)
         if fed[b] == 0:
             continue
         # The layer's rows 0 .. fed-1, fed exactly as training feeds them (heads.eagle_inputs), in one pass.
@@ -227,7 +227,7 @@ def _assert_state_is_a_recompute(target, draft: EagleDraft, seqs: Sequences, cau
                             target)  # causal: the prefix of a full pass is a pass over the prefix
         fresh = draft.layer.new_cache(1, max_len=target.config.n_positions)
         draft.layer(rows.g[:, : fed[b]], rows.tok_emb, rows.pos_emb, cache=fresh)
-        for got, want in ((draft.cache.k, fresh.k), (draft.cache.v, fresh.v)):
+        for got, want in ((draft.cache.kv.k, fresh.k), (draft.cache.kv.v, fresh.v)):
             torch.testing.assert_close(got[0, b, :, : fed[b]], want[0, 0, :, : fed[b]], atol=1e-10, rtol=0)
 
 
@@ -248,7 +248,7 @@ def test_after_each_rollback_the_state_equals_a_recompute(target, layers, spec, 
         else:
             speculative_step(target, draft, seqs, cache, spec, params, g, stats=stats)
         _assert_state_is_a_recompute(target, draft, seqs, caught_up=False)
-        recomputed += sum(n - 1 - f for n, f, d in zip(seqs.lengths_h, draft.fed.tolist(), seqs.done_h) if not d)
+        recomputed += sum(n - 1 - f for n, f, d in zip(seqs.lengths_h, draft.cache.fed.tolist(), seqs.done_h) if not d)
         draft.context_feature(seqs.tokens, seqs.lengths)  # what the next propose does first
         _assert_state_is_a_recompute(target, draft, seqs, caught_up=True)
     assert stats.accepted > 0 and recomputed > 0, "no accepted draft's row was recomputed from true features"

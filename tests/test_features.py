@@ -14,18 +14,19 @@ from model_factory import noisy_copy, small_gpt2
 from specref.decoding.chain import speculative_generate, speculative_step
 from specref.decoding.loop import Sequences, SpecStats, prefill
 from specref.decoding.tree import TreeSpecStats, tree_generate, tree_step
-from specref.drafts import Draft, FeatureDraft, ModelDraft, PromptLookupDraft, TreeDraft, TreeModelDraft
+from specref.drafts import Draft, FeatureBuffer, ModelDraft, PromptLookupDraft, TreeDraft, TreeModelDraft
 from specref.drafts.shapes import DynamicTree, TreeShape
 from specref.sampling import SamplingParams
 
 LAYERS = (0, 1, 2)  # the embeddings, the input of block 1, the final state after ln_f (2-layer target)
 
 
-class Recorder(FeatureDraft, Draft, TreeDraft):
+class Recorder(Draft):
     """Proposes as a model draft (chains or trees) and keeps the target's features through the hook."""
 
     def __init__(self, model: torch.nn.Module, layers: tuple[int, ...] = LAYERS) -> None:
-        super().__init__(layers)
+        self.features = FeatureBuffer(layers)
+        self.feature_layers = self.features.layers
         self.vocab_size = model.config.vocab_size
         self.chain, self.tree = ModelDraft(model), TreeModelDraft(model)
         self.observed: list[tuple[list[int], int]] = []  # (starts, T) per observe call
@@ -36,13 +37,15 @@ class Recorder(FeatureDraft, Draft, TreeDraft):
 
     def begin(self, batch_size: int) -> None:
         super().begin(batch_size)
+        self.features.begin(batch_size, self.run_rows)
         self.chain.begin(batch_size)
         self.tree.begin(batch_size)
         self.observed = []
 
     def observe(self, features, starts) -> None:
         self.observed.append((starts.tolist(), features[0].shape[1]))
-        super().observe(features, starts)
+        self.begun("observe")
+        self.features.observe(features, starts)
 
     def propose(self, tokens, lengths, k, params, generator=None):
         return self.chain.propose(tokens, lengths, k, params, generator)
@@ -52,6 +55,7 @@ class Recorder(FeatureDraft, Draft, TreeDraft):
 
     def rollback(self, n_valid: torch.Tensor) -> None:
         super().rollback(n_valid)
+        self.features.rollback(n_valid)
         self.chain.rollback(n_valid)
         self.tree.rollback(n_valid)
 
@@ -68,7 +72,7 @@ PROMPTS = {"B=1, T=1": torch.tensor([[5]]),
 
 @torch.no_grad()
 def _assert_features_match_a_recompute(target, draft: Recorder, seqs: Sequences) -> None:
-    held = draft.held().tolist()
+    held = draft.features.held().tolist()
     for b, n in enumerate(seqs.lengths_h):
         # Every token but the last has been through the target (all of them, when the budget cut the step).
         assert held[b] in (n - 1, n) and (held[b] == n - 1 or seqs.done_h[b]), (b, held[b], n)
@@ -76,7 +80,7 @@ def _assert_features_match_a_recompute(target, draft: Recorder, seqs: Sequences)
             continue
         full = target(seqs.tokens[b : b + 1, :n], return_hidden=True).hidden_states
         for j, layer in enumerate(LAYERS):
-            torch.testing.assert_close(draft.features[j][b, : held[b]], full[layer][0, : held[b]],
+            torch.testing.assert_close(draft.features.buffers[j][b, : held[b]], full[layer][0, : held[b]],
                                        atol=1e-10, rtol=0, msg=f"row {b}, layer {layer}")
 
 
@@ -173,32 +177,47 @@ def test_a_draft_reading_a_layer_the_target_lacks_is_refused(pair):
         speculative_generate(target, Recorder(model, layers=(3,)), PROMPTS["B=4"], k=2, max_new_tokens=3)
 
 
+def test_a_draft_that_defines_propose_tree_is_a_tree_draft_and_one_that_does_not_is_not(pair):
+    _, model = pair
+    assert isinstance(Recorder(model), TreeDraft) and isinstance(TreeModelDraft(model), TreeDraft)
+    assert not isinstance(ModelDraft(model), TreeDraft) and not isinstance(model, TreeDraft)
+
+    class Inherited(ModelDraft, TreeDraft):  # the old spelling: a tree draft that also names TreeDraft
+        def propose_tree(self, *args: object, **kwargs: object) -> list:
+            return []
+
+    class NamedOnly(TreeDraft):  # inheriting TreeDraft is ordinary inheritance
+        def propose_tree(self, *args: object, **kwargs: object) -> list:
+            return []
+
+    assert isinstance(Inherited(model), TreeDraft) and issubclass(NamedOnly, TreeDraft)
+    with pytest.raises(NotImplementedError, match="grows no trees"):
+        ModelDraft(model).propose_tree(torch.zeros((1, 2), dtype=torch.long), torch.tensor([2]), TreeShape((2,)),
+                                       SamplingParams(0.0))
+
+
 @pytest.mark.parametrize("layers,error,match", [((), ValueError, "at least one"), ((1, 1), ValueError, "repeat"),
                                                 ((-1,), ValueError, "indices >= 0"),
                                                 ((1.0,), TypeError, "feature_layers")])
 def test_bad_feature_layers_are_refused(layers, error, match):
-    class D(FeatureDraft):
-        def propose(self, *a):
-            raise NotImplementedError
-
     with pytest.raises(error, match=match):
-        D(layers)
+        FeatureBuffer(layers)
 
 
-def _fresh(B: int = 2) -> FeatureDraft:
-    class D(FeatureDraft):
-        def propose(self, *a):
-            raise NotImplementedError
-
-    d = D((0, 2))
-    d.begin(B)
+def _fresh(B: int = 2) -> FeatureBuffer:
+    d = FeatureBuffer((0, 2))
+    d.begin(B, None)
     return d
 
 
-def test_misuse_of_the_feature_buffer_gets_clear_errors():
+def test_misuse_of_the_feature_buffer_gets_clear_errors(pair):
     f = torch.zeros(2, 3, 4)
     with pytest.raises(RuntimeError, match="begin"):
-        type(_fresh())((0,)).observe((f, f), torch.tensor([0, 0]))
+        Recorder(pair[1], (0, 2)).observe((f, f), torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match=r"n_valid must be an integer tensor of shape \[B\] with B = 2"):
+        r = Recorder(pair[1], (0, 2))
+        r.begin(2)
+        r.rollback(torch.tensor([1]))
     d = _fresh()
     with pytest.raises(RuntimeError, match="no features"):
         d.gather(torch.zeros((2, 1), dtype=torch.long))
@@ -217,10 +236,15 @@ def test_misuse_of_the_feature_buffer_gets_clear_errors():
         d.observe((f[..., :2], f[..., :2]), torch.tensor([3, 3]))
     with pytest.raises(ValueError, match=r"positions must lie in \[0, held\)"):
         d.gather(torch.tensor([[3], [0]]))
-    with pytest.raises(ValueError, match=r"n_valid must be an integer tensor of shape \[B\] with B = 2"):
-        d.rollback(torch.tensor([1]))
     with pytest.raises(ValueError, match=">= 0"):
         d.rollback(torch.tensor([-1, 0]))
+    # The part checks on its own, not only behind a draft's checks:
+    with pytest.raises(ValueError, match=r"n_valid must be an integer tensor of shape \[B\] with B = 2"):
+        d.rollback(torch.tensor([1]))  # would broadcast
+    with pytest.raises(TypeError, match="n_valid must be an integer tensor"):
+        d.rollback(torch.tensor([1.0, 1.0]))
+    with pytest.raises(RuntimeError, match="call begin first"):
+        FeatureBuffer((0,)).observe((f,), torch.tensor([0, 0]))
 
 
 def test_observe_writes_rollback_truncates_and_gather_reads_the_held():
@@ -234,6 +258,6 @@ def test_observe_writes_rollback_truncates_and_gather_reads_the_held():
     g = torch.full((2, 2, 1), 9.0, dtype=torch.float64)
     d.observe((g, -g), torch.tensor([2, 1]))  # row 1 re-covers position 1, 2 and drops what followed
     assert d.held().tolist() == [4, 3]
-    assert d.features[0][0, :4, 0].tolist() == [0.0, 1.0, 9.0, 9.0]
-    assert d.features[0][1, :3, 0].tolist() == [3.0, 9.0, 9.0]
+    assert d.buffers[0][0, :4, 0].tolist() == [0.0, 1.0, 9.0, 9.0]
+    assert d.buffers[0][1, :3, 0].tolist() == [3.0, 9.0, 9.0]
     assert f[0, :, 0].tolist() == [0.0, 1.0, 2.0], "the caller's tensor was modified"

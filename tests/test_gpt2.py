@@ -105,6 +105,62 @@ def test_hf_style_checkpoint_keys_load_without_prefix_lm_head_or_buffers(model):
     torch.testing.assert_close(other(x), model(x), **TOL)
 
 
+def _module_by_module(model: GPT2, input_ids, cache, position_ids=None, new_mask=None):  # logits [B, T, V]
+    """The pass written with every submodule's own call and the per-layer cache reads and writes, in [B, T, C]."""
+    from specref.models.gpt2 import additive_mask, attention_mask_over_slots
+
+    tr, (B, T) = model.transformer, input_ids.shape
+    past = cache.lengths.clone()
+    slots = past[:, None] + torch.arange(T)
+    n_slots = cache.capacity(T)
+    x = tr.wte(input_ids) + tr.wpe(slots if position_ids is None else position_ids)
+    mask = additive_mask(attention_mask_over_slots(past, slots, n_slots, new_mask), x.dtype)
+    for layer, block in enumerate(tr.h):
+        attn, C = block.attn, x.shape[-1]
+        q, k, v = attn.c_attn(block.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, attn.n_head, attn.head_dim).transpose(1, 2) for t in (q, k, v))
+        idx = slots[:, None, :, None].expand(B, attn.n_head, T, attn.head_dim)
+        cache.k[layer].scatter_(2, idx, k)
+        cache.v[layer].scatter_(2, idx, v)
+        y = torch.nn.functional.scaled_dot_product_attention(
+            q, cache.k[layer, :, :, :n_slots], cache.v[layer, :, :, :n_slots], attn_mask=mask)
+        x = x + attn.c_proj(y.transpose(1, 2).reshape(B, T, C))
+        x = x + block.mlp(block.ln_2(x))
+    cache.advance(T)
+    return model.lm_head(tr.ln_f(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@torch.no_grad()
+def test_a_pass_computes_bit_for_bit_what_its_modules_compute(dtype):
+    """The pass runs the blocks as functions on [B * T, C] rows: the same kernels on the same operands as the
+    modules called one by one, so the logits are equal exactly (any CPU), with a cache, ragged rows and a mask.
+    Control: one matrix moved by one ulp is caught by the same comparison."""
+    model = make_model().to(dtype)
+    prompt, new = ids(2, 9, seed=3), ids(2, 3, seed=4)
+    mask = torch.tensor([[True, False, False], [True, True, False], [True, False, True]])[None]  # a two-branch tree
+    position_ids = torch.tensor([[9, 10, 10]])
+
+    def both(m: GPT2) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        fast, slow = m.new_cache(2, max_len=32), m.new_cache(2, max_len=32)
+        out = ([m(prompt, cache=fast)], [_module_by_module(m, prompt, slow)])
+        for c in (fast, slow):
+            c.truncate(torch.tensor([9, 7]))  # ragged rows: the second lost two tokens
+        out[0].append(m(new, cache=fast, position_ids=position_ids, attention_mask=mask))
+        out[1].append(_module_by_module(m, new, slow, position_ids, mask))
+        out[0].append(m(new[:, :1], cache=fast, checked=False))  # a decode pass, causal over the cache
+        out[1].append(_module_by_module(m, new[:, :1], slow))
+        return out
+
+    fast, slow = both(model)
+    assert all(a.dtype == dtype and torch.equal(a, b) for a, b in zip(fast, slow))
+    nudged = make_model().to(dtype)
+    with torch.no_grad():  # the control: every weight of the last block's MLP input matrix up by one ulp
+        w = nudged.transformer.h[-1].mlp.c_fc.weight
+        w.copy_(torch.nextafter(w, torch.full_like(w, float("inf"))))
+    assert not torch.equal(both(nudged)[0][0], slow[0])
+
+
 def test_config_round_trips_through_hf_config_dict():
     transformers = pytest.importorskip("transformers")
     hf_dict = transformers.GPT2Config(**CFG.to_dict()).to_dict()
@@ -381,6 +437,49 @@ def test_generations_keep_their_caches_where_passes_are_captured_so_nothing_is_c
     assert target.run_cache("target", 2, 60) is not target.run_cache("target", 2, 60)
 
 
+def test_a_generation_nested_on_the_same_model_cannot_take_the_kept_cache_the_outer_one_holds(monkeypatch):
+    """Where caches are kept (CUDA, here the CPU with a stand-in graph), an on_step observer that generates on
+    the same model asked for the same role's cache: it got the outer generation's cache, emptied mid-run. Now
+    it gets a RuntimeError; the controls: sequential generations still share the kept cache, an error releases
+    what the generation held, and with the captured passes off the nested generation runs on its own cache."""
+    import specref.models.gpt2 as gpt2_module
+    from specref.decoding.chain import generate, speculative_generate
+    from specref.drafts import ModelDraft
+    from specref.models.graphs import CapturedPasses
+    from specref.models.pair import heldout_prompts, load_pair
+
+    target, draft, _ = load_pair()
+    ids = torch.tensor([p[:20] for p in heldout_prompts(2, 20)])
+    alone = generate(target, ids, 8, temperature=0)
+    monkeypatch.setattr(gpt2_module, "GRAPHED_DEVICES", ("cpu",))
+    for model in (target, draft):
+        monkeypatch.setattr(model, "graphs", CapturedPasses(graph_factory=_ReplayingGraph, device_types=("cpu",)))
+    inner: list[torch.Tensor] = []
+
+    def nested(step) -> None:  # an observer that generates on the outer generation's target
+        if not inner:
+            inner.append(generate(target, ids, 8, temperature=0))
+
+    def run(on_step=None):
+        return speculative_generate(target, ModelDraft(draft), ids, k=4, max_new_tokens=24, temperature=0,
+                                    on_step=on_step)[0]
+
+    first = run()
+    kept = target.run_cache("target", 2, 60)
+    with pytest.raises(RuntimeError, match="kept 'target' cache is held by a generation that has not finished"):
+        run(nested)
+    assert not inner and target.run_cache("target", 2, 60) is kept  # released by the error; still the kept one
+    assert torch.equal(run(), first)  # the next generation takes the kept cache again
+    with target.generation():  # the rule itself: a held role is refused, another role is not
+        held = target.run_cache("target", 2, 60)
+        assert target.run_cache("draft", 2, 60) is not held
+        with pytest.raises(RuntimeError, match="'target'"), target.generation():
+            target.run_cache("target", 2, 60)
+    assert target.run_cache("target", 2, 60) is held  # outside every generation: handed out as before
+    target.graphs.enabled = False  # the way out the error names: the inner generation gets a cache of its own
+    assert torch.equal(run(nested), first) and torch.equal(inner[0], alone)
+
+
 def test_moving_the_weights_forgets_the_captured_passes_and_kept_caches(monkeypatch):
     from model_factory import small_gpt2
 
@@ -399,3 +498,18 @@ def test_moving_the_weights_forgets_the_captured_passes_and_kept_caches(monkeypa
     assert len(model.graphs) == 1
     model.to(torch.float64)  # every weight moves: graphs captured on their addresses must go, and the caches
     assert len(model.graphs) == 0 and model.run_cache("target", 1, 40) is not cache
+
+
+def test_generation_spans_that_end_out_of_order_release_only_their_own_roles():
+    """Two spans on one model that end in the order they began (threads, say): the first releases its roles only."""
+    model = GPT2(GPT2Config(vocab_size=16, n_positions=32, n_embd=8, n_layer=1, n_head=2))
+    first, second = model.generation(), model.generation()
+    first.__enter__()
+    second.__enter__()
+    scopes = model._generation_scopes
+    scopes[0].add("outer")
+    scopes[1].add("inner")
+    first.__exit__(None, None, None)
+    assert scopes == [{"inner"}]  # a stack pop would have released "inner" and kept "outer"
+    second.__exit__(None, None, None)
+    assert scopes == []

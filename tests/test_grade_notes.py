@@ -87,7 +87,7 @@ def fit_pass_time(rows) -> np.ndarray:
     X = np.stack([np.ones_like(t), B * T, B * S], axis=1)
     coef, *_ = np.linalg.lstsq(X / t[:, None], np.ones_like(t), rcond=None)
     return np.asarray(Fit(*coef))
-''', ["ex07_fit_check", "ex07_speedup_check", "ex07_crossover_check", "ex07_policy_check"]),
+''', ["ex07_fit_check", "ex07_verify_check", "ex07_crossover_check", "ex07_policy_check"]),
     "object-base": ("ex05_prompt_lookup", "ex05_draft_answer", None,  # the solution's class, as LookupDraft(object)
                     ["ex05_lookup_check", "ex05_draft_check", "ex05_interval_check", "ex05_positions_check"]),
     "specref-docstring": ("ex03_speedup", "ex03_bestk_answer", '''\

@@ -233,13 +233,14 @@ def test_clearing_the_setups_cases_in_place_is_flagged_and_undone(toy_cases, att
 
 
 def test_ex08s_threshold_cannot_be_taken_from_the_courses_distribution_test(tmp_path):
-    """Task 2's threshold is what specref.checks.montecarlo.distribution_test computes (tv_bound): in the jail that
-    module is absent, so an answer that asks it for the bound scores 0."""
+    """Task 2 asks for a threshold below the union bound that specref.checks.montecarlo.distribution_test computes
+    (tv_bound); nine tenths of it passes the check. In the jail that module is absent, so an answer that asks it for
+    the bound scores 0."""
     answer = ("import math\n\n\ndef tv_threshold(n_cells, n, level):\n"
               "    from specref.checks.montecarlo import distribution_test\n"
               "    import torch\n"
               "    p = torch.full((n_cells,), 1.0 / n_cells, dtype=torch.float64)\n"
-              "    return distribution_test(p, samples=torch.zeros(n, dtype=torch.long), alpha=level).tv_bound\n\n\n"
+              "    return distribution_test(p, samples=torch.zeros(n, dtype=torch.long), alpha=level).tv_bound * 0.9\n\n\n"
               "def samples_needed(tv, n_cells, level):\n"
               "    return math.ceil((2 * tv_threshold(n_cells, 1, level) / tv) ** 2)\n")
     from specref_grading.checks import pitfalls

@@ -142,7 +142,7 @@ def test_the_plan_binds_the_seed_inside_each_test_cell_after_every_answer():
     tests = [c for c in plan.cells if c["role"] == "test"]
     assert plan.seed == 9 and tests
     assert all(c["source"].startswith("HIDDEN_SEED = 9\n") for c in tests if "HIDDEN_SEED" in c["source"])
-    assert sum("HIDDEN_SEED" in c["source"] for c in tests) == 4  # the fit, the speedup, the crossover, the policy
+    assert sum("HIDDEN_SEED" in c["source"] for c in tests) == 4  # the fit, v(k, B), the crossover, the policy
     default = grade_plan.build_plan(solution, nb, "ex07_load_aware_k.ipynb")
     assert default.seed == grade_plan.DEFAULT_HIDDEN_SEED == 1
 

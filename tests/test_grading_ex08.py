@@ -1,12 +1,15 @@
 """Exercise 8's graders: the grader's own verdicts are right, hidden samplers are built from the seed, the reference
 check passes (an honest sampled check too), and broken, constant or library-calling answers fail without being told
 which verdict is wrong; Task 2's threshold and sample size are graded by simulation, sound derivations pass and
-invalid, loose or powerless ones fail.
+invalid, loose or powerless ones fail, and so does the course test's own union bound, copied from the package
+(which the learner can read) or called (which the jail removes). A fraction of that bound passes, as no number can
+show a derivation: the derivation is a hand-graded answer with a rubric, which the solution carries.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,7 +63,8 @@ def samples_needed(tv, n_cells, level):
 
 
 def bhc_threshold(n_cells, n, level):
-    """Another sound derivation (Bretagnolle-Huber-Carol, a union over the 2^m events): it passes too."""
+    """The course test's own threshold (Bretagnolle-Huber-Carol, a union over the 2^m events), copied from the
+    package's source: valid, but Task 2 asks for one below it where outcomes are many."""
     return math.sqrt((n_cells * math.log(2) + math.log(1 / level)) / (2 * n))
 
 
@@ -158,8 +162,77 @@ def test_the_reference_check_and_resolution_pass(capsys):
     G.check_lossless_check(check, hidden=True, seed=1)
     G.check_resolution(tv_threshold, samples_needed)
     G.check_resolution(tv_threshold, samples_needed, seed=7)
-    G.check_resolution(bhc_threshold, bhc_samples, seed=3)
+    G.check_resolution(jensen_threshold, samples_needed, seed=3)
     assert capsys.readouterr().out.count("passed") == 5
+
+
+def jensen_threshold(n_cells, n, level):
+    """Another sound derivation: E[TV] <= 0.5 sum_x sqrt(P(x) / n) <= 0.5 sqrt(n_cells / n) (dropping 1 - P(x), then
+    Cauchy-Schwarz), plus the same bounded-differences deviation: a little looser than the solution's, still below
+    the union bound on 1000 cells."""
+    return 0.5 * math.sqrt(n_cells / n) + math.sqrt(math.log(1 / level) / (2 * n))
+
+
+def test_the_course_tests_union_bound_is_no_answer_to_task_2():
+    """The threshold the package prints (and whose formula its source and Task 2's text give) is valid on every
+    configuration of the first part, yet scores 0: at 1000 cells Task 2 asks for a threshold below it. A number
+    below it that a correct sampler crosses fails too: the large configuration is simulated like the others."""
+    from specref.checks.montecarlo import tv_bound
+
+    assert bhc_threshold(9, 1000, 0.01) == pytest.approx(tv_bound(9, 1000, 0.01))  # the package's own rule
+    with pytest.raises(AssertionError, match=r"tv_threshold\(1000, 20000, 0\.05\) = 0\.1319 is not below the union bound"):
+        G.check_resolution(bhc_threshold, bhc_samples, seed=3)
+    assert tv_threshold(*G._LARGE, 0.01) < 0.95 * tv_bound(*G._LARGE, 0.01)  # the solution's, with room to spare
+
+    def too_tight(n_cells, n, level):  # at 1000 cells: below the mean TV of a correct sampler on a uniform target
+        return 0.08 if n_cells >= 1000 else tv_threshold(n_cells, n, level)
+
+    with pytest.raises(AssertionError, match=r"tv_threshold\(1000, 20000, 0\.05\) = 0\.0800 is not valid"):
+        G.check_resolution(too_tight, samples_needed)
+
+
+def test_a_shaved_union_bound_passes_the_check_which_is_why_the_derivation_is_graded_by_hand():
+    """No number tells a derivation from a fraction of the printed union bound: 0.9 of it passes the automatic
+    check (the limit pitfalls.check_resolution's docstring states). So Task 2's derivation is a hand-graded answer
+    with its own point and a rubric that gives such a copy 0; the negative control is 1.1 of the bound, which fails."""
+    import nbformat
+
+    from specref_grading.exercises import check_rubrics
+
+    shaved = lambda n_cells, n, level: 0.9 * bhc_threshold(n_cells, n, level)  # noqa: E731
+    G.check_resolution(shaved, lambda tv, n_cells, level: math.ceil((2 * shaved(n_cells, 1, level) / tv) ** 2), seed=5)
+    with pytest.raises(AssertionError, match="is not below the union bound"):
+        G.check_resolution(lambda c, n, lv: 1.1 * bhc_threshold(c, n, lv), bhc_samples, seed=5)
+
+    path = Path(__file__).resolve().parents[1] / "solutions" / "ex08_lossless_or_not.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    graded = {c.metadata["nbgrader"]["grade_id"]: c for c in nb.cells
+              if c.metadata.get("nbgrader", {}).get("grade")}
+    derivation = graded["ex08_resolution_derivation"]
+    assert derivation.cell_type == "markdown" and derivation.metadata["nbgrader"]["solution"]
+    assert derivation.metadata["nbgrader"]["points"] == 1
+    assert graded["ex08_resolution_check"].metadata["nbgrader"]["points"] == 2
+    rubric = check_rubrics(nb, path.name)["ex08_resolution_derivation"]
+    assert "McDiarmid" in rubric and "union bound" in rubric and "0 for the task" in rubric
+    # The derivation comes after Task 2's check, before Task 3.
+    order = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
+    assert order.index("ex08_resolution_check") < order.index("ex08_resolution_derivation") < order.index("ex08_explain")
+
+
+def test_the_jailed_kernel_of_ex08_has_no_distribution_test_and_keeps_the_setup():
+    """The specref the learner's kernel sees when ex08 is graded: specref.checks.montecarlo is gone, and with it
+    every module that imports it (specref's lazy distribution_test, the audit and pitfall checks, ex04's power
+    figures, which hold the same union bound), while what the setup imports stays."""
+    from specref_grading import kernel_tree
+
+    forbidden = tuple(sorted(set(G.FORBIDDEN) | set(kernel_tree.ALWAYS_FORBIDDEN)))
+    reading = kernel_tree.shared_reading()
+    for gone in ("specref.checks.montecarlo", "specref.checks.montecarlo.tv_bound", "specref.distribution_test",
+                 "specref.simulate", "specref.checks.pitfalls", "specref.checks.hf_audit", "specref.checks.pair_power"):
+        assert not reading.available(forbidden, gone), gone
+    for kept in ("specref.checks.rng.exact_distribution", "specref.checks.samplers.SAMPLERS",
+                 "specref.checks.samplers.reference_cases", "specref.checks.toy.MarkovChain", "specref.sampling.TorchRNG"):
+        assert reading.available(forbidden, kept), kept
 
 
 @pytest.mark.slow
@@ -282,8 +355,15 @@ def test_the_graders_own_verdicts_used_as_the_answer_score_zero_with_a_message_t
         G.check_lossless_check(is_lossless)
     with pytest.raises(AssertionError, match=r"Task 2: your needed uses .*_grader_samples.*scores 0"):
         G.check_resolution(tv_threshold, needed)
+    def the_rule_itself(n_cells, n, level):
+        from specref.checks.montecarlo import tv_bound
+
+        return 0.9 * tv_bound(n_cells, n, level)
+
     with pytest.raises(AssertionError, match=r"Task 2: your from_the_course uses specref\.checks\.montecarlo"):
         G.check_resolution(from_the_course, samples_needed)
+    with pytest.raises(AssertionError, match=r"Task 2: your the_rule_itself uses specref\.checks\.montecarlo\.tv_bound"):
+        G.check_resolution(the_rule_itself, samples_needed)
     G.check_lossless_check(make_check())  # the exercise's own setup names (reference_cases, TEMPERATURE) are allowed
 
 

@@ -177,7 +177,7 @@ def _drafts(target, draft):
 # The most reads back per chain step, by draft kind and temperature (greedy, sampled). Every step reads once:
 # the accepted counts, with the logits' check. A model draft's catch-up reads its width; prompt lookup copies
 # the buffer to the host (its proposal is a host search); a feature draft checks the features it is handed
-# (`FeatureDraft.observe`), the rows it reads (`scored`) and its rollback's n_valid >= 0 (`FeatureDraft.rollback`);
+# (`FeatureBuffer.observe`), the rows it reads (`scored`) and its rollback's n_valid >= 0 (`FeatureBuffer.rollback`);
 # MTP reads each depth's width (k = 3 depths).
 # A sampled step reads no more: the rule's check that q(x) > 0 (`rejection.verify_chain_unchecked`) runs only
 # for a draft the package does not vouch for (its own drafts sample their tokens from q).

@@ -13,7 +13,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specref"
 sys.path.insert(0, str(PACKAGE.parent / "tools" / "upkeep"))
-from house import cycles_in, import_graph, room_graph  # noqa: E402 - the one reader of the import graph
+from house import cycles_in, import_graph, wing_graph  # noqa: E402 - the one reader of the import graph
 
 # The floor order, written down once: lowest first. A module's floor is the first entry whose
 # prefix names it. checks and perf share a floor; the package's own __init__ gathers the public
@@ -84,13 +84,13 @@ def test_there_is_no_import_cycle():
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
-def test_the_rooms_import_in_no_circle():
-    # Read a level up, as a newcomer reads the house: one room per top-level entry (a subpackage or a
+def test_the_wings_import_in_no_circle():
+    # Read a level up, as a newcomer reads the house: one wing per top-level entry (a subpackage or a
     # module). A module kept at an old path that imports its new home on a higher floor would show here.
-    rooms = room_graph(GRAPH)
-    assert len(rooms) >= 14
-    cycles = cycles_in(rooms)
-    assert not cycles, "rooms that import each other:\n" + "\n".join(cycles)
+    wings = wing_graph(GRAPH)
+    assert len(wings) >= 14
+    cycles = cycles_in(wings)
+    assert not cycles, "wings that import each other:\n" + "\n".join(cycles)
 
 
 def test_the_circle_check_sees_a_circle():
@@ -109,11 +109,11 @@ def test_a_tree_step_never_calls_back_up_into_the_draft(draft):
     # The draft drives its tree's growth (a TreeGrower) and calls down only: no rule on a lower floor
     # calls the draft's code back, as a grow_trees callback once did every depth.
     walk = _walk()
-    floors, circles = walk.room_floors(PACKAGE)
+    floors, circles = walk.wing_floors(PACKAGE)
     assert circles == []
-    rooms, _, climbs = walk.count(walk.walk_step(draft), floors)
-    assert "drafts" in rooms and "tree_shapes" in rooms
-    assert climbs == 0, " > ".join(rooms)
+    wings, _, climbs = walk.count(walk.walk_step(draft), floors)
+    assert "drafts" in wings and "tree_shapes" in wings
+    assert climbs == 0, " > ".join(wings)
 
 
 def test_the_walk_counts_a_callback_as_a_climb_and_a_second_visit_as_a_return():
@@ -121,8 +121,8 @@ def test_the_walk_counts_a_callback_as_a_climb_and_a_second_visit_as_a_return():
     floors = {"drafts": 5, "tree_shapes": 4, "trees": 3}
     events = [("drafts", "call"), ("tree_shapes", "call"), ("drafts", "call"), ("tree_shapes", "return"),
               ("trees", "call"), ("tree_shapes", "return")]
-    rooms, returns, climbs = walk.count(events, floors)
-    assert rooms == ["drafts", "tree_shapes", "drafts", "tree_shapes", "trees", "tree_shapes"]
+    wings, returns, climbs = walk.count(events, floors)
+    assert wings == ["drafts", "tree_shapes", "drafts", "tree_shapes", "trees", "tree_shapes"]
     assert (returns, climbs) == (3, 1)
 
 
@@ -148,5 +148,5 @@ def test_the_grading_package_imports_in_no_circle():
     assert "specref_grading.wall" in GRADING_GRAPH["specref_grading.grade"]  # the reader sees the package
     cycles = cycles_in(GRADING_GRAPH)
     assert not cycles, "import cycles in specref_grading:\n" + "\n".join(cycles)
-    rooms = cycles_in(room_graph(GRADING_GRAPH))
-    assert not rooms, "rooms of specref_grading that import each other:\n" + "\n".join(rooms)
+    wings = cycles_in(wing_graph(GRADING_GRAPH))
+    assert not wings, "wings of specref_grading that import each other:\n" + "\n".join(wings)

@@ -204,13 +204,13 @@ def test_negative_control_top_b_children_verified_against_the_heads_softmax_are_
 
 def _assert_features_are_a_recompute(target, draft, seqs) -> None:
     """Row b holds the target's last hidden state of tokens 0 .. length_b - 2, equal to a fresh pass over them."""
-    held = draft.held().tolist()
+    held = draft.features.held().tolist()
     for b, n in enumerate(seqs.lengths_h):
         if seqs.done_h[b]:
             continue
         assert held[b] == n - 1, f"row {b}: holds the features of {held[b]} positions, its context needs {n - 1}"
         fresh = target(seqs.tokens[b : b + 1, : n - 1], return_hidden=True).hidden_states[-1][0]  # [n-1, C]
-        assert_close(draft.features[0][b, : n - 1], fresh, 1e-10)
+        assert_close(draft.features.buffers[0][b, : n - 1], fresh, 1e-10)
 
 
 def test_chain_features_after_rollback_equal_a_recompute(target, draft):

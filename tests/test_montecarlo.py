@@ -24,6 +24,7 @@ from specref.checks.montecarlo import (
     distribution_test,
     simulate,
     stratified_test,
+    tv_bound,
 )
 from specref.checks.toy import MarkovChain, MisreportedDraft, toy_pair
 from specref.rejection import acceptance_probability, residual, verify_chain
@@ -321,6 +322,38 @@ def test_tv_bound_is_bretagnolle_huber_carol():
     result = distribution_test(expected, counts=np.full(8, 125), alpha=0.01)
     assert result.tv == 0
     assert result.tv_bound == pytest.approx(math.sqrt((8 * math.log(2) + math.log(100)) / 2000))
+
+
+def test_the_tests_bound_is_tv_bound_of_each_stratum_at_alpha_over_strata():
+    e = np.array([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
+    c = np.array([[60, 40, 0], [30, 70, 100]])
+    result = stratified_test(e, c, alpha=0.01)
+    assert result.tv_bound == pytest.approx((100 * tv_bound(2, 100, 0.005) + 200 * tv_bound(3, 200, 0.005)) / 300)
+
+
+def test_tv_bound_is_exceeded_by_a_correct_sampler_at_most_at_rate_alpha_and_resolves_a_shift():
+    """Seeded multinomial counts on 30 cells: a correct sampler's TV crosses tv_bound(30, 2000, 0.05) in no more of
+    2000 draws than a rate of 0.05 explains (binomial test), and a sampler more than twice the bound away crosses it in all of them
+    (negative control: the same bound, the same sample size)."""
+    rng = np.random.default_rng(3)
+    expected = rng.dirichlet(np.ones(30))
+    bound = tv_bound(30, 2000, 0.05)
+    counts = rng.multinomial(2000, expected, size=2000)  # [2000, 30]
+    over = int((0.5 * np.abs(counts / 2000 - expected).sum(1) > bound).sum())
+    assert scipy.stats.binomtest(over, 2000, 0.05, alternative="greater").pvalue > 1e-3
+    shifted = 0.8 * expected + 0.2 * np.eye(30)[np.argmin(expected)]  # 0.2 of the mass moved onto one cell
+    assert 0.5 * np.abs(shifted - expected).sum() > 2 * bound
+    broken = rng.multinomial(2000, shifted, size=2000)
+    assert (0.5 * np.abs(broken / 2000 - expected).sum(1) > bound).all()
+
+
+@pytest.mark.parametrize("args, error, match", [
+    ((0, 10, 0.1), ValueError, "cells"), ((3, 0, 0.1), ValueError, "samples"), ((3.0, 10, 0.1), TypeError, "cells"),
+    ((3, 10, 1.0), ValueError, "alpha"), ((3, 10, True), ValueError, "alpha"),
+])
+def test_tv_bound_refuses_bad_input(args, error, match):
+    with pytest.raises(error, match=match):
+        tv_bound(*args)
 
 
 def test_tv_bound_holds_for_a_correct_sampler_far_more_often_than_one_minus_alpha():

@@ -27,7 +27,7 @@ def pair():
 def _assert_cache_is_a_recompute(draft: ModelDraft, seqs: Sequences, behind: int | None = None) -> None:
     """Row b's draft cache holds n_b <= length_b slots (at least length_b - behind when given), and their K/V
     are the draft's own over tokens[b, :n_b]."""
-    cache = draft.cache
+    cache = draft.cache.kv
     for b, n in enumerate(cache.lengths.tolist()):
         assert n <= seqs.lengths_h[b], f"row {b}: the draft caches {n} tokens, the sequence has {seqs.lengths_h[b]}"
         if behind is not None:  # a rollback that forgets too much would pass the K/V comparison below

@@ -77,7 +77,7 @@ def test_proposed_hist_counts_every_step_by_what_it_drafted(target, batch):
 
 def test_proposed_hist_records_the_shrunk_last_step():
     # The target drafts for itself, so greedy accepts every draft: 7 new tokens at k = 4 are one full step
-    # (4 drafts + the bonus), then a step with room for 2 tokens, which drafts only 1.
+    # (4 drafts + the bonus), then a step with 2 tokens left, which drafts only 1.
     t = small_gpt2(vocab=64, n_embd=32, n_layer=2, seed=0, scale=20.0)
     _, stats = speculative_generate(t, ModelDraft(t), torch.tensor([[1, 2, 3]]), k=4, max_new_tokens=7,
                                     temperature=0)
@@ -96,7 +96,7 @@ PROMPT = [1, 2, 3]
 
 
 def _counts(draft, seed):
-    # Three tokens, so that the second step (which may draft) still has room for a draft of x2.
+    # Three tokens, so that the second step (which may draft) still has tokens left for a draft of x2.
     return sample_first_two(*draft, PROMPT, 2, SamplingParams(1.0), seed=seed, n=N_RUNS, max_new_tokens=3)
 
 

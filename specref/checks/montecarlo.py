@@ -152,6 +152,20 @@ class DistributionTest:
         )
 
 
+def tv_bound(cells: int, samples: int, alpha: float) -> float:
+    """The union bound sqrt((cells ln 2 + ln(1 / alpha)) / (2 samples)) on the TV of an empirical distribution.
+
+    Rule: the TV between `samples` draws from a distribution with `cells` outcomes of positive
+    probability and that distribution exceeds it with probability below `alpha`, whatever the
+    distribution (the Bretagnolle-Huber-Carol inequality, a union over the 2^cells events).
+    """
+    check_int("cells", cells, 1, "outcomes of positive probability")
+    check_int("samples", samples, 1, "samples")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+    return math.sqrt((cells * math.log(2) + math.log(1 / alpha)) / (2 * samples))
+
+
 def _pool(observed: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge the cells expected to hold < MIN_EXPECTED samples into one, growing it until it holds enough."""
     order = np.argsort(expected, kind="stable")
@@ -176,10 +190,9 @@ def stratified_test(
     own total (scipy.stats.chisquare after pooling cells expected to hold < 5);
     the statistics and degrees of freedom add up across rows. Zero-probability
     cells must stay empty: a sample there fails the test outright.
-    TV: the count-weighted mean of the rows' TVs, bounded with the
-    Bretagnolle-Huber-Carol inequality P(TV_g >= eps) <= 2^m_g exp(-2 N_g eps^2)
-    (m_g = cells of positive probability), at level alpha / G per row:
-    eps_g = sqrt((m_g ln 2 + ln(G / alpha)) / (2 N_g)).
+    TV: the count-weighted mean of the rows' TVs must not exceed the count-weighted
+    mean of the rows' `tv_bound(m_g, N_g, alpha / G)` (m_g = cells of positive
+    probability, N_g = the row's samples).
     """
     e = np.asarray(expected.detach().cpu() if isinstance(expected, torch.Tensor) else expected, dtype=np.float64)
     o = np.asarray(counts.detach().cpu() if isinstance(counts, torch.Tensor) else counts, dtype=np.float64)
@@ -203,7 +216,7 @@ def stratified_test(
         N_g = totals[g]
         tv_sum += 0.5 * np.abs(o[g] - N_g * e[g]).sum()
         m_g = int((e[g] > 0).sum())
-        bound_sum += N_g * math.sqrt((m_g * math.log(2) + math.log(G / alpha)) / (2 * N_g))
+        bound_sum += N_g * tv_bound(m_g, int(N_g), alpha / G)
         support = e[g] > 0
         # Samples on impossible cells already fail the test; the chi-square looks at the support.
         obs, exp = _pool(o[g][support], o[g][support].sum() * e[g][support])
@@ -264,7 +277,7 @@ def distribution_test(
 
     Give exactly one of `counts` and `samples`. Verdict: pass iff no sample hit a
     zero-probability cell, the chi-square p-value is >= alpha and the TV is within
-    the Bretagnolle-Huber-Carol bound sqrt((m ln 2 + ln(1/alpha)) / (2 N)).
+    `tv_bound(m, N, alpha)` (m = cells of positive probability).
     """
     e = torch.as_tensor(expected, dtype=torch.float64)
     if (counts is None) == (samples is None):

@@ -19,7 +19,7 @@ from ..models import heldout_prompts, load_pair
 from ..rejection import verify_chain
 from ..sampling import process_logits
 from .exact import enumerate_step
-from .montecarlo import ALPHA, verify_skip_residual
+from .montecarlo import ALPHA, tv_bound, verify_skip_residual
 
 # The setting of exercise 4's visible sampling check: a prompt where draft and target disagree, a small top-k.
 SAMPLING = {"prompt": 15, "n_tokens": 30, "k": 2, "temperature": 0.7, "top_k": 3, "n": 2000}
@@ -80,8 +80,8 @@ def sampling_power(sampling: dict | None = None) -> dict[str, float]:
         out[f"ncp_{name}"] = float(((dist - p)[support] ** 2 / p[support]).sum()) + (math.inf if float(dist[~support].sum()) > 0 else 0.0)
     m = len(exact_first_two(target, prompt, s["temperature"], s["top_k"]))
     out["cells"] = m
-    out["tv_bound"] = math.sqrt((m * math.log(2) + math.log(1 / ALPHA)) / (2 * s["n"]))
-    out["tv_bound_full_vocabulary"] = math.sqrt((target.config.vocab_size * math.log(2) + math.log(1 / ALPHA)) / (2 * s["n"]))
+    out["tv_bound"] = tv_bound(m, s["n"], ALPHA)
+    out["tv_bound_full_vocabulary"] = tv_bound(target.config.vocab_size, s["n"], ALPHA)
     return out
 
 

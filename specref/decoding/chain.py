@@ -31,6 +31,7 @@ from .loop import (
     check_proposal,
     clock,
     finish,
+    generation_span,
     logits_total,
     run_steps,
     start_generation,
@@ -66,20 +67,22 @@ def generate(
     run = unchecked(model)
     # No more than the run needs: a large batch's cache is the biggest allocation.
     n_rows = T + max_new_tokens
-    cache = model.run_cache("target", B, n_rows) if hasattr(model, "run_cache") else model.new_cache(B, max_len=n_rows)
-    logits = run(input_ids, cache=cache, logits_to_keep=1)[:, -1]  # [B, V]
-    for i in range(max_new_tokens):
-        x = logits.argmax(-1) if params.greedy else sample_unchecked(params.probs_unchecked(logits), generator)  # [B]
-        x = torch.where(done, torch.zeros_like(x), x)
-        tokens[:, T + i] = x
-        lengths = lengths + (~done).long()
-        if eos_token_id is not None:
-            done = done | (x == eos_token_id)
-            if bool(done.all()):  # the one read back per token, and only when a row can stop
+    with generation_span(model):  # a cache the model keeps for this run stays its own until it ends
+        cache = model.run_cache("target", B, n_rows) if hasattr(model, "run_cache") \
+            else model.new_cache(B, max_len=n_rows)
+        logits = run(input_ids, cache=cache, logits_to_keep=1)[:, -1]  # [B, V]
+        for i in range(max_new_tokens):
+            x = logits.argmax(-1) if params.greedy else sample_unchecked(params.probs_unchecked(logits), generator)
+            x = torch.where(done, torch.zeros_like(x), x)  # [B]
+            tokens[:, T + i] = x
+            lengths = lengths + (~done).long()
+            if eos_token_id is not None:
+                done = done | (x == eos_token_id)
+                if bool(done.all()):  # the one read back per token, and only when a row can stop
+                    break
+            if i == max_new_tokens - 1:
                 break
-        if i == max_new_tokens - 1:
-            break
-        logits = run(x[:, None], cache=cache)[:, -1]
+            logits = run(x[:, None], cache=cache)[:, -1]
     return finish(tokens, lengths, eos_token_id)
 
 
@@ -118,7 +121,7 @@ def speculative_step(
     typical = as_acceptance(acceptance)
     stats = SpecStats(k=check_int("k", k, 1, "k drafted tokens per step")) if stats is None else stats
     dev, B, V = seqs.tokens.device, seqs.batch_size, target.config.vocab_size
-    k = max(0, min(k, seqs.room() - 1, target.config.n_positions - max(seqs.lengths_h)))
+    k = max(0, min(k, seqs.tokens_left() - 1, target.config.n_positions - max(seqs.lengths_h)))
     # 1. Draft: k tokens per row (or fewer, the same number in every row), with the q each was drawn from.
     with clock(stats, "time_draft", dev):
         drafts, q = draft.propose(seqs.tokens, seqs.lengths, k, params, generator)  # [B, k'], [B, k', V]
@@ -133,7 +136,7 @@ def speculative_step(
     stats.target_passes += 1
     # 3. Accept or reject left to right, then one token from the target: a correction or the bonus.
     with clock(stats, "time_verify", dev):
-        if k == 0:  # nothing proposed (no room, or a draft that declined): the target's own token
+        if k == 0:  # nothing proposed (no token left to draft, or a draft that declined): the target's own token
             out, n_acc = _plain_token(logits[:, 0], params, generator)[:, None], [0] * B
         elif typical is not None:  # LOSSY: q is ignored
             out, n_acc = typical.verify(drafts, params.probs_unchecked(logits), generator)
@@ -213,7 +216,7 @@ def speculative_generate(
                                          eos_token_id, drafter)
     step = partial(speculative_step, target, drafter, k=k, params=params, generator=generator,
                    eos_token_id=eos_token_id, stats=stats, acceptance=acceptance)
-    # Rows write up to k drafts past the budget of the longest (k shrinks only with the room of the shortest).
+    # Rows write up to k drafts past the budget of the longest (k shrinks only with the tokens the shortest has left).
     out = run_steps(target, input_ids, max_new_tokens, stats, step, room=k,
                     begin=partial(drafter.begin, input_ids.shape[0]), draft=drafter,
                     eos_token_id=eos_token_id, on_step=on_step, timing=timing)

@@ -303,7 +303,7 @@ def lookahead_step(
     # Slots for root + nodes after the cached context (done rows hold no cache), and depths that stay in the window;
     # the cache was allocated once for the run and never grows.
     slots = min(n_ctx, cache.max_len) - (longest - 1)
-    max_depth = max(0, min(seqs.room() - 1, n_ctx - longest))  # the last token always comes from the target
+    max_depth = max(0, min(seqs.tokens_left() - 1, n_ctx - longest))  # the last token always comes from the target
     L = W * (N - 1)
     roots = seqs.last_tokens()[:, 0]  # [B]
     roots_h = roots.tolist()

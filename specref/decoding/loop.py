@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -258,8 +258,8 @@ class Sequences:
     def done(self) -> bool:
         return all(self.done_h)
 
-    def room(self) -> int:
-        """The most tokens an unfinished row may still emit."""
+    def tokens_left(self) -> int:
+        """The most tokens an unfinished row may still emit: what is left of the budget of the shortest such row."""
         return max((self.end - n for n, d in zip(self.lengths_h, self.done_h) if not d), default=0)
 
     def last_tokens(self) -> torch.Tensor:  # [B, 1]
@@ -410,7 +410,9 @@ def run_steps(
     """The generation loop: caches sized to the run, prefill, `step` until every row is done, EOS fill.
 
     The target's cache and the draft's (`Draft.size_for`) are allocated once, for prompt +
-    max_new_tokens + room tokens (within the window): nothing grows or moves during the run.
+    max_new_tokens + room tokens (within the window): nothing grows or moves during the run. The run
+    is one `generation_span` of the target and the draft's model: the caches they keep for it
+    (`GPT2.run_cache` where passes are captured) stay its own until it ends.
     `stats.time_total` gets the wall time from the cache's allocation to the last step (one
     wait for the device at each end).
     """
@@ -418,20 +420,37 @@ def run_steps(
     seqs = Sequences(input_ids, max_new_tokens)
     if max_new_tokens == 0:
         return seqs.tokens
-    sync(target.device)
-    t_start = time.perf_counter()
-    B, T = input_ids.shape
-    # Sized to the run, not the whole window for every row: a large batch's cache is the biggest allocation.
-    n_rows = min(target.config.n_positions, T + max_new_tokens + room)
-    cache = target.run_cache("target", B, n_rows) if hasattr(target, "run_cache") else target.new_cache(B, max_len=n_rows)
-    if draft is not None and hasattr(draft, "size_for"):
-        draft.size_for(n_rows)
-    begin()
-    prefill(target, input_ids, cache, stats, draft)  # the last prompt token is fed first by the first step
-    while not seqs.done:
-        record = step(seqs, cache)
-        if on_step is not None:
-            on_step(record)
-    sync(target.device)
-    stats.time_total = time.perf_counter() - t_start
+    with generation_span(target, getattr(draft, "cache_module", None)):  # the kept caches stay this run's
+        sync(target.device)
+        t_start = time.perf_counter()
+        B, T = input_ids.shape
+        # Sized to the run, not the whole window for every row: a large batch's cache is the biggest allocation.
+        n_rows = min(target.config.n_positions, T + max_new_tokens + room)
+        cache = target.run_cache("target", B, n_rows) if hasattr(target, "run_cache") \
+            else target.new_cache(B, max_len=n_rows)
+        if draft is not None and hasattr(draft, "size_for"):
+            draft.size_for(n_rows)
+        begin()
+        prefill(target, input_ids, cache, stats, draft)  # the last prompt token is fed first by the first step
+        while not seqs.done:
+            record = step(seqs, cache)
+            if on_step is not None:
+                on_step(record)
+        sync(target.device)
+        stats.time_total = time.perf_counter() - t_start
     return seqs.finish(eos_token_id)
+
+
+@contextmanager
+def generation_span(*models: object) -> Iterator[None]:
+    """One generation's span on each distinct model that has one (`GPT2.generation`): its kept caches are its own.
+
+    The spans open when the `with` starts and close when it ends, in reverse order.
+    """
+    with ExitStack() as stack:
+        seen: set[int] = set()
+        for model in models:
+            if model is not None and id(model) not in seen and hasattr(model, "generation"):
+                seen.add(id(model))
+                stack.enter_context(model.generation())
+        yield

@@ -62,7 +62,7 @@ def trace_step(
     check_pair(target, drafter)
     drafter.begin(1)
     cache = target.new_cache(1)
-    seqs = Sequences(ids, max_new_tokens=k + 1)  # room for every draft and the bonus
+    seqs = Sequences(ids, max_new_tokens=k + 1)  # a budget for every draft and the bonus
     stats = SpecStats(k=k)
     prefill(target, ids, cache, stats)  # everything but the last token, as in speculative_generate
     t0, d0 = int(cache.lengths[0]), int(drafter.cache.lengths[0])

@@ -182,7 +182,7 @@ def tree_step(
     """
     stats = TreeSpecStats(k=spec.depth) if stats is None else stats
     dev = seqs.tokens.device
-    max_depth = max(0, seqs.room() - 1)  # the last token always comes from the target
+    max_depth = max(0, seqs.tokens_left() - 1)  # the last token always comes from the target
     # Context + root + nodes fit the window and the cache (allocated once for the run: it never grows).
     max_nodes = max(0, min(target.config.n_positions, cache.max_len) - max(seqs.lengths_h))
     # 1. Draft: one tree per row.

@@ -1,13 +1,16 @@
 """Drafts: anything that proposes tokens with the q it drew them from (chapters 4-6).
 
-Two protocols over one base (`base`): a chain draft's `Draft.propose(k)` and a tree draft's
-`TreeDraft.propose_tree(spec)`. `model.ModelDraft` is a smaller language model with its own KV
-cache (`cached.CachedDraft`), `model.TreeModelDraft` the same model growing trees;
-`prompt_lookup.PromptLookupDraft` copies what followed the context's last tokens earlier on;
-`features.FeatureDraft` keeps the target's hidden states for the drafts that read them:
-`medusa.MedusaDraft`, `eagle.EagleDraft`, `mtp.MTPDraft` (their modules: `heads`). The tree
-shapes and `grow_trees` (the rule that grows them, `specref.tree_shapes`) are re-exported here and
-from `shapes`; `base.NoDraft` proposes nothing; `load.load_draft` loads the shipped drafts by name.
+One contract (`base.Draft`): `begin`, `propose(k)` for chains, `propose_tree(spec)` for a draft
+that grows trees (`TreeDraft` names those), `observe` for one that reads the target's hidden
+states, `rollback`. A draft holds its state as parts: `cached.DraftCache`, its own KV cache over
+the buffer's rows, and `features.FeatureBuffer`, the target's hidden states aligned to the
+buffer. `model.ModelDraft` is a smaller language model (a cache), `model.TreeModelDraft` the same
+model growing trees; `prompt_lookup.PromptLookupDraft` copies what followed the context's last
+tokens earlier on (no state); `medusa.MedusaDraft` (features), `eagle.EagleDraft` (features and a
+cache) and `mtp.MTPDraft` (features and a cache per depth) read the target's hidden states
+(their modules: `heads`). The tree shapes and `grow_trees` (the rule that grows them,
+`specref.tree_shapes`) are re-exported here and from `shapes`; `base.NoDraft` proposes nothing;
+`load.load_draft` loads the shipped drafts by name.
 """
 
 from .._lazy import lazy_names
@@ -19,10 +22,10 @@ _LAZY: dict[str, str] = {
     "as_tree_spec": "specref.tree_shapes",
     "build_tree": "specref.tree_shapes",
     "Draft": "specref.drafts.base",
-    "DraftBase": "specref.drafts.base",
+    "DraftCache": "specref.drafts.cached",
     "DynamicTree": "specref.tree_shapes",
     "EagleDraft": "specref.drafts.eagle",
-    "FeatureDraft": "specref.drafts.features",
+    "FeatureBuffer": "specref.drafts.features",
     "grow_trees": "specref.tree_shapes",
     "load_draft": "specref.drafts.load",
     "MedusaDraft": "specref.drafts.medusa",
@@ -36,7 +39,7 @@ _LAZY: dict[str, str] = {
 }
 
 __all__ = [
-    "Draft", "DraftBase", "DynamicTree", "EagleDraft", "FeatureDraft", "MTPDraft", "MedusaDraft", "ModelDraft",
+    "Draft", "DraftCache", "DynamicTree", "EagleDraft", "FeatureBuffer", "MTPDraft", "MedusaDraft", "ModelDraft",
     "NoDraft", "PromptLookupDraft", "TreeDraft", "TreeModelDraft", "TreeShape", "as_draft", "as_tree_draft",
     "as_tree_spec", "build_tree", "grow_trees", "load_draft",
 ]

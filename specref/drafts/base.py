@@ -1,12 +1,18 @@
 """Drafts: anything that proposes tokens with the distribution q it drew them from.
 
-Two protocols over one base. A chain draft (`Draft`, for `speculative_generate`) answers
-`propose(tokens, lengths, k, params, generator)` with drafts [B, k'] and q [B, k', V]; a
-tree draft (`TreeDraft`, for `tree_generate`) answers `propose_tree(tokens, lengths, spec,
-params, generator, max_depth, max_nodes)` with one `Tree` per row. A draft that does both
-(Medusa, EAGLE) inherits both. Either sees the shared token buffer (row b holds lengths[b]
-valid tokens) and keeps what state it likes; after each verification `rollback(n_valid)`
-says how many leading tokens of each row are still the ones it saw, and it forgets the rest.
+One contract, `Draft`. `begin(batch_size)` starts a generation; `propose(tokens, lengths, k,
+params, generator)` answers drafts [B, k'] and q [B, k', V] (for `speculative_generate`); a
+draft that grows trees also defines `propose_tree(tokens, lengths, spec, params, generator,
+max_depth, max_nodes)`, one `Tree` per row (for `tree_generate`; `TreeDraft` names those
+drafts). Either sees the shared token buffer (row b holds lengths[b] valid tokens); after each
+verification `rollback(n_valid)` says how many leading tokens of each row are still the ones
+it saw, and it forgets the rest.
+
+A draft keeps its state in parts it owns and hands `begin` and `rollback` on to them: a KV
+cache over the buffer's rows (`specref.drafts.cached.DraftCache`), the target's hidden states
+(`specref.drafts.features.FeatureBuffer`). What every draft shares lives here once: whether
+the generation has begun (`begun`, the batch size), whether the package vouches for its
+proposals (`trusted`), its pass count and the run's size (`size_for`).
 
 The feature hook (Medusa, EAGLE, MTP read the target's hidden states): a draft that sets
 `feature_layers` (indices into `GPT2Output.hidden_states`: 0 = the embeddings, i = the
@@ -14,8 +20,7 @@ input of block i, n_layer = the final hidden state after ln_f) is handed them by
 through `observe(features, starts)` after every target pass (prefill included) and before
 `rollback`: features[j] is [B, T, C] for positions starts[b] .. starts[b]+T-1 of row b (in a
 tree step, the root and the accepted path, gathered contiguous). They come from the
-verification pass itself; a draft without `feature_layers` is not asked for them
-(`specref.drafts.features.FeatureDraft` keeps them aligned to the buffer).
+verification pass itself; a draft without `feature_layers` is not asked for them.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from collections.abc import Callable
 
 import torch
 
-from .._validate import check_context, check_int, check_rows
+from .._validate import check_int, check_rows
 from ..sampling import SamplingParams, sample_unchecked
 from ..tree_shapes import TreeSpec
 from ..trees import Tree
@@ -62,20 +67,29 @@ def check_k(k: object, max_k: int | None, why: str = "") -> int:
     return k
 
 
-class DraftBase(ABC):
-    """What every draft shares: `begin`, `rollback`, `observe`, and the checks and empty proposal of its `propose`.
+class Draft(ABC):
+    """A draft: `begin`, then alternately `propose` (or `propose_tree`), `observe` if it reads features, `rollback`.
 
-    `begin(batch_size)` starts a generation (a subclass extends it to forget its state);
-    `rollback(n_valid)` checks n_valid [B] (a subclass extends it to drop what a row did not keep).
+    A subclass defines `propose`, and `propose_tree` if it grows trees; it extends `begin` and
+    `rollback` (calling these first) to hand them on to the parts that hold its state.
     """
 
     vocab_size: int
     max_k: int | None = None  # the most tokens one chain proposal may hold; None: no limit
     feature_layers: tuple[int, ...] = ()  # the target's hidden states this draft reads; () reads none
-    batch_size: int | None = None
+    batch_size: int | None = None  # None until `begin`
     passes: int = 0  # the draft's forward passes so far (the tree step reports how many a tree took)
     rows_needed: int | None = None  # the longest row of the next generation (`size_for`); None: unknown
     run_rows: int | None = None  # the longest row of this generation, as `size_for` said before `begin`
+
+    @property
+    def cache_module(self) -> torch.nn.Module | None:
+        """The module whose KV cache the draft keeps (its `cache` part's, a `DraftCache`), else None.
+
+        The loop runs each generation inside that module's span (`GPT2.generation`), as it does the
+        target's, so the cache a captured pass reuses (`GPT2.run_cache`) belongs to one run at a time.
+        """
+        return getattr(getattr(self, "cache", None), "module", None)
 
     def size_for(self, n_rows: int) -> None:
         """The next generation's rows hold at most `n_rows` tokens: a draft with buffers sizes them once for it.
@@ -97,7 +111,7 @@ class DraftBase(ABC):
             and getattr(self, "sampler", draw) is draw
 
     def begin(self, batch_size: int) -> None:
-        """Start a new generation of `batch_size` sequences (forget all state)."""
+        """Start a new generation of `batch_size` sequences (a subclass then has its parts forget their state)."""
         self.batch_size = check_int("batch_size", batch_size, 1, "sequences in the batch")
         self.run_rows, self.rows_needed = self.rows_needed, None
 
@@ -107,27 +121,19 @@ class DraftBase(ABC):
             raise RuntimeError(f"call begin(batch_size) before {what}")
         return self.batch_size
 
-    def check_context(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:  # -> lengths [B] long
-        """Raise unless begun, tokens an integer [B, L] buffer and lengths [B] in [1, L]."""
-        return check_context(tokens, lengths, self.begun())
-
     def empty(self, tokens: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # [B, 0], [B, 0, V]
         """The proposal of no tokens (k = 0): the step verifies none and is a plain decoding step."""
         B = tokens.shape[0]
         return tokens.new_zeros((B, 0)), torch.zeros((B, 0, self.vocab_size), dtype=dtype, device=tokens.device)
 
     def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
-        """Only the first n_valid[b] tokens of row b are still what the draft last saw."""
+        """Only the first n_valid[b] tokens of row b are still what the draft last saw (checked here: shape only)."""
         check_rows("n_valid", n_valid, self.begun("rollback"))
 
     def observe(self, features: tuple[torch.Tensor, ...], starts: torch.Tensor) -> None:  # ([B, T, C], ...), [B]
         """The target's hidden states feature_layers[j] -> features[j] for buffer positions starts[b] .. + T - 1."""
         raise NotImplementedError(f"{type(self).__name__} sets feature_layers={self.feature_layers!r} "
                                   f"but does not implement observe(features, starts)")
-
-
-class Draft(DraftBase):
-    """A chain draft: `begin`, then alternately `propose` and `rollback`."""
 
     @abstractmethod
     def propose(
@@ -144,11 +150,6 @@ class Draft(DraftBase):
         included (the step then verifies only those, and with none it is a plain decoding step).
         """
 
-
-class TreeDraft(DraftBase):
-    """A tree draft: `begin`, then alternately `propose_tree` and `rollback`."""
-
-    @abstractmethod
     def propose_tree(
         self,
         tokens: torch.Tensor,  # [B, L] buffer; row b holds lengths[b] valid tokens
@@ -159,7 +160,25 @@ class TreeDraft(DraftBase):
         max_depth: int | None = None,
         max_nodes: int | None = None,
     ) -> list[Tree]:
-        """One tree per row after its context, at most max_depth deep and max_nodes large."""
+        """One tree per row after its context, at most max_depth deep and max_nodes large (a tree draft's own)."""
+        raise NotImplementedError(f"{type(self).__name__} grows no trees: it defines no propose_tree")
+
+
+class TreeDraft(ABC):
+    """The drafts that grow trees: `isinstance(d, TreeDraft)` holds for a `Draft` whose class defines `propose_tree`.
+
+    Not a base to inherit: a tree draft subclasses `Draft` and defines `propose_tree`.
+    """
+
+    @abstractmethod
+    def propose_tree(self, *args: object, **kwargs: object) -> list[Tree]:
+        """`Draft.propose_tree`, which such a draft's class defines."""
+
+    @classmethod
+    def __subclasshook__(cls, other: type) -> bool:
+        if cls is TreeDraft and issubclass(other, Draft) and other.propose_tree is not Draft.propose_tree:
+            return True
+        return NotImplemented  # otherwise ordinary inheritance decides
 
 
 class NoDraft(Draft):

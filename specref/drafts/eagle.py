@@ -7,10 +7,10 @@ holds the target's features of positions 0 .. n-2 (`observe`), so row n-2 gives 
 first draft x_n; draft j + 1 runs at row n-2+j on the layer's own previous output and draft j.
 The cache keeps only rows computed from true features: rows from predicted features are
 dropped after drafting, and the accepted drafts' rows are computed again from the features
-the verification pass produced (`fed` counts the true rows).
+the verification pass produced (the cache part's `fed` counts the true rows).
 
 Trees (EAGLE-2): one layer pass per depth over the ancestors of the nodes being expanded,
-tree-masked after the true rows (`CachedDraft.feed_ancestors`); children are the top tokens
+tree-masked after the true rows (`DraftCache.feed_ancestors`); children are the top tokens
 (one-hot q) or i.i.d. draws. EAGLE-3 and the ablation without the token are other
 `EagleLayer` configs. A one-token prompt has no feature yet: the first step proposes that
 token again with one-hot q (exact, rarely accepted).
@@ -23,23 +23,22 @@ import torch
 from ..sampling import SamplingParams
 from ..tree_shapes import TreeSpec, as_tree_spec
 from ..trees import ROOT, Tree
-from .base import Draft, Sampler, TreeDraft, check_k, draw
-from .cached import CachedDraft, pick
-from .features import FeatureDraft, check_target
+from .base import Draft, Sampler, check_k, draw
+from .cached import DraftCache, pick
+from .features import FeatureBuffer, check_target, repeat_prompt, repeat_prompt_tree
 from .heads import EagleLayer, HeadsConfig, embed, load_bundled_heads
 
 
-class EagleDraft(FeatureDraft, CachedDraft, Draft, TreeDraft):
+class EagleDraft(Draft):
     """An `EagleLayer` on the target's features as a chain or tree draft; q = softmax of the target's LM head.
 
     `target` lends its frozen embeddings, positions and LM head; `layer` must be built for
     its width and read hidden states it has (`config`, when given, is checked against
     the target too: vocabulary, depth and embedding fingerprint). `sampler` draws each chain
-    token (default `draw`). State: the feature buffer (`FeatureDraft`), the layer's cache
-    and `fed` [B], the number of leading cache rows computed from the target's true features.
+    token (default `draw`). Its state, two parts: `features` (a `FeatureBuffer`, the target's
+    hidden states) and `cache` (a `DraftCache`, the layer's K/V; lag 1: cache row s reads
+    x_{s+1}; its `fed` [B] counts the leading rows computed from the target's true features).
     """
-
-    lag = 1  # cache row s reads x_{s+1}
 
     def __init__(self, target: torch.nn.Module, layer: EagleLayer, config: HeadsConfig | None = None,
                  sampler: Sampler = draw) -> None:
@@ -52,10 +51,26 @@ class EagleDraft(FeatureDraft, CachedDraft, Draft, TreeDraft):
             raise ValueError(f"the EAGLE layer reads hidden states {list(layer.feature_layers)}, but the target has "
                              f"{target.config.n_layer + 1} (0..{target.config.n_layer}): it was built for another "
                              "target")
-        super().__init__(layer.feature_layers, layer, "the EAGLE layer")
+        self.features = FeatureBuffer(layer.feature_layers, layer, "the EAGLE layer")
+        self.cache = DraftCache(layer, lag=1)  # cache row s reads x_{s+1}
+        self.feature_layers = self.features.layers
         self.target, self.layer, self.config, self.sampler = target, layer, config, sampler
-        self.cache_module, self.window = layer, target.config.n_positions
+        self.window = target.config.n_positions
         self.vocab_size = int(target.config.vocab_size)
+
+    def begin(self, batch_size: int) -> None:
+        super().begin(batch_size)
+        self.cache.begin(batch_size, self.window, self.run_rows)
+        self.features.begin(batch_size, self.run_rows)
+
+    def observe(self, features: tuple[torch.Tensor, ...], starts: torch.Tensor) -> None:  # ([B, T, C], ...), [B]
+        self.begun("observe")
+        self.features.observe(features, starts)
+
+    def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
+        super().rollback(n_valid)
+        self.cache.rollback(n_valid)
+        self.features.rollback(n_valid)
 
     @classmethod
     def bundled(cls, target: torch.nn.Module, name: str = "eagle1") -> EagleDraft:
@@ -70,18 +85,20 @@ class EagleDraft(FeatureDraft, CachedDraft, Draft, TreeDraft):
         """One layer pass: row rows[b, w] reads g[b, w], token tokens[b, w] (= x_{s+1}) at position s + 1."""
         tok, pos = embed(self.target, tokens, rows + 1)
         self.passes += 1
-        return self.layer(g, tok, pos, cache=self.cache, attention_mask=mask, check=False)
+        return self.layer(g, tok, pos, cache=self.cache.kv, attention_mask=mask, check=False)
 
     def context_feature(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor | None:  # -> [B, C]
         """Feed the true rows the cache lacks (s = fed .. n-2) in one pass: f_hat_{n-2} per row, None if no feature."""
-        t = self.scored(tokens, lengths)  # [B] n - 2
+        self.begun()
+        t = self.features.scored(tokens, lengths)  # [B] n - 2
         if t is None:
             return None  # a one-token prompt: the target has scored nothing yet
         r = t + 1  # true rows: s = 0 .. n-2
-        rows = self.catch_up(r)  # [B, W]
+        rows = self.cache.catch_up(r)  # [B, W]
         real = torch.minimum(rows, t[:, None])  # padding rows repeat the last true row's inputs
-        out = self._rows(self.layer.fuse(self.gather(real, check=False)), tokens.gather(1, real + 1), rows)  # [B, W, C]
-        self.cache.truncate(r, check=False)  # drop the padding rows
+        g = self.layer.fuse(self.features.gather(real, check=False))  # [B, W, C]
+        out = self._rows(g, tokens.gather(1, real + 1), rows)  # [B, W, C]
+        self.cache.keep_fed()  # drop the padding rows (fed = r)
         return pick(out, t[:, None] - rows[:, :1])[:, 0]  # row n-2
 
     @torch.no_grad()
@@ -97,7 +114,7 @@ class EagleDraft(FeatureDraft, CachedDraft, Draft, TreeDraft):
         k = check_k(k, None)
         f_hat = self.context_feature(tokens, lengths)  # [B, C]
         n_ctx = self.window
-        longest = self.cache.bound + 1  # >= the longest row (the cache holds its true rows, n - 1): no read back
+        longest = self.cache.kv.bound + 1  # >= the longest row (the cache holds its true rows, n - 1): no read back
         if longest + k - 1 > n_ctx:
             longest = int(lengths.max())  # the bound may be loose: read the lengths before refusing
             if longest + k - 1 > n_ctx:
@@ -106,8 +123,8 @@ class EagleDraft(FeatureDraft, CachedDraft, Draft, TreeDraft):
         if k == 0:
             return self.empty(tokens, self.target.dtype)
         if f_hat is None:
-            return self.prompt_again(tokens, k, self.target.dtype)
-        row = self.fed.clone()  # draft 2's row: n-1
+            return repeat_prompt(tokens, k, self.vocab_size, self.target.dtype)
+        row = self.cache.fed.clone()  # draft 2's row: n-1
         drafts, qs = [], []
         for i in range(k):
             x, q = self.sampler(self.target.lm_head(f_hat), params, generator)  # q for x_{n+i}
@@ -116,7 +133,7 @@ class EagleDraft(FeatureDraft, CachedDraft, Draft, TreeDraft):
             if i < k - 1:  # the last draft is never fed: the target scores it
                 f_hat = self._rows(f_hat[:, None], x[:, None], row[:, None])[:, 0]
                 row = row + 1
-        self.cache.truncate(self.fed, check=False)  # rows from predicted features never stay
+        self.cache.keep_fed()  # rows from predicted features never stay
         return torch.stack(drafts, 1), torch.stack(qs, 1)
 
     @torch.no_grad()
@@ -138,13 +155,13 @@ class EagleDraft(FeatureDraft, CachedDraft, Draft, TreeDraft):
         spec = as_tree_spec(spec)
         f_root = self.context_feature(tokens, lengths)  # [B, C]
         if f_root is None:
-            return self.prompt_again_tree(tokens, spec.depth, max_depth, max_nodes)
-        context = self.fed.clone()  # [B] true rows; node at depth d is row context - 1 + d
+            return repeat_prompt_tree(tokens, spec.depth, max_depth, max_nodes)
+        context = self.cache.fed.clone()  # [B] true rows; node at depth d is row context - 1 + d
         root_logits = self.target.lm_head(f_root)[:, None]  # [B, 1, V]
-        grower = self.tree_grower(spec, root_logits, context, params, generator, max_depth, max_nodes)
+        grower = self.cache.tree_grower(spec, root_logits, context, params, generator, max_depth, max_nodes)
         outputs: list[dict[int, torch.Tensor]] = [{} for _ in range(tokens.shape[0])]  # node -> its f_hat [C]
         while not grower.done:  # one layer pass per deeper depth
-            ids, rows, mask, nodes, index = self.feed_ancestors(grower, context)
+            ids, rows, mask, nodes, index = self.cache.feed_ancestors(grower, context)
             g = f_root[:, None].repeat(1, ids.shape[1], 1)  # [B, W, C]; padding entries read the root's output
             for b, (t, need) in enumerate(zip(grower.trees, nodes)):
                 for i, v in enumerate(need):
@@ -155,4 +172,4 @@ class EagleDraft(FeatureDraft, CachedDraft, Draft, TreeDraft):
                 for j, n in enumerate(f):
                     outputs[b].setdefault(n, out[b, j])
             grower.grow(self.target.lm_head(out))
-        return self.tree_result(grower, context)
+        return self.cache.tree_result(grower, context)

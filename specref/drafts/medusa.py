@@ -18,36 +18,50 @@ import torch
 from ..sampling import SamplingParams
 from ..tree_shapes import TreeGrower, TreeSpec, as_tree_spec
 from ..trees import Tree
-from .base import Draft, TreeDraft, check_k, draw
-from .features import FeatureDraft, check_target
+from .base import Draft, check_k, draw
+from .features import FeatureBuffer, check_target, repeat_prompt, repeat_prompt_tree
 from .heads import MedusaHeads
 
 
-class MedusaDraft(FeatureDraft, Draft, TreeDraft):
+class MedusaDraft(Draft):
     """Medusa heads as a chain or tree draft: head i's logits on the target's newest feature give draft position i + 1.
 
     `target` lends its frozen LM head (the heads share it) and its width;
     `heads` is a `MedusaHeads` on the target's last hidden state (`feature_layers =
     (n_layer,)`). A chain proposes at most `heads.n_heads` tokens; a tree is at most
-    that deep. Its only state is the feature buffer of `FeatureDraft`.
+    that deep. Its only state is one part, `features` (a `FeatureBuffer`).
     """
 
     def __init__(self, target: torch.nn.Module, heads: MedusaHeads) -> None:
         if not isinstance(heads, MedusaHeads):
             raise TypeError(f"heads must be a specref.drafts.heads.MedusaHeads, got {type(heads).__name__}")
         check_target(target, heads, "the Medusa heads")
-        super().__init__((target.config.n_layer,), heads, "the Medusa heads")
+        self.features = FeatureBuffer((target.config.n_layer,), heads, "the Medusa heads")
+        self.feature_layers = self.features.layers
         self.target, self.heads = target, heads
         self.vocab_size = int(target.config.vocab_size)
         self.n_heads = self.max_k = heads.n_heads  # head i drafts position i + 1
 
+    def begin(self, batch_size: int) -> None:
+        super().begin(batch_size)
+        self.features.begin(batch_size, self.run_rows)
+
+    def observe(self, features: tuple[torch.Tensor, ...], starts: torch.Tensor) -> None:  # ([B, T, C], ...), [B]
+        self.begun("observe")
+        self.features.observe(features, starts)
+
+    def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
+        super().rollback(n_valid)
+        self.features.rollback(n_valid)
+
     @torch.no_grad()
     def head_logits(self, tokens: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor | None:  # [B, n, V]
         """Heads 0 .. n-1 on each row's newest feature f_t (t = lengths - 2); None before any feature exists."""
-        t = self.scored(tokens, lengths)
+        self.begun()
+        t = self.features.scored(tokens, lengths)  # [B]
         if t is None:
             return None  # a one-token prompt: nothing scored yet
-        (f_t,) = self.gather(t[:, None], check=False)  # [B, 1, C]: scored(t) checked the rows hold t
+        (f_t,) = self.features.gather(t[:, None], check=False)  # [B, 1, C]: scored(t) checked the rows hold t
         self.passes += 1
         return self.heads.logits(f_t, self.target.lm_head, n)[:, 0]  # [B, n, V]: head i -> x_{t+2+i}; only n run
 
@@ -64,11 +78,12 @@ class MedusaDraft(FeatureDraft, Draft, TreeDraft):
         k = check_k(k, self.max_k, f"this Medusa draft has {self.n_heads} heads: head i drafts position i + 1")
         dtype = self.target.lm_head.weight.dtype
         if k == 0:
-            self.scored(tokens, lengths)
+            self.begun()
+            self.features.scored(tokens, lengths)  # the same checks of the buffer and lengths
             return self.empty(tokens, dtype)
         logits = self.head_logits(tokens, lengths, k)  # [B, k, V]
         if logits is None:
-            return self.prompt_again(tokens, k, dtype)
+            return repeat_prompt(tokens, k, self.vocab_size, dtype)
         return draw(logits, params, generator)  # [B, k], [B, k, V]: each position drawn on its own
 
     @torch.no_grad()
@@ -90,7 +105,7 @@ class MedusaDraft(FeatureDraft, Draft, TreeDraft):
         B = tokens.shape[0]
         logits = self.head_logits(tokens, lengths, spec.depth)  # [B, depth, V]
         if logits is None:
-            return self.prompt_again_tree(tokens, spec.depth, max_depth, max_nodes)
+            return repeat_prompt_tree(tokens, spec.depth, max_depth, max_nodes)
         grower = TreeGrower(spec, B, params, generator, max_depth=max_depth, max_nodes=max_nodes)
         while not grower.done:  # the frontier lies at depth d = grower.grown: its children come from head d
             d = grower.grown

@@ -5,7 +5,7 @@ Rule: feed the tokens the cache has not seen (the target's correction, the last 
 draft) in one pass, which gives the draft's logits after the context; then each draft token
 is drawn from q = the draft's processed logits (one-hot on the argmax when greedy) and fed
 to get the next one. The last draft is never fed: the target scores it. A tree grows one
-masked pass per depth over the ancestors of the nodes being expanded (`CachedDraft.feed_ancestors`).
+masked pass per depth over the ancestors of the nodes being expanded (`DraftCache.feed_ancestors`).
 """
 
 from __future__ import annotations
@@ -20,14 +20,15 @@ from ..sampling import SamplingParams
 from ..tree_shapes import TreeSpec
 from ..trees import Tree
 from .base import Draft, Sampler, TreeDraft, check_k, draw, one_hot
-from .cached import CachedDraft, pick
+from .cached import DraftCache, pick
 
 
-class ModelDraft(CachedDraft, Draft):
+class ModelDraft(Draft):
     """A smaller language model as draft: k autoregressive steps with its own KV cache.
 
     `sampler(logits [B, V], params, generator) -> (x [B], q [B, V])` draws each token when
     sampling (default `draw`: x ~ q, q processed as p is); greedy drafts are the argmax.
+    Its state is one part, `cache` (a `DraftCache` of the model; lag 0: cache row s reads x_s).
     """
 
     def __init__(self, model: torch.nn.Module, sampler: Sampler = draw) -> None:
@@ -35,9 +36,18 @@ class ModelDraft(CachedDraft, Draft):
             raise TypeError(f"the draft must be a GPT2-like model (with config.vocab_size), got {type(model).__name__}")
         if not callable(sampler):
             raise TypeError(f"sampler must be a function (logits, params, generator) -> (x, q), got {sampler!r}")
-        self.model = self.cache_module = model
+        self.model = model
+        self.cache = DraftCache(model)
         self.vocab_size = int(model.config.vocab_size)
         self.sampler = sampler
+
+    def begin(self, batch_size: int) -> None:
+        super().begin(batch_size)
+        self.cache.begin(batch_size, self.window, self.run_rows)
+
+    def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
+        super().rollback(n_valid)
+        self.cache.rollback(n_valid)
 
     @property
     def step(self) -> Callable[..., torch.Tensor]:
@@ -51,8 +61,9 @@ class ModelDraft(CachedDraft, Draft):
     def context_logits(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:  # [B, L], [B] -> [B, V]
         """Feed each row's tokens the cache has not seen, in one pass: the logits after the whole context."""
         lengths = check_rows("lengths", lengths, self.begun()).to(tokens.device, torch.long)  # shapes only
-        rows = self.catch_up(lengths, limit=check_rows("tokens", tokens, self.batch_size, "[B, L]").shape[1])  # [B, W]
-        return self.step(tokens.gather(1, rows), cache=self.cache, logits_to_keep=1)[:, -1]
+        width = check_rows("tokens", tokens, self.batch_size, "[B, L]").shape[1]
+        rows = self.cache.catch_up(lengths, limit=width)  # [B, W]
+        return self.step(tokens.gather(1, rows), cache=self.cache.kv, logits_to_keep=1)[:, -1]
 
     @torch.no_grad()
     def propose(
@@ -76,8 +87,8 @@ class ModelDraft(CachedDraft, Draft):
                 qs.append(q)
             drafts.append(x)
             if i < k - 1:  # the last draft is never fed: the target scores it
-                logits = self.step(x[:, None], cache=self.cache)[:, -1]
-        self.fed = self.fed + (k - 1)
+                logits = self.step(x[:, None], cache=self.cache.kv)[:, -1]
+        self.cache.fed = self.cache.fed + (k - 1)  # drafts 1 .. k-1 stay until the rollback drops the rejected
         x = torch.stack(drafts, 1)  # [B, k]
         if params.greedy:
             return x, one_hot(x, self.vocab_size, logits.dtype)
@@ -93,7 +104,7 @@ def as_draft(draft: object) -> Draft:
     raise TypeError(f"draft must be a Draft or a GPT2-like model with new_cache(), got {type(draft).__name__}")
 
 
-class TreeModelDraft(ModelDraft, TreeDraft):
+class TreeModelDraft(ModelDraft):
     """A smaller language model that grows one draft tree per row (and chains, as a `ModelDraft`).
 
     The cache is brought up to the context (which gives q after it), then each depth is one
@@ -115,14 +126,14 @@ class TreeModelDraft(ModelDraft, TreeDraft):
         """One tree per row after its context, grown by a `TreeGrower` (one draft pass per depth)."""
         root_logits = self.context_logits(tokens, lengths)[:, None]  # [B, 1, V]
         self.passes += 1
-        context = self.fed.clone()
-        grower = self.tree_grower(spec, root_logits, context, params, generator, max_depth, max_nodes)
+        context = self.cache.fed.clone()
+        grower = self.cache.tree_grower(spec, root_logits, context, params, generator, max_depth, max_nodes)
         while not grower.done:  # one masked pass per deeper depth
-            ids, rows, mask, _, index = self.feed_ancestors(grower, context)
+            ids, rows, mask, _, index = self.cache.feed_ancestors(grower, context)
             self.passes += 1
-            logits = self.step(ids, cache=self.cache, position_ids=rows, attention_mask=mask)  # row s: position s
+            logits = self.step(ids, cache=self.cache.kv, position_ids=rows, attention_mask=mask)  # row s: position s
             grower.grow(pick(logits, index))
-        return self.tree_result(grower, context)
+        return self.cache.tree_result(grower, context)
 
 
 def as_tree_draft(draft: object) -> TreeDraft:

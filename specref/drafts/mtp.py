@@ -27,17 +27,17 @@ from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
 from .base import Draft, check_k, draw
 from .cached import pick
-from .features import FeatureDraft, check_target
+from .features import FeatureBuffer, check_target, repeat_prompt
 from .heads import MTPModule, MTPStack
 
 
-class MTPDraft(FeatureDraft, Draft):
+class MTPDraft(Draft):
     """DeepSeek-V3-style MTP modules as a chain draft: module d at the newest scored row proposes draft position d.
 
     `target` lends its frozen embeddings (wte, wpe), its output head and its width;
     `modules` is an `MTPStack` or a sequence of `MTPModule`s, depth 1 first. It reads
     the target's last hidden state (`feature_layers = (n_layer,)`) and proposes at most
-    `depth` tokens. State: the feature buffer of `FeatureDraft`, and per module a KV
+    `depth` tokens. State: one part, `features` (a `FeatureBuffer`), and per module a KV
     cache and its outputs over the rows with true inputs (see the module docstring).
     """
 
@@ -51,7 +51,8 @@ class MTPDraft(FeatureDraft, Draft):
         if len(widths) != 1:
             raise ValueError(f"the MTP modules must share one width, got {sorted(widths)}")
         check_target(target, mods[0], "the MTP modules")
-        super().__init__((target.config.n_layer,), mods[0], "the MTP modules")
+        self.features = FeatureBuffer((target.config.n_layer,), mods[0], "the MTP modules")
+        self.feature_layers = self.features.layers
         self.target, self.modules = target, list(mods)
         self.depth = self.max_k = len(mods)  # module d drafts position d
         self.n_embd = mods[0].n_embd
@@ -61,10 +62,16 @@ class MTPDraft(FeatureDraft, Draft):
 
     def begin(self, batch_size: int) -> None:
         super().begin(batch_size)
+        self.features.begin(batch_size, self.run_rows)
         self.caches, self.outputs = None, None
+
+    def observe(self, features: tuple[torch.Tensor, ...], starts: torch.Tensor) -> None:  # ([B, T, C], ...), [B]
+        self.begun("observe")
+        self.features.observe(features, starts)
 
     def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
         super().rollback(n_valid)
+        self.features.rollback(n_valid)
         if self.caches is not None:
             n = n_valid.to(self.caches[0].device, torch.long)
             for d, cache in enumerate(self.caches, start=1):  # row i of depth d read x_{i+d}: kept iff i + d < n_valid
@@ -102,12 +109,13 @@ class MTPDraft(FeatureDraft, Draft):
         generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # drafts [B, k], q [B, k, V]
         k = check_k(k, self.max_k, f"this MTP draft has {self.depth} modules: module d drafts position d")
-        t = self.scored(tokens, lengths)  # [B] the newest scored position
+        self.begun()
+        t = self.features.scored(tokens, lengths)  # [B] the newest scored position
         B, dtype = tokens.shape[0], self.target.lm_head.weight.dtype
         if k == 0:
             return self.empty(tokens, dtype)
         if t is None:  # a one-token prompt: nothing scored yet
-            return self.prompt_again(tokens, k, dtype)
+            return repeat_prompt(tokens, k, self.vocab_size, dtype)
         if self.caches is None:
             self._allocate(B)
         lengths = t + 2
@@ -140,7 +148,7 @@ class MTPDraft(FeatureDraft, Draft):
         cache.truncate(start, check=False, bound=most)
         if W > 0:
             rows = start[:, None] + torch.arange(W, device=t.device)  # [B, W]; rows > t[b] are padding
-            prev = self.features[0] if d == 1 else self.outputs[d - 2]
+            prev = self.features.buffers[0] if d == 1 else self.outputs[d - 2]
             tok = ext.gather(1, (rows + d).clamp(max=ext.shape[1] - 1))
             out = self._run(d, pick(prev, rows.clamp(max=prev.shape[1] - 1)), tok, rows + d)  # [B, W, C]
             self.outputs[d - 1].scatter_(1, rows[..., None].expand(*rows.shape, self.n_embd), out)

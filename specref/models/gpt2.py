@@ -14,15 +14,19 @@ What is added for speculative decoding:
   its ancestors only);
 * ``return_hidden=True`` returns every layer's hidden states, the features that
   Medusa/EAGLE-style drafts read.
+
+A pass calls the blocks as plain functions over their parameters (`_block`), on 2-D
+activations ``[B * T, C]``: the modules' own kernels on the same operands, so the same
+numbers, for far fewer Python calls per layer. Hooks therefore go on the `GPT2` itself.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, fields
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any, NamedTuple
 
 import torch
@@ -183,6 +187,22 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # bo
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
+def _arange(n: int, device: torch.device) -> torch.Tensor:  # [n] long
+    """``arange(n)`` on ``device``: a pass's token and slot numbers, made once and shared (read, never written).
+
+    Not while a CUDA graph is being captured: a tensor made there holds its values only once the graph replays.
+    """
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.arange(n, device=device)
+    return _shared_arange(n, device)
+
+
+@lru_cache(maxsize=256)
+def _shared_arange(n: int, device: torch.device) -> torch.Tensor:  # [n] long
+    with torch.inference_mode(False):  # a normal tensor, which a training pass may keep for its backward
+        return torch.arange(n, device=device)
+
+
 def _gelu_new(x: torch.Tensor) -> torch.Tensor:
     # GPT-2's tanh approximation of GELU (HF "gelu_new").
     return F.gelu(x, approximate="tanh")
@@ -220,18 +240,8 @@ class Attention(nn.Module):
         n_slots: int,  # S: how many cache slots to attend over
     ) -> torch.Tensor:  # [B, T, C]
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
-        if cache is not None:
-            # Write the new entries at each sequence's own slots, then attend over the
-            # first n_slots slots; the mask hides stale slots and other sequences' padding.
-            idx = slots[:, None, :, None].expand(B, self.n_head, T, self.head_dim)
-            cache.k[layer].scatter_(2, idx, k.to(cache.dtype))
-            cache.v[layer].scatter_(2, idx, v.to(cache.dtype))
-            k = cache.k[layer, :, :, :n_slots].to(q.dtype)
-            v = cache.v[layer, :, :, :n_slots].to(q.dtype)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, T, D]
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+        k_slots, v_slots, idx = _layer_slots(cache, layer, slots, n_slots, self.n_head, self.head_dim)
+        return _attend(self, x.reshape(B * T, C), B, T, mask, k_slots, v_slots, idx).view(B, T, C)
 
 
 class MLP(nn.Module):
@@ -257,8 +267,75 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, mask, cache, layer, slots, n_slots):  # [B, T, C] -> [B, T, C]
-        x = x + self.attn(self.ln_1(x), mask, cache, layer, slots, n_slots)
-        return x + self.mlp(self.ln_2(x))
+        B, T, C = x.shape
+        attn = self.attn
+        k_slots, v_slots, idx = _layer_slots(cache, layer, slots, n_slots, attn.n_head, attn.head_dim)
+        return _block(self, x.reshape(B * T, C), B, T, mask, k_slots, v_slots, idx).view(B, T, C)
+
+
+# -- the block as functions over its parameters ---------------------------------------------------
+# A pass runs every block through these, not through each submodule's ``__call__``: the arithmetic
+# is the modules' own (the same kernels on the same operands), with a fraction of the Python calls
+# per layer. The activations stay 2-D, ``[N, C]`` with ``N = B * T`` rows. Parameters and submodules
+# are read at each call (`_modules`, `_parameters`), so a model whose weights were replaced runs
+# with the new ones. Hooks on a block or its submodules do not fire; a hook on the `GPT2` does.
+
+
+def _linear(conv: Conv1D, x: torch.Tensor) -> torch.Tensor:  # [N, in] -> [N, out]
+    """``Conv1D.forward`` on rows: ``bias + x @ weight``."""
+    p = conv._parameters
+    return torch.addmm(p["bias"], x, p["weight"])
+
+
+def _norm(ln: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:  # [N, C] -> [N, C]
+    """``nn.LayerNorm.forward``, one row at a time (``F.layer_norm`` without its Python wrapper)."""
+    p = ln._parameters
+    return torch.layer_norm(x, ln.normalized_shape, p["weight"], p["bias"], ln.eps)
+
+
+def _layer_slots(
+    cache: KVCache | None, layer: int, slots: torch.Tensor | None, n_slots: int, n_head: int, head_dim: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:  # [B, H, S, D] x 2, [B, H, T, D]
+    """One layer's first ``n_slots`` cache slots (views of K and V) and the scatter index of the new tokens."""
+    if cache is None:
+        return None, None, None
+    B, T = slots.shape
+    idx = slots[:, None, :, None].expand(B, n_head, T, head_dim)
+    return cache.k[layer].narrow(2, 0, n_slots), cache.v[layer].narrow(2, 0, n_slots), idx
+
+
+def _attend(
+    attn: Attention,
+    x: torch.Tensor,  # [N, C], N = B * T rows (ln_1's output)
+    B: int,
+    T: int,
+    mask: torch.Tensor,  # [B or 1, 1, T, S] bool or additive
+    k_slots: torch.Tensor | None,  # [B, H, S, D] this layer's first S cache slots (a view), None without a cache
+    v_slots: torch.Tensor | None,  # [B, H, S, D]
+    idx: torch.Tensor | None,  # [B, H, T, D] each new token's cache slot, expanded
+) -> torch.Tensor:  # [N, C]
+    """Attention: write the new K/V at their slots, attend over the S slots (the mask hides the others)."""
+    m = attn._modules
+    qkv = _linear(m["c_attn"], x).view(B, T, 3, attn.n_head, attn.head_dim).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv.unbind(0)  # [B, H, T, D] each
+    if k_slots is not None:
+        dtype = k_slots.dtype
+        k_slots.scatter_(2, idx, k if k.dtype == dtype else k.to(dtype))
+        v_slots.scatter_(2, idx, v if v.dtype == dtype else v.to(dtype))
+        k = k_slots if dtype == q.dtype else k_slots.to(q.dtype)
+        v = v_slots if dtype == q.dtype else v_slots.to(q.dtype)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, T, D]
+    return _linear(m["c_proj"], y.transpose(1, 2).reshape(x.shape))
+
+
+def _block(block: Block, x: torch.Tensor, B: int, T: int, mask: torch.Tensor, k_slots: torch.Tensor | None,
+           v_slots: torch.Tensor | None, idx: torch.Tensor | None) -> torch.Tensor:  # [N, C] -> [N, C]
+    """``Block.forward`` on rows: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+    m = block._modules
+    x = x + _attend(m["attn"], _norm(m["ln_1"], x), B, T, mask, k_slots, v_slots, idx)
+    mlp = m["mlp"]
+    fc = mlp._modules
+    return x + _linear(fc["c_proj"], mlp.act(_linear(fc["c_fc"], _norm(m["ln_2"], x))))
 
 
 class Transformer(nn.Module):
@@ -329,6 +406,7 @@ class GPT2(nn.Module):
         state = dict(super().__getstate__())
         state["graphs"] = CapturedPasses(self.graphs.enabled)
         state.pop("_run_caches", None)  # a generation's caches belong to this model's graphs
+        state.pop("_generation_scopes", None)  # and so do the generations running on them
         return state
 
     # -- convenience -------------------------------------------------------------------
@@ -378,7 +456,8 @@ class GPT2(nn.Module):
         size and dtype, at most its slots): the captured passes stay valid because the cache keeps
         its addresses, and nothing is captured twice. New caches are rounded up to 64 slots so that
         prompts of nearby lengths share one. Elsewhere it is `new_cache`. A cache handed out
-        belongs to its generation until the next call with the same role.
+        belongs to its generation until the next call with the same role; inside `generation`, until that
+        generation ends: asking for a role held by an unfinished generation raises a RuntimeError.
         """
         if not isinstance(role, str):
             raise TypeError(f"role must be a str, got {type(role).__name__}")
@@ -388,6 +467,15 @@ class GPT2(nn.Module):
             c = self.config
             return KVCache(c.n_layer, batch_size, c.n_head, c.head_dim, check_int(
                 "max_len", max_len, 1, "cache slots"), device=self.device, dtype=self.dtype)
+        scopes = self.__dict__.get("_generation_scopes", [])
+        if any(role in held for held in scopes):
+            raise RuntimeError(
+                f"this model's kept {role!r} cache is held by a generation that has not finished: a generation "
+                f"nested inside another on the same model (from an on_step observer, say) would empty it under the "
+                f"outer one. Run the inner generation on a copy of the model (copy.deepcopy), or with its captured "
+                f"passes switched off (model.graphs.enabled = False), which gives it a cache of its own")
+        if scopes:
+            scopes[-1].add(role)
         kept = getattr(self, "_run_caches", {}).get(role)
         if kept is not None and kept.batch_size == batch_size and kept.dtype == self.dtype \
                 and kept.device == self.device and max_len <= kept.max_len:
@@ -398,6 +486,23 @@ class GPT2(nn.Module):
         cache = self.new_cache(batch_size, max_len=max(rounded, max_len))  # clears the graphs and the kept caches
         self._run_caches = {**others, role: cache}
         return cache
+
+    @contextmanager
+    def generation(self) -> Iterator[None]:
+        """The span of one generation (the decoding loops open it): the kept caches it takes stay its own.
+
+        Inside it, each role `run_cache` hands out a kept cache for is held until the span ends, normally
+        or by an error. A generation nested inside another on the same model (an ``on_step`` observer that
+        generates) that asks for a held role gets a RuntimeError, not the outer generation's cache
+        emptied under it. Where no cache is kept (a CPU, graphs switched off) nothing is held.
+        """
+        scopes = self.__dict__.setdefault("_generation_scopes", [])
+        mine: set[str] = set()
+        scopes.append(mine)
+        try:
+            yield
+        finally:  # this span's own set, by identity: spans that end out of order release only their roles
+            scopes[:] = [held for held in scopes if held is not mine]
 
     # -- forward -----------------------------------------------------------------------
     def forward(
@@ -481,8 +586,7 @@ class GPT2(nn.Module):
         """
         B, T = input_ids.shape
         n_slots = T if cache is None else cache.capacity(T)
-        run = partial(self._core, cache, n_slots, return_hidden, logits_to_keep,
-                      position_ids is not None, attention_mask is not None)
+        shape = (cache, n_slots, return_hidden, logits_to_keep, position_ids is not None, attention_mask is not None)
         inputs = tuple(t for t in (input_ids, position_ids, attention_mask) if t is not None)
         # Captured only without autograd (the decoding loops run under no_grad): a replay's outputs have no history.
         if cache is not None and input_ids.device.type in GRAPHED_DEVICES and T <= self.graph_max_tokens \
@@ -490,9 +594,9 @@ class GPT2(nn.Module):
             weights = (self.transformer.wte.weight.data_ptr(), self.transformer.h[-1].mlp.c_proj.weight.data_ptr())
             key = (B, T, n_slots, cache.k.data_ptr(), cache.v.data_ptr(), cache.lengths.data_ptr(), cache.dtype,
                    tuple(cache.k.shape), weights, return_hidden, logits_to_keep, tuple(t.shape for t in inputs))
-            out = self.graphs.run(key, run, *inputs)
+            out = self.graphs.run(key, partial(self._core, *shape), *inputs)
         else:
-            out = run(*inputs)
+            out = self._core(*shape, *inputs)
         if cache is not None:
             cache.advance(T)
         if return_hidden:
@@ -509,19 +613,41 @@ class GPT2(nn.Module):
         B, T = input_ids.shape
         dev = input_ids.device
         past = cache.lengths if cache is not None else None  # [B]
-        new = torch.arange(T, device=dev)
+        new = _arange(T, dev)
         slots = new.expand(B, T) if past is None else past[:, None] + new  # [B, T] slot (= default position)
-        tr = self.transformer
-        x = tr.wte(input_ids) + tr.wpe(slots if position_ids is None else position_ids)  # [B, T, C]
-        mask = additive_mask(attention_mask_over_slots(past, slots, n_slots, new_mask), x.dtype)  # [B or 1, 1, T, S]
+        tr = self.transformer._modules
+        x = torch.embedding(tr["wte"]._parameters["weight"], input_ids) \
+            + torch.embedding(tr["wpe"]._parameters["weight"], slots if position_ids is None else position_ids)
+        C = x.shape[-1]
+        blocks = tr["h"]._modules.values()
+        k_slots = v_slots = idx = None
+        # Without autograd, every layer's first n_slots cache slots as views made at once (with it, autograd
+        # refuses in-place writes into unbind's views: each layer takes its own as it comes).
+        lazy_slots = cache is not None and torch.is_grad_enabled()
+        if cache is None or new_mask is not None:
+            mask = additive_mask(attention_mask_over_slots(past, slots, n_slots, new_mask), x.dtype)  # [B or 1, 1, T, S]
+        else:  # causal over the cache (`attention_mask_over_slots`): slot s is hidden from token i iff s > its slot
+            hide = _arange(n_slots, dev) > slots.view(B, 1, T, 1)  # [B, 1, T, S]
+            mask = torch.zeros(hide.shape, dtype=x.dtype, device=dev).masked_fill_(hide, float("-inf"))
+        if cache is not None:
+            idx = slots.view(B, 1, T, 1).expand(B, cache.k.shape[2], T, cache.k.shape[4])  # [B, H, T, D]
+            if not lazy_slots:
+                k_slots = cache.k.narrow(3, 0, n_slots).unbind(0)  # L x [B, H, S, D]
+                v_slots = cache.v.narrow(3, 0, n_slots).unbind(0)
         hidden: list[torch.Tensor] = []
+        x = x.view(B * T, C)  # [N, C]: the blocks work on rows
         with sdpa_kernel(_DECODE_SDPA_BACKENDS) if x.is_cuda else nullcontext():
-            for layer, block in enumerate(tr.h):
+            for layer, block in enumerate(blocks):
                 if return_hidden:
-                    hidden.append(x)
-                x = block(x, mask, cache, layer, slots, n_slots)
-        x = tr.ln_f(x)
-        logits = self.lm_head(x[:, -logits_to_keep:] if logits_to_keep else x)  # [B, T or logits_to_keep, V]
+                    hidden.append(x.view(B, T, C))
+                if lazy_slots:
+                    k_l, v_l = cache.k[layer].narrow(2, 0, n_slots), cache.v[layer].narrow(2, 0, n_slots)
+                else:
+                    k_l, v_l = (None, None) if cache is None else (k_slots[layer], v_slots[layer])
+                x = _block(block, x, B, T, mask, k_l, v_l, idx)
+        x = _norm(tr["ln_f"], x).view(B, T, C)
+        # lm_head as nn.Linear computes it, on [B, T or logits_to_keep, C]
+        logits = F.linear(x[:, -logits_to_keep:] if logits_to_keep else x, self.lm_head.weight)
         if return_hidden:
             return (logits, *hidden, x)
         return logits

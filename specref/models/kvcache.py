@@ -21,6 +21,23 @@ import torch
 from .._validate import check_int
 
 
+def attended_slots(need: int, max_len: int) -> int:
+    """The K/V slots a pass attends over when `need` slots are in use after it: `need` rounded up to a power of two.
+
+    At least 16 and at most `max_len` (`KVCache.capacity`'s rule, here for a cost model that counts
+    what a pass reads). Raises unless 1 <= need <= max_len.
+    """
+    check_int("max_len", max_len, 1, "slots")
+    check_int("need", need, 1, "slots in use")
+    if need > max_len:
+        raise ValueError(f"need must be <= max_len={max_len}, got {need}")
+    return _bucket(need, max_len)
+
+
+def _bucket(need: int, max_len: int) -> int:  # the rule, unchecked (every pass calls it)
+    return min(max_len, max(16, 1 << (need - 1).bit_length()))
+
+
 class KVCache:
     """Per-layer keys and values, ``k[layer]`` and ``v[layer]`` of shape ``[B, n_head, max_len, head_dim]``.
 
@@ -148,7 +165,10 @@ class KVCache:
             self.bound = min(self.bound, bound)
 
     def check_room(self, n_new: int, what: str) -> None:
-        """Raise unless every sequence can take `n_new` more tokens (`what` names them); host-side, by `bound`."""
+        """Raise unless the cache has room for `n_new` more tokens per sequence (`what` names them).
+
+        Room is the free slots, max_len - bound: host-side, by `bound`, so it never reads back.
+        """
         if self.bound + n_new > self.max_len:
             raise ValueError(
                 f"{what} needs {n_new} new cache slots after up to {self.bound} cached tokens, but the cache "
@@ -165,7 +185,7 @@ class KVCache:
         need = self.bound + n_new
         if need > self.max_len:
             raise ValueError(f"total length {need} exceeds the cache's max_len={self.max_len}")
-        return min(self.max_len, max(16, 1 << (need - 1).bit_length()))
+        return _bucket(need, self.max_len)
 
     def compact(self, kept_slots: Sequence[Sequence[int] | torch.Tensor]) -> None:
         """Keep only ``kept_slots[b]`` of each sequence ``b``, moved to slots ``0..len-1`` in order.

@@ -45,6 +45,7 @@ from scipy.optimize import least_squares, nnls
 from scipy.stats import beta as scipy_beta
 
 from .._validate import as_int_tuple, check_int
+from ..models.kvcache import attended_slots
 from ..theory import expected_tokens_per_step
 
 FORMS = ("sum", "roofline")
@@ -277,7 +278,12 @@ class CostModel:
     `verify_factor` scales the target's pass when it verifies inside speculative decoding
     (on a CPU the draft's passes evict the target's weights from the caches between
     verifications, and a batch's rows attend over its longest row); 1 = as timed alone.
-    `context` is the number of cached tokens the passes attend over (a run's mean).
+    `context` is the number of cached tokens before a pass (a run's mean). `max_len`, if given, is the
+    cache's size in specref's own pass, which attends over `KVCache.capacity` (the slots in use after
+    the pass rounded up to a power of two, at most max_len: `attended_slots`), so a pass of T tokens
+    reads attended_slots(context + T, max_len) slots of K/V; None: it reads the context. Give it with pass
+    models whose S is the slots a pass reads (a roofline from bytes, or a fit to timings recorded with the
+    attended slots as S), not with fits whose S is the context, which would count the rounding twice.
     `draft_fixed`, if given, is what the draft spends once per step beyond its k steps, at
     draft_fixed(B, 1, S): the catch-up pass over the tokens the last step accepted, and
     building q. `prompt_target` and `prompt_draft`, if given, time the prompt's pass
@@ -297,6 +303,7 @@ class CostModel:
     alpha_sd: float = 0.0
     prompt_target: PassModel | None = None
     prompt_draft: PassModel | None = None
+    max_len: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.target, PassModel):
@@ -308,14 +315,23 @@ class CostModel:
                 raise TypeError(f"{name} must be a PassModel or None, got {type(getattr(self, name)).__name__}")
         _check_sd(0.5, self.alpha_sd)
         _count("context", self.context, 0)
+        if self.max_len is not None and _count("max_len", self.max_len, 1) <= self.context:
+            raise ValueError(f"max_len must leave room for a pass after the context ({self.context}), got {self.max_len}")
         _positive("verify_factor", self.verify_factor)
-        if not self.target(1, 1, self.context) > 0:  # every speedup divides by the plain step's time
+        if not self.target(1, 1, self.read_slots(1)) > 0:  # every speedup divides by the plain step's time
             raise ValueError(f"target predicts 0 seconds for a plain step at context={self.context}: "
                              "give it an overhead, weights or per_token cost > 0")
 
+    def read_slots(self, n_tokens: int) -> int:
+        """The K/V slots per row a pass of n_tokens reads: the context, or the capacity it attends over (max_len)."""
+        if self.max_len is None:
+            return self.context
+        # A pass past the cache reads all of it: the loop never runs one (it cuts k to the room left), `choose_k` may ask.
+        return attended_slots(min(self.context + n_tokens, self.max_len), self.max_len)
+
     def pass_time(self, batch_size: int, n_tokens: int) -> float:
         """Seconds for one target pass over batch_size x n_tokens new tokens at this context."""
-        return self.target(batch_size, n_tokens, self.context)
+        return self.target(batch_size, n_tokens, self.read_slots(n_tokens))
 
     def loop_time(self, batch_size: int, n_tokens: int) -> float:
         """Seconds a speculative step spends outside the passes when it scores batch_size x n_tokens tokens."""
@@ -332,12 +348,12 @@ class CostModel:
     def draft_time(self, batch_size: int) -> float:
         """Seconds for one draft step (one token per row) at this batch size."""
         if isinstance(self.draft, PassModel):
-            return self.draft(batch_size, 1, self.context)
+            return self.draft(batch_size, 1, self.read_slots(1))
         return self.draft * self.pass_time(batch_size, 1)
 
     def draft_step_time(self, k: int, batch_size: int) -> float:
         """Seconds the draft spends in one speculative step: k draft steps and the per-step fixed part."""
-        fixed = 0.0 if self.draft_fixed is None else self.draft_fixed(batch_size, 1, self.context)
+        fixed = 0.0 if self.draft_fixed is None else self.draft_fixed(batch_size, 1, self.read_slots(1))
         return k * self.draft_time(batch_size) + (fixed if k else 0.0)
 
     def v(self, k: int, batch_size: int) -> float:
@@ -387,7 +403,8 @@ class CostModel:
         k, B = _count("k", k, 0), _count("batch_size", batch_size, 1)
         P, n = _count("prompt_len", prompt_len, 1), _count("new_tokens", new_tokens, 1)
         alpha = _alpha(alpha)
-        at = replace(self, context=P + n // 2)
+        # The mean context, and the cache a real run sizes (prompt, tokens, one step's drafts) where slots are counted.
+        at = replace(self, context=P + n // 2, max_len=None if self.max_len is None else max(self.max_len, P + n + k + 1))
         prompt = (self.prompt_target or self.target)(B, P, 0)
         if k == 0:
             return prompt + (n - 1) * at.plain_time(B)
@@ -410,7 +427,8 @@ class CostModel:
         return {"target": self.target.as_dict(), "draft": draft, "context": self.context,
                 "loop": None if self.loop is None else self.loop.as_dict(), "verify_factor": self.verify_factor,
                 **{name: None if getattr(self, name) is None else getattr(self, name).as_dict()
-                   for name in ("draft_fixed", "prompt_target", "prompt_draft")}, "alpha_sd": self.alpha_sd}
+                   for name in ("draft_fixed", "prompt_target", "prompt_draft")}, "alpha_sd": self.alpha_sd,
+                **({} if self.max_len is None else {"max_len": self.max_len})}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> CostModel:
@@ -420,7 +438,8 @@ class CostModel:
                for name in ("loop", "draft_fixed", "prompt_target", "prompt_draft")}
         return cls(PassModel.from_dict(d["target"]),
                    PassModel.from_dict(draft) if isinstance(draft, Mapping) else float(draft), int(d["context"]),
-                   verify_factor=float(d.get("verify_factor", 1.0)), alpha_sd=float(d.get("alpha_sd", 0.0)), **opt)
+                   verify_factor=float(d.get("verify_factor", 1.0)), alpha_sd=float(d.get("alpha_sd", 0.0)),
+                   max_len=None if d.get("max_len") is None else int(d["max_len"]), **opt)
 
 
 def _check_sd(alpha: float, sd: object) -> float:

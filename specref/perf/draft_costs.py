@@ -36,6 +36,7 @@ import torch
 from .._validate import check_gpt2, check_int
 from ..drafts import EagleDraft, MedusaDraft, ModelDraft, MTPDraft, NoDraft, PromptLookupDraft
 from ..drafts.base import Draft
+from ..drafts.cached import DraftCache
 from ..models.kvcache import KVCache
 from .costmodel import H100_BANDWIDTH, H100_BF16_FLOPS, PassModel
 
@@ -68,7 +69,8 @@ def kv_bytes_per_token(draft: Draft) -> int:
     caches in `begin` or at its first proposal); a draft without a cache gives 0.
     """
     draft = _check_draft(draft)
-    caches = [c for c in _members(draft) if isinstance(c, KVCache)]
+    members = [m.kv if isinstance(m, DraftCache) else m for m in _members(draft)]  # a DraftCache part holds its kv
+    caches = [c for c in members if isinstance(c, KVCache)]
     return sum(2 * c.k.shape[0] * c.k.shape[2] * c.k.shape[4] * c.k.element_size() for c in caches)
 
 

@@ -2,9 +2,10 @@
 
 The learner writes acceptance_by_position(steps, k) -> [(accepted, reached)] for positions
 1..k over `specref.decoding.record.RecordedStep` lists (the rule of
-`specref.decoding.record.acceptance_by_position`), then uses it to measure why Medusa's later
-positions accept less than EAGLE's. It is graded on random step lists, with steps whose k
-shrank and steps without drafts among them; the learner gets a fresh copy of each list.
+`specref.decoding.record.acceptance_by_position`), then uses it in an ablation that finds what
+Medusa's heads lack on copy-heavy text (Task 6, graded by hand). It is graded on random step
+lists, with steps whose k shrank and steps without drafts among them; the learner gets a fresh
+copy of each list.
 """
 
 from __future__ import annotations

@@ -22,7 +22,10 @@ flaw of a random kind and random parameters, kept only when exactly lossless or 
 * `check_lossless_check(is_lossless)`: the right verdict on fresh copies of the six, or (hidden) on
   samplers built from the seed;
 * `check_resolution(tv_threshold, samples_needed)`: a sampled check's threshold, valid for every target
-  distribution at the level it is given, and the sample size at which it flags a given TV (see its docstring).
+  distribution at the level it is given and, on an outcome space of a thousand cells, below the union bound that
+  the course's own distribution test uses (`specref.checks.montecarlo.tv_bound`: copying the package's rule is no
+  answer), and the sample size at which it flags a given TV (see its docstring). It cannot tell a derived threshold
+  from a shaved copy of the union bound; the derivation is graded by hand.
 
 False-fail rates: `check_lossless_check` 0 (it draws no sample: the grader's truth and a correct answer's are
 both exact enumerations, so a correct answer passes at every seed; the seed only composes the samplers).
@@ -44,6 +47,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from specref.checks.montecarlo import tv_bound
 from specref.checks.rng import exact_distribution
 from specref.checks.samplers import SAMPLERS, TEMPERATURE, VISIBLE, Sampler, Spec, make_sampler, reference_cases  # noqa: F401
 from specref.checks.toy import MarkovChain
@@ -188,7 +192,8 @@ def _specs(hidden: bool, seed: int | None) -> list[Spec]:
 ALLOWED = tuple(f"specref_grading.checks.pitfalls.{n}" for n in (
     "reference_cases", "check_lossless_check", "check_resolution", "SAMPLERS", "TEMPERATURE")) + tuple(
     f"specref.checks.samplers.{n}" for n in ("reference_cases", "SAMPLERS", "TEMPERATURE"))
-# specref.checks.montecarlo: its distribution_test computes a TV threshold from the sample size, Task 2's answer.
+# specref.checks.montecarlo: its distribution_test computes a TV threshold from the sample size (the union bound
+# Task 2 asks the learner to improve on), and simulates samplers in bulk.
 FORBIDDEN = ("specref_grading", "specref.checks.montecarlo")
 
 _CHECK_HINT = ("lossless means the first N tokens have exactly the processed target's joint on every case, and a "
@@ -230,6 +235,7 @@ def check_lossless_check(fn: Callable[[Sampler], object], hidden: bool = False, 
 
 _FALSE_FAIL = 1e-6  # per configuration: a count is held against its binomial quantile at 1 - _FALSE_FAIL
 _LOOSE = 2.5  # a threshold above 2.5 x the uniform target's simulated (1 - level) quantile has too little power
+_LARGE = (1000, 20_000)  # (n_cells, n): an outcome space where the union bound is loose; the threshold must beat it
 
 
 def _targets(m: int, rng: np.random.Generator) -> list[tuple[str, np.ndarray]]:
@@ -289,9 +295,15 @@ def check_resolution(tv_threshold: Callable[..., object], samples_needed: Callab
 
     Valid: for every configuration below and each of three targets, the empirical TV of n samples from the target
     exceeds t in a fraction of `repeats` simulations that a true rate of `level` explains (binomial quantile at
-    1 - 1e-6). Useful: t at most 2.5 times the uniform target's simulated (1 - level) quantile. Powerful:
+    1 - 1e-6). Useful: t at most 2.5 times the uniform target's simulated (1 - level) quantile. Tighter than the
+    union bound: at n_cells = 1000, n = 20000, t below `tv_bound` (the course test's threshold). Powerful:
     at samples_needed(tv, ...) samples, a sampler exactly tv away (two kinds of shift) exceeds t(n) in all but a
     fraction that `level` explains; and that n is at most three times the grader's own bound's.
+
+    What no number can show is the derivation: a constant times the union bound (0.99, 0.9, down to about 0.68 of
+    it) passes every test above, while sound derivations land near 0.85 to 0.93 of it, so a shaved copy of the
+    printed bound cannot be told from a derived threshold. This check grades validity, tightness and power; the
+    derivation is a hand-graded answer of its own (ex08's `ex08_resolution_derivation`, with its rubric).
     """
     from scipy.stats import binom
 
@@ -318,6 +330,31 @@ def check_resolution(tv_threshold: Callable[..., object], samples_needed: Callab
                         f"a correct sampler's empirical TV stays below {q:.4f} in {1 - level:.0%} of simulations"],
                         f"a useful threshold is at most {_LOOSE} times that: bound the TV as a whole, not each "
                         "cell on its own.")
+    m, n = _LARGE
+    large = {name: _empirical_tv(rng, target, target, n, repeats) for name, target in _targets(m, rng)}
+    for level in (0.05, 0.01):
+        inputs = [f"n_cells = {m}", f"n = {n}", f"level = {level}"]
+        where = f"tv_threshold({m}, {n}, {level})"
+        t = _learner_float(g, f"{where} failed.", inputs, tv_threshold, m, n, level)
+        union = tv_bound(m, n, level)
+        if t >= union:
+            raise failure(g, f"{where} = {t:.4f} is not below the union bound {union:.4f}.", inputs + [
+                "the union bound sqrt((n_cells ln 2 + ln(1 / level)) / (2 n)) is the threshold of the course's own test"],
+                "derive your own along the task's hints: a union over all 2^n_cells events pays for every one of "
+                "them, and with many cells that costs more than the noise of the TV itself.")
+        for name, tvs in large.items():
+            over = int((tvs > t).sum())
+            if over > allowed_misses(level):
+                raise failure(g, f"{where} = {t:.4f} is not valid: a correct sampler exceeds it too often.",
+                              inputs + [f"target: {name} over {m} cells",
+                                        f"{over} of {repeats} simulated tests of a correct sampler exceed it "
+                                        f"(a rate of {level} allows at most {allowed_misses(level)})"],
+                              "the threshold must hold for every target distribution, large n_cells included.")
+        q = float(np.quantile(large["uniform"], 1 - level))
+        if t > _LOOSE * q:
+            raise failure(g, f"{where} = {t:.4f} is too loose to resolve anything.", inputs + [
+                f"a correct sampler's empirical TV stays below {q:.4f} in {1 - level:.0%} of simulations"],
+                f"a useful threshold is at most {_LOOSE} times that.")
     for tv, m, level in ((0.08, 9, 0.01), (0.2, 4, 0.05), (0.05, 27, 0.01)):
         inputs = [f"tv = {tv}", f"n_cells = {m}", f"level = {level}"]
         where = f"samples_needed({tv}, {m}, {level})"
@@ -342,4 +379,5 @@ def check_resolution(tv_threshold: Callable[..., object], samples_needed: Callab
                                         f"{missed} of {repeats} simulated tests pass a sampler exactly {tv} away "
                                         f"(a rate of {level} allows at most {allowed_misses(level)})"],
                               "a sampler tv away can look closer by as much as a correct sampler's own noise.")
-    passed(g, "thresholds valid on 3 targets x 12 configurations, not loose, and sample sizes with power")
+    passed(g, "thresholds valid on 3 targets x 14 configurations, not loose, below the union bound on 1000 cells, "
+              "and sample sizes with power")

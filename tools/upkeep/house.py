@@ -1,9 +1,9 @@
-"""The package as a house: its import graph read from the source, its rooms, their floors and circles.
+"""The package as a house: its import graph read from the source, its wings, their floors and circles.
 
 `import_graph(package)` reads every import statement with `ast` (imports inside functions count;
-relative imports are resolved), so a lazy import cannot hide a circle or a reach upwards. A room is
-a top-level entry of the package (`specref/drafts/` is one room, `specref/trees.py` another); a
-room's floor is its height in the graph of rooms. tests/test_layering.py and walk.py read the house
+relative imports are resolved), so a lazy import cannot hide a circle or a reach upwards. A wing is
+a top-level entry of the package (`specref/drafts/` is one wing, `specref/trees.py` another); a
+wing's floor is its height in the graph of wings. tests/test_layering.py and walk.py read the house
 through these functions.
 """
 
@@ -54,17 +54,17 @@ def import_graph(package: Path) -> dict[str, set[str]]:
     return graph
 
 
-def room_of(module: str) -> str:
+def wing_of(module: str) -> str:
     """The top-level entry a module is in: specref.drafts.model -> drafts, specref.trees -> trees, specref -> __init__."""
     return (module.split(".") + ["__init__"])[1]
 
 
-def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    """{room: the other rooms it imports}, from a module graph."""
-    rooms: dict[str, set[str]] = {}
+def wing_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """{wing: the other wings it imports}, from a module graph."""
+    wings: dict[str, set[str]] = {}
     for m, targets in graph.items():
-        rooms.setdefault(room_of(m), set()).update(room_of(t) for t in targets if room_of(t) != room_of(m))
-    return rooms
+        wings.setdefault(wing_of(m), set()).update(wing_of(t) for t in targets if wing_of(t) != wing_of(m))
+    return wings
 
 
 def cycles_in(graph: dict[str, set[str]]) -> list[str]:

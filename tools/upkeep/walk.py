@@ -1,13 +1,13 @@
-"""Walk a tree draft through one tree step and count where it goes back: rooms already left, floors climbed.
+"""Walk a tree draft through one tree step and count where it goes back: wings already left, floors climbed.
 
     python tools/upkeep/walk.py [--root DIR] [--draft model|eagle|medusa|all] [--follow work|object] [--show]
 
-A room is a top-level entry of the package (`specref/drafts/` is one room, `specref/trees.py`
-another); its floor is its height in the package's import graph (a room that imports nothing of
-specref is on floor 0, any other one floor above the highest room it imports). The walk is the
-sequence of rooms that Python code runs in while `tree_step` serves the draft: every frame of
+A wing is a top-level entry of the package (`specref/drafts/` is one wing, `specref/trees.py`
+another); its floor is its height in the package's import graph (a wing that imports nothing of
+specref is on floor 0, any other one floor above the highest wing it imports). The walk is the
+sequence of wings that Python code runs in while `tree_step` serves the draft: every frame of
 specref code entered or resumed, from the step's call of the draft to its end, consecutive
-repeats merged, the step's own room (decoding) left out between its calls on the draft.
+repeats merged, the step's own wing (decoding) left out between its calls on the draft.
 `--follow object` walks a coarser path: only the calls whose frame holds the draft object.
 
 Read the two together. The work walk counts every call into a helper on another floor and the return
@@ -16,8 +16,8 @@ a step makes; its climbs are callbacks, which a house of floors should not need.
 where the draft object itself is handed. One step is walked: the second of a greedy `tree_generate`
 with the static shape (2, 2, 1) on a batch of two prompts.
 
-- a return: the walk enters a room it had left before;
-- a climb back up: the walk enters a room on a higher floor than the one it leaves, other than
+- a return: the walk enters a wing it had left before;
+- a climb back up: the walk enters a wing on a higher floor than the one it leaves, other than
   by a call returning (a callback: code on a lower floor calling code above it).
 
 `--root` reads the package from another checkout (an older commit, for a before/after).
@@ -29,19 +29,19 @@ import argparse
 import sys
 from pathlib import Path
 
-from house import cycles_in, heights, import_graph, room_graph, room_of
+from house import cycles_in, heights, import_graph, wing_graph, wing_of
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def room_floors(package: Path) -> tuple[dict[str, int], list[str]]:
-    """({room: floor}, the circles among the rooms) of the package at `package` (`house.py`)."""
-    rooms = room_graph(import_graph(package))
-    return heights(rooms), cycles_in(rooms)
+def wing_floors(package: Path) -> tuple[dict[str, int], list[str]]:
+    """({wing: floor}, the circles among the wings) of the package at `package` (`house.py`)."""
+    wings = wing_graph(import_graph(package))
+    return heights(wings), cycles_in(wings)
 
 
 def walk_step(draft_kind: str, follow: str = "work") -> list[tuple[str, str]]:
-    """The rooms of one tree step, as (room, how it was entered: 'call' or 'return').
+    """The wings of one tree step, as (wing, how it was entered: 'call' or 'return').
 
     follow="work": every frame of the draft's work (its methods and all they run);
     follow="object": only the calls whose frame holds the draft object (self, an argument, a closure's).
@@ -68,7 +68,7 @@ def walk_step(draft_kind: str, follow: str = "work") -> list[tuple[str, str]]:
             if event == "call" and any(v is inside["draft"] for v in frame.f_locals.values()):
                 name = frame.f_globals.get("__name__", "")
                 if name.split(".")[0] == "specref":
-                    events.append((room_of(name), event))
+                    events.append((wing_of(name), event))
             return
         mine = frame.f_locals.get("self") is inside["draft"] and inside["draft"] is not None
         if event == "call" and mine:
@@ -80,11 +80,11 @@ def walk_step(draft_kind: str, follow: str = "work") -> list[tuple[str, str]]:
             if inside["depth"] == 0:
                 return  # back in the step
         name = frame.f_globals.get("__name__", "")
-        if event == "return":  # the room we come back to is the caller's
+        if event == "return":  # the wing we come back to is the caller's
             caller = frame.f_back
             name = caller.f_globals.get("__name__", "") if caller is not None else ""
         if name.split(".")[0] == "specref":
-            events.append((room_of(name), event))
+            events.append((wing_of(name), event))
 
     def traced_step(*args, **kwargs):  # noqa: ANN002, ANN003
         steps["n"] += 1
@@ -107,18 +107,18 @@ def walk_step(draft_kind: str, follow: str = "work") -> list[tuple[str, str]]:
 
 
 def count(events: list[tuple[str, str]], floors: dict[str, int]) -> tuple[list[str], int, int]:
-    """(the walk, returns to rooms already left, climbs back up)."""
+    """(the walk, returns to wings already left, climbs back up)."""
     walk: list[tuple[str, str]] = []
-    for room, how in events:
-        if not walk or walk[-1][0] != room:
-            walk.append((room, how))
+    for wing, how in events:
+        if not walk or walk[-1][0] != wing:
+            walk.append((wing, how))
     returns = climbs = 0
     left: set[str] = set()
-    for (prev, _), (room, how) in zip(walk, walk[1:]):
+    for (prev, _), (wing, how) in zip(walk, walk[1:]):
         left.add(prev)
-        if room in left:
+        if wing in left:
             returns += 1
-        if how == "call" and floors.get(room, 0) > floors.get(prev, 0):
+        if how == "call" and floors.get(wing, 0) > floors.get(prev, 0):
             climbs += 1
     return [r for r, _ in walk], returns, climbs
 
@@ -136,14 +136,14 @@ def main() -> None:
 
     if Path(specref.__file__).resolve().parent != (args.root / "specref").resolve():
         raise SystemExit(f"specref came from {specref.__file__}, not from {args.root}")
-    floors, circles = room_floors(args.root / "specref")
-    print(f"{args.root}: {len(floors)} rooms on {len(set(floors.values()))} floors: "
+    floors, circles = wing_floors(args.root / "specref")
+    print(f"{args.root}: {len(floors)} wings on {len(set(floors.values()))} floors: "
           + ", ".join(f"{r} {f}" for r, f in sorted(floors.items(), key=lambda x: (x[1], x[0]))))
     for c in circles:
-        print(f"a circle among the rooms: {c}")
+        print(f"a circle among the wings: {c}")
     for kind in (["model", "eagle", "medusa"] if args.draft == "all" else [args.draft]):
         walk, returns, climbs = count(walk_step(kind, args.follow), floors)
-        print(f"{kind:7s} rooms entered {len(walk):4d}  returns to rooms already left {returns:4d}  "
+        print(f"{kind:7s} wings entered {len(walk):4d}  returns to wings already left {returns:4d}  "
               f"climbs back up {climbs:3d}")
         if args.show:
             print("   " + " > ".join(walk))
