@@ -18,7 +18,9 @@ rules
     timing              sync, timed: the one timer every floor uses
 models
     models.gpt2, models.kvcache, models.tokenizer, models.pretrained       (nb 01, 04)
-    models.pair         load_pair, training_record, heldout_prompts            (nb 04)
+    models.pair         load_pair, load_grown_pair, training_record, heldout_prompts  (nb 04)
+    models.grow         widen, GrownGPT2: the bundled target grown wider with the same function  (nb 01, 04)
+    models.kernels      SmallLinear, kernel_path: the few-token CPU kernel      (nb 01)
     models.workloads    edit_prompts, edit_cases: the copy-heavy "apply an edit" workload  (nb 05)
 drafts
     drafts.base         Draft, the one contract (propose; propose_tree where a draft grows trees)  (nb 04, 05)
@@ -46,6 +48,7 @@ checks, perf
     checks.broken       broken drafts, targets, chain and tree rules: shipped bugs as negative controls  (nb 04, 08)
     checks.pitfalls     the check that catches each shipped bug; exact TV      (nb 08)
     perf.costs, perf.measure   timing and the roofline                         (nb 01, 04)
+    perf.verify_cost    measure_pass_costs: v(k) and c from paired isolated passes  (nb 01, 04, 05, 07)
     perf.costmodel      PassModel, CostModel, choose_k, batch_steps, crossover, the H100 example  (nb 07)
     perf.draft_costs    a draft's parameters and KV cache; its step on a modelled GPU  (nb 05)
     perf.domains        code / comment / docstring labels, acceptance along a text  (nb 08; old path models.domains)
@@ -85,6 +88,9 @@ _LAZY: dict[str, str] = {
     "h100_worked_example": "specref.perf.costmodel",
     "load_draft": "specref.drafts.load",
     "load_pair": "specref.models.pair",
+    "load_grown_pair": "specref.models.pair",
+    "measure_pass_costs": "specref.perf.verify_cost",
+    "widen": "specref.models.grow",
     "lookahead_generate": "specref.decoding.lookahead",
     "MarkovChain": "specref.checks.toy",
     "MedusaDraft": "specref.drafts.medusa",
@@ -187,6 +193,9 @@ __all__ = [
     "h100_worked_example",
     "load_draft",
     "load_pair",
+    "load_grown_pair",
+    "measure_pass_costs",
+    "widen",
     "lookahead_generate",
     "mixture",
     "one_step_distribution",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..models.grow import GrownGPT2
 from ..models.pair import assets_dir
 from ..models.pretrained import load_folder
 from .base import Draft
@@ -59,10 +60,13 @@ def load_draft(name: str, target: torch.nn.Module) -> Draft:
             raise ValueError(f"the bundled draft model has vocab_size={draft.config.vocab_size}, the target "
                              f"{config.vocab_size}: it drafts only for a target with the bundled tokenizer")
         return ModelDraft(draft)
+    # A grown target (specref.models.grow) hands the heads its features at the width they were trained on; they
+    # borrow the embeddings and LM head of the model it grew from, which compute the same function.
+    lender = target.base if isinstance(target, GrownGPT2) else target
     module, heads_config = load_bundled_heads(DRAFTS[name], target.device, target.dtype)
-    heads_config.check_target(target)
+    heads_config.check_target(lender)
     if name == "medusa":
-        return MedusaDraft(target, module)
+        return MedusaDraft(lender, module)
     if name == "mtp":
-        return MTPDraft(target, module)
-    return EagleDraft(target, module, heads_config)
+        return MTPDraft(lender, module)
+    return EagleDraft(lender, module, heads_config)

@@ -36,6 +36,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .._validate import check_int, check_tokens
 from .graphs import CapturedPasses
+from .kernels import MAX_ROWS, KernelPath, SmallLinear, kernel_path
 from .kvcache import KVCache
 
 # cuDNN's attention, torch's first choice for half precision on recent GPUs, builds a
@@ -282,9 +283,18 @@ class Block(nn.Module):
 
 
 def _linear(conv: Conv1D, x: torch.Tensor) -> torch.Tensor:  # [N, in] -> [N, out]
-    """``Conv1D.forward`` on rows: ``bias + x @ weight``."""
+    """``Conv1D.forward`` on rows: ``bias + x @ weight`` (the few-token kernel where `use_small_kernel` set one)."""
     p = conv._parameters
+    fast = conv.__dict__.get("fast")
+    if fast is not None and _fast_applies(fast, p["weight"], x):
+        return fast(x)
     return torch.addmm(p["bias"], x, p["weight"])
+
+
+def _fast_applies(fast: SmallLinear, weight: torch.Tensor, x: torch.Tensor) -> bool:
+    """A packed kernel serves a few float32 CPU rows of an unchanged weight, when no gradient is asked for."""
+    return (x.shape[0] <= MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu" and fast.fresh(weight)
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
 
 
 def _norm(ln: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:  # [N, C] -> [N, C]
@@ -369,7 +379,8 @@ class GPT2(nn.Module):
         self.config = config
         self.transformer = Transformer(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
         self.graphs = CapturedPasses()  # on CUDA, `step` replays captured passes (graphs.enabled = False: eager)
         # Longer passes (a prompt's, once per generation) are not worth a capture: 32 holds a verification of
         # k + 1 tokens and a tree of up to 31 nodes.
@@ -396,6 +407,8 @@ class GPT2(nn.Module):
         if "graphs" in self.__dict__:
             self.graphs.clear()
         self.__dict__["_run_caches"] = {}
+        for module in self.modules():  # packed copies of the old weights (`use_small_kernel`)
+            module.__dict__.pop("fast", None)
 
     def _apply(self, fn, *args, **kwargs):  # .to(), .cuda(), .half() ... all go through here
         self._forget_addresses()
@@ -647,7 +660,12 @@ class GPT2(nn.Module):
                 x = _block(block, x, B, T, mask, k_l, v_l, idx)
         x = _norm(tr["ln_f"], x).view(B, T, C)
         # lm_head as nn.Linear computes it, on [B, T or logits_to_keep, C]
-        logits = F.linear(x[:, -logits_to_keep:] if logits_to_keep else x, self.lm_head.weight)
+        x_out = x[:, -logits_to_keep:] if logits_to_keep else x
+        head, fast = self.lm_head.weight, self.lm_head.__dict__.get("fast")
+        if fast is not None and _fast_applies(fast, head, x_out.reshape(-1, C)):
+            logits = fast(x_out.reshape(-1, C)).view(*x_out.shape[:-1], -1)
+        else:
+            logits = F.linear(x_out, head)
         if return_hidden:
             return (logits, *hidden, x)
         return logits
@@ -661,11 +679,34 @@ class GPT2(nn.Module):
         """
         self._forget_addresses()
         sd = normalize_state_dict(state_dict)
-        if "lm_head.weight" not in sd:
+        if "lm_head.weight" not in sd and self.config.tie_word_embeddings:
             sd["lm_head.weight"] = sd.get("transformer.wte.weight", self.transformer.wte.weight)
         result = super().load_state_dict(sd, strict=strict, assign=assign)
-        self.lm_head.weight = self.transformer.wte.weight  # keep the tie even with assign=True
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight  # keep the tie even with assign=True
         return result
+
+
+def use_small_kernel(model: GPT2) -> KernelPath:
+    """Pack `model`'s weights for the few-token CPU kernel (`specref.models.kernels`); returns the path it runs.
+
+    Passes over at most `kernels.MAX_ROWS` rows (batch x new tokens) of a float32 model on the CPU then read each
+    weight once; longer passes, other devices and dtypes, training passes and weights changed since
+    keep PyTorch's kernels. Moving, casting or reloading the model drops the packed copies (call again).
+    Where no kernel can be compiled, nothing changes and the path says why.
+    """
+    if not isinstance(model, GPT2):
+        raise TypeError(f"model must be a GPT2, got {type(model).__name__}")
+    path = kernel_path()
+    if path.name != "compiled":
+        return path
+    if model.device.type != "cpu" or model.dtype != torch.float32:
+        return KernelPath("torch", f"the model is {model.dtype} on {model.device}: the kernel serves float32 on the CPU")
+    for module in model.modules():
+        if isinstance(module, Conv1D):
+            module.fast = SmallLinear(module.weight, module.bias)
+    model.lm_head.fast = SmallLinear(model.lm_head.weight, None, transposed=True)
+    return path
 
 
 def unchecked(model: nn.Module) -> Callable[..., Any]:

@@ -14,7 +14,9 @@ from typing import Any
 import torch
 
 from .._validate import check_int
-from .gpt2 import GPT2
+from .gpt2 import GPT2, use_small_kernel
+from .grow import GrownGPT2, widen
+from .kernels import KernelPath
 from .pretrained import load_folder
 from .tokenizer import BPETokenizer, load_tokenizer
 
@@ -75,6 +77,31 @@ def load_pair(
     if target.config.vocab_size != draft.config.vocab_size or target.config.vocab_size != tokenizer.vocab_size:
         raise ValueError("bundled target, draft and tokenizer disagree on the vocabulary size")
     return target, draft, tokenizer
+
+
+# How much wider the timing target is than the bundled one: 4 x 128 = 512 wide, 42 M parameters, 161 MB in
+# float32, far more than any CPU's cache, so every pass reads its weights from memory.
+GROWTH = 4
+
+
+def load_grown_pair(
+    factor: int = GROWTH,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> tuple[GrownGPT2, GPT2, BPETokenizer, KernelPath]:
+    """The pair for timing on a CPU: ``(grown target, draft, tokenizer, kernel path)``.
+
+    The target is the bundled one grown `factor` times wider with the same function
+    (`specref.models.grow.widen`): the same tokens and the same acceptance, at the cost of a
+    model factor^2 times larger whose weights stream from memory on every pass, as a large
+    model's do. In float32 on the CPU its passes run the few-token kernel
+    (`specref.models.gpt2.use_small_kernel`) where one can be compiled; the last element says
+    which kernel runs and why. The draft is the bundled draft, unchanged.
+    """
+    check_int("factor", factor, 1, "the growth factor")
+    target, draft, tokenizer = load_pair(device, dtype)
+    grown = widen(target, factor)
+    return grown, draft, tokenizer, use_small_kernel(grown)
 
 
 def training_record() -> dict[str, Any]:
