@@ -9,6 +9,7 @@ per benchmark, every results file and history date named, every figure quoted fr
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -276,3 +277,14 @@ def test_benchmarks_readme_names_every_results_file_and_history_date_and_only_re
     assert named_results == {p.name for p in (BENCHMARKS / "results").glob("*.json")}
     assert named_history == {p.name for p in HISTORY.glob("*.md")}
     assert all(re.fullmatch(r"\d{4}-\d{2}-\d{2}\.md", name) for name in named_history), named_history
+
+
+def test_bench_cpu_quick_runs_every_section_and_prints_every_goal_line(tmp_path):
+    out = _run("bench_cpu.py", "--quick", "--json", str(tmp_path / "cpu.json"))
+    for section in ("== 1. kernel paths", "== 2. v(k) and c", "== 3. live decoding", "== 4. the batch crossover"):
+        assert section in out, out
+    goals = re.findall(r"goal .*: .*\b(met|NOT met)\b", out)
+    assert len(goals) == 5, out  # v(4); greedy, sampled, EAGLE; the crossover
+    assert "kernel path: " in out and "torch addmm, W [in, out] (default)" in out
+    record = json.loads((tmp_path / "cpu.json").read_text())
+    assert {"kernels", "costs", "decoding", "crossover"} <= set(record)

@@ -139,3 +139,15 @@ def test_load_grown_pair_builds_the_timing_pair_in_seconds_and_names_its_kernel(
     # The weights a pass reads: 4 bytes x 42 M parameters, far beyond any CPU cache.
     assert 150e6 < sum(p.numel() * 4 for p in grown.parameters()) < 200e6
     assert built < 120  # a sanity bound on a busy 2-core machine, not a benchmark (benchmarks/bench_cpu.py times it)
+
+
+def test_a_grown_target_saves_and_loads_with_its_untied_head(pair64, grown64, tmp_path):
+    from specref.models.pretrained import load_folder, save_pretrained
+
+    save_pretrained(grown64, tmp_path)
+    again = load_folder(tmp_path, "cpu", torch.float64)
+    assert not again.config.tie_word_embeddings
+    assert again.lm_head.weight.data_ptr() != again.transformer.wte.weight.data_ptr()
+    x = prompts(1, 16)
+    with torch.no_grad():
+        assert torch.equal(again(x), grown64(x))

@@ -1,4 +1,4 @@
-"""Loading and saving GPT-2 checkpoints in Hugging Face's layout, and the GPU timing pair.
+"""Loading and saving GPT-2 checkpoints in Hugging Face's layout, the GPU timing pair and the GPT-2 family pair.
 
 An HF GPT-2 folder holds ``config.json``, the weights as ``model.safetensors`` (or shards
 listed in ``model.safetensors.index.json``, or the older ``pytorch_model.bin``, read only with
@@ -18,6 +18,10 @@ The bundled pair is loaded by ``specref.models.pair.load_pair`` (no network).
 ``timing_pair`` gives the pair the size the chapter talks about (GPT-2 XL and GPT-2) for
 timing passes on a GPU, or models of their shapes with random weights when the weights are
 not on this machine: a pass costs the same whatever the weights.
+``gpt2_family_pair`` gives the real GPT-2 family as a (target, draft, tokenizer) pair for the
+decoding functions (gpt2-medium, -large or -xl as the target, gpt2 or distilgpt2 as the draft)
+when the learner has the weights: from the HF cache or a named folder only, downloading the
+missing models only when asked (``download=True``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import importlib.resources
 import json
 import os
+import shlex
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -36,8 +41,8 @@ from safetensors import safe_open
 from .gpt2 import GPT2, GPT2Config
 from .tokenizer import BPETokenizer, load_tokenizer
 
-__all__ = ["TIMING_CONFIGS", "TimingPair", "from_pretrained", "hub_cache_dir", "load_folder", "pretrained_tokenizer",
-           "random_gpt2", "save_pretrained", "timing_pair"]
+__all__ = ["GPT2_FAMILY", "TIMING_CONFIGS", "FamilyPair", "TimingPair", "from_pretrained", "gpt2_family_pair",
+           "hub_cache_dir", "load_folder", "pretrained_tokenizer", "random_gpt2", "save_pretrained", "timing_pair"]
 
 # Short hub names and the organisation-prefixed names they now redirect to.
 HUB_ALIASES: dict[str, tuple[str, ...]] = {
@@ -79,11 +84,15 @@ def _missing_files(folder: Any, tokenizer: bool = False) -> list[str]:
     return missing
 
 
-def _find_in_cache(name: str) -> Path | None:
-    """The newest snapshot of ``name`` in the HF cache that holds config.json and weights."""
-    cache = hub_cache_dir()
-    for repo in HUB_ALIASES.get(name, (name,)):
-        base = cache / ("models--" + repo.replace("/", "--"))
+def _cache_repos(name: str, cache: Path) -> list[Path]:
+    """The folders ``models--<org>--<name>`` that may hold ``name`` in the HF-cache-layout folder ``cache``."""
+    return [cache / ("models--" + repo.replace("/", "--")) for repo in HUB_ALIASES.get(name, (name,))]
+
+
+def _find_in_cache(name: str, cache: Path | None = None) -> Path | None:
+    """The newest snapshot of ``name`` in the HF cache (or the cache-layout folder ``cache``) that holds
+    config.json and weights."""
+    for base in _cache_repos(name, hub_cache_dir() if cache is None else cache):
         snapshots = base / "snapshots"
         if not snapshots.is_dir():
             continue
@@ -99,20 +108,29 @@ def _find_in_cache(name: str) -> Path | None:
     return None
 
 
-def _download(name: str) -> Path:
-    """Fetch config.json, the weights and tokenizer.json with ``huggingface_hub`` (the caller asked for it)."""
+def _hub_download() -> Any:
     try:
         from huggingface_hub import hf_hub_download
     except ImportError as err:
         raise ImportError("download=True needs the huggingface_hub package (pip install huggingface_hub)") from err
+    return hf_hub_download
+
+
+def _download(name: str, cache: Path | None = None) -> Path:
+    """Fetch config.json, the weights and tokenizer.json with ``huggingface_hub`` (the caller asked for it).
+
+    They land in the HF cache, or in the cache-layout folder ``cache`` when one is given.
+    """
+    hf_hub_download = _hub_download()
+    where = {} if cache is None else {"cache_dir": str(cache)}
     repo = HUB_ALIASES.get(name, (name,))[-1]
-    cfg = Path(hf_hub_download(repo, "config.json"))
+    cfg = Path(hf_hub_download(repo, "config.json", **where))
     try:
-        hf_hub_download(repo, "model.safetensors")
+        hf_hub_download(repo, "model.safetensors", **where)
     except Exception:  # older repositories hold only the pickle
-        hf_hub_download(repo, "pytorch_model.bin")
+        hf_hub_download(repo, "pytorch_model.bin", **where)
     try:
-        hf_hub_download(repo, TOKENIZER_FILE)
+        hf_hub_download(repo, TOKENIZER_FILE, **where)
     except Exception:  # the model loads without it; pretrained_tokenizer names it if it is asked for
         pass
     return cfg.parent
@@ -123,8 +141,9 @@ def _missing_error(name_or_path: str, where: str, missing: list[str]) -> FileNot
     return FileNotFoundError(
         f"cannot load GPT-2 {name_or_path!r}: missing {', '.join(missing)} in {where}. "
         f"A GPT-2 folder needs config.json and model.safetensors (or pytorch_model.bin), and tokenizer.json "
-        f"for text. Get them with:  huggingface-cli download {repo} config.json model.safetensors tokenizer.json  "
-        f"(they land in {hub_cache_dir()}), pass download=True, or pass a local folder that holds them."
+        f"for text. Get them with:  hf download {repo} config.json model.safetensors tokenizer.json  "
+        f"(huggingface_hub before 0.34: huggingface-cli download ...; they land in {hub_cache_dir()}), "
+        f"pass download=True, or pass a local folder that holds them."
     )
 
 
@@ -256,7 +275,7 @@ def random_gpt2(config: GPT2Config, device: torch.device | str, dtype: torch.dty
     model = _on_meta(config)
     sd: dict[str, torch.Tensor] = {}
     for name, t in model.state_dict().items():
-        if name == "lm_head.weight":  # tied to wte: load_state_dict ties it again
+        if name == "lm_head.weight" and config.tie_word_embeddings:  # tied to wte: load_state_dict ties it again
             continue
         x = torch.empty(t.shape, device=device, dtype=dtype)
         if name.endswith("bias"):
@@ -336,7 +355,7 @@ def timing_pair(device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
 
 
 def save_pretrained(model: GPT2, folder: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
-    """Write ``config.json`` + ``model.safetensors`` (HF layout; the tied ``lm_head`` is omitted as HF does)."""
+    """Write ``config.json`` + ``model.safetensors`` (HF layout; a tied ``lm_head`` is omitted as HF does)."""
     from safetensors.torch import save_file
 
     if not isinstance(model, GPT2):
@@ -344,6 +363,188 @@ def save_pretrained(model: GPT2, folder: str | os.PathLike, dtype: torch.dtype |
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     sd = {k: v.detach().to("cpu", dtype or v.dtype).contiguous().clone()
-          for k, v in model.state_dict().items() if k != "lm_head.weight"}
+          for k, v in model.state_dict().items() if k != "lm_head.weight" or not model.config.tie_word_embeddings}
     save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
+
+
+# -- the real GPT-2 family, when the learner has its weights -----------------------------------------
+
+# The GPT-2 family on the hub, smallest first: (parameters, size of its float32 model.safetensors).
+GPT2_FAMILY: dict[str, tuple[str, str]] = {
+    "distilgpt2": ("82 M", "about 353 MB"),
+    "gpt2": ("124 M", "about 548 MB"),
+    "gpt2-medium": ("355 M", "about 1.5 GB"),
+    "gpt2-large": ("774 M", "about 3.3 GB"),
+    "gpt2-xl": ("1.56 B", "about 6.4 GB"),
+}
+FAMILY_TARGETS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+FAMILY_DRAFTS = ("distilgpt2", "gpt2")
+
+
+class FamilyPair(NamedTuple):
+    """A GPT-2 family target, a smaller draft of the same family, and the one tokenizer they share."""
+
+    target: GPT2
+    draft: GPT2
+    tokenizer: BPETokenizer
+
+
+def _family_name(role: str, name: object, allowed: tuple[str, ...]) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"{role} must be a str, one of {', '.join(allowed)}; got {type(name).__name__}")
+    if name not in allowed:
+        raise ValueError(f"{role} must be one of {', '.join(allowed)}, got {name!r}")
+    return name
+
+
+def _partial_snapshot(name: str, cache: Path) -> str | None:
+    """What the first incomplete snapshot of ``name`` in ``cache`` lacks (an interrupted download), if any."""
+    for base in _cache_repos(name, cache):
+        snapshots = base / "snapshots"
+        for snap in sorted(snapshots.iterdir()) if snapshots.is_dir() else []:
+            missing = _missing_files(snap) if snap.is_dir() else []
+            if missing:
+                return f"the snapshot {snap} lacks {', '.join(missing)}; was a download interrupted?"
+    return None
+
+
+def _locate_family(name: str, root: Path | None) -> tuple[Path | None, str]:
+    """The HF-layout folder holding ``name``'s config and weights, or None and what is missing where.
+
+    Without ``root``: the newest complete snapshot in the HF cache.  With ``root``: ``root/<name>/``,
+    else a snapshot in ``root`` read as a cache (``root/models--<org>--<name>/snapshots/<rev>/``).
+    """
+    if root is None:
+        found = _find_in_cache(name)
+        if found is not None:
+            return found, ""
+        return None, _partial_snapshot(name, hub_cache_dir()) or f"not in the Hugging Face cache {hub_cache_dir()}"
+    sub = root / name
+    if sub.is_dir() and not _missing_files(sub):
+        return sub, ""
+    found = _find_in_cache(name, root)
+    if found is not None:
+        return found, ""
+    if sub.is_dir():
+        return None, f"{sub} lacks {', '.join(_missing_files(sub))}"
+    repos = " or ".join(f"{base.name}/snapshots/<rev>/" for base in _cache_repos(name, root))
+    return None, _partial_snapshot(name, root) or f"the folder {root} holds neither {name}/ nor {repos}"
+
+
+def _family_missing_error(target: str, draft: str, missing: dict[str, tuple[str, str]],
+                          root: Path | None) -> FileNotFoundError:
+    """Which models are absent, where they were looked for, and the commands that fetch them."""
+    lines = [f"gpt2_family_pair(target={target!r}, draft={draft!r}) needs weights this machine does not have "
+             f"(nothing is downloaded unless download=True):"]
+    for role, (name, why) in missing.items():
+        params, size = GPT2_FAMILY[name]
+        lines.append(f"  {role} {name} ({params} parameters, {size}): {why}")
+    into = f" --cache-dir {shlex.quote(str(root))}" if root is not None else ""
+    lines.append(f"Get them with the Hugging Face CLI (they land in {root if root is not None else hub_cache_dir()}):")
+    lines += [f"  hf download {HUB_ALIASES[name][-1]} config.json model.safetensors {TOKENIZER_FILE}{into}"
+              for name, _ in missing.values()]
+    lines.append("(huggingface_hub before 0.34 names the command huggingface-cli download), or call "
+                 "gpt2_family_pair(..., download=True), which fetches the same files"
+                 + (f" into {root}" if root is not None else "") + ".")
+    if root is not None:
+        lines.append(f"A model may also be an HF-layout folder {root}/<name>/ (config.json, model.safetensors, "
+                     f"{TOKENIZER_FILE}).")
+    return FileNotFoundError("\n".join(lines))
+
+
+def _family_tokenizer(folders: dict[str, Path], vocab_size: int, target: str, root: Path | None,
+                      download: bool) -> BPETokenizer:
+    """The pair's tokenizer: the ``tokenizer.json`` beside the target's or the draft's weights (both: identical)."""
+    files = {role: f / TOKENIZER_FILE for role, f in folders.items() if (f / TOKENIZER_FILE).is_file()}
+    if not files and download:
+        where = {} if root is None else {"cache_dir": str(root)}
+        files["target"] = Path(_hub_download()(HUB_ALIASES[target][-1], TOKENIZER_FILE, **where))
+    if not files:
+        into = f" --cache-dir {shlex.quote(str(root))}" if root is not None else ""
+        raise FileNotFoundError(
+            f"tokenizer: neither {folders['target']} nor {folders['draft']} holds {TOKENIZER_FILE}, the family's "
+            f"tokenizer. Get it with:  hf download {HUB_ALIASES[target][-1]} {TOKENIZER_FILE}{into}  "
+            f"or call gpt2_family_pair(..., download=True).")
+    toks = {role: load_tokenizer(f) for role, f in files.items()}
+    if len(toks) == 2 and toks["target"].tok.get_vocab() != toks["draft"].tok.get_vocab():
+        raise ValueError(f"tokenizer: the target's {files['target']} and the draft's {files['draft']} map "
+                         f"tokens to different ids; a draft must share the target's tokenizer")
+    tok = next(iter(toks.values()))
+    if tok.vocab_size > vocab_size:
+        raise ValueError(f"tokenizer: {next(iter(files.values()))} has {tok.vocab_size} tokens but the models "
+                         f"score only {vocab_size}; it is not these models' tokenizer")
+    return tok
+
+
+def gpt2_family_pair(
+    target: str = "gpt2-medium",
+    draft: str = "gpt2",
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    *,
+    download: bool = False,
+    folder: str | os.PathLike | None = None,
+) -> FamilyPair:
+    """The real GPT-2 family as a (target, draft, tokenizer) pair for specref's decoding functions.
+
+    ``target`` is one of ``gpt2-medium``, ``gpt2-large``, ``gpt2-xl`` (or ``gpt2``), ``draft`` one of
+    ``gpt2``, ``distilgpt2``, and the draft must be the smaller; both share GPT-2's 50257-token
+    tokenizer.  Default ``device`` is the CPU and ``dtype`` float32 (``torch.bfloat16`` halves the
+    memory on a GPU).  The rule of where weights come from:
+
+    - without ``folder``, only the Hugging Face cache (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
+      ``~/.cache/huggingface/hub``);
+    - with ``folder``, only that folder: ``folder/<name>/`` as an HF-layout folder, or ``folder`` read
+      as a cache (``folder/models--<org>--<name>/snapshots/<rev>/``, what ``hf download --cache-dir``
+      writes);
+    - nothing is downloaded unless ``download=True``; then only the missing models, with
+      ``huggingface_hub``, into the cache or ``folder``.
+
+    A model that is absent raises ``FileNotFoundError`` listing each missing model, where it was
+    looked for, its size and the command that fetches it.  Names, vocabularies and tokenizers are
+    checked before any weights are read: an unknown name, a draft not smaller than the target,
+    vocabularies of different sizes or two ``tokenizer.json`` with different ids raise ``ValueError``
+    naming the argument; a wrong type raises ``TypeError``.
+    """
+    target = _family_name("target", target, FAMILY_TARGETS)
+    draft = _family_name("draft", draft, FAMILY_DRAFTS)
+    order = list(GPT2_FAMILY)
+    if order.index(draft) >= order.index(target):
+        raise ValueError(f"draft must be smaller than the target: {draft!r} is not smaller than {target!r} "
+                         f"(the family, smallest first: {', '.join(order)})")
+    _check_options(device, dtype, download)
+    if device is not None and torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device is {device!r} but torch sees no CUDA device here; leave device=None for the CPU")
+    if folder is not None and not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"folder must be None, a str or a path, got {type(folder).__name__}")
+    root = None if folder is None else Path(folder).expanduser()
+    if root is not None and not root.is_dir():
+        if root.exists() or not download:
+            raise FileNotFoundError(f"folder {str(root)!r} is not a folder; it must hold {target}/ and {draft}/ "
+                                    f"HF-layout folders or an HF cache (or pass download=True to fetch them into it)")
+        root.mkdir(parents=True)
+
+    folders: dict[str, Path] = {}
+    missing: dict[str, tuple[str, str]] = {}
+    for role, name in (("target", target), ("draft", draft)):
+        path, why = _locate_family(name, root)
+        if path is None and download:
+            got = _download(name, root)
+            path, why = (got, "") if not _missing_files(got) else _locate_family(name, root)
+        if path is None:
+            missing[role] = (name, why)
+        else:
+            folders[role] = path
+    if missing:
+        raise _family_missing_error(target, draft, missing, root)
+
+    configs = {role: GPT2Config.from_dict(json.loads((f / "config.json").read_text())) for role, f in folders.items()}
+    vocab = configs["target"].vocab_size
+    if configs["draft"].vocab_size != vocab:
+        raise ValueError(f"draft: {draft} in {folders['draft']} scores {configs['draft'].vocab_size} tokens but the "
+                         f"target {target} in {folders['target']} scores {vocab}; a draft must share the "
+                         f"target's vocabulary")
+    tokenizer = _family_tokenizer(folders, vocab, target, root, download)
+    return FamilyPair(load_folder(folders["target"], device, dtype), load_folder(folders["draft"], device, dtype),
+                      tokenizer)
