@@ -74,7 +74,7 @@ def test_missing_files_error_names_them(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         from_pretrained(tmp_path)
-    with pytest.raises(FileNotFoundError, match="huggingface-cli download"):
+    with pytest.raises(FileNotFoundError, match="hf download gpt2-this-does-not-exist config.json"):
         from_pretrained("gpt2-this-does-not-exist")
 
 

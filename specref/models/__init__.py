@@ -1,8 +1,8 @@
 """Transformer models used as targets and drafts: GPT-2 with a speculative-decoding KV cache (chapters 1, 4).
 
 gpt2 (the model), kvcache (per-row lengths, truncate, compact), graphs (passes captured as CUDA
-graphs), tokenizer, pretrained (HF-layout loading and saving, the GPU timing pair), pair (the
-bundled pair, its training record, held-out prompts).
+graphs), tokenizer, pretrained (HF-layout loading and saving, the GPU timing pair, the real GPT-2
+family pair), pair (the bundled pair, its training record, held-out prompts).
 """
 
 from .._lazy import lazy_names
@@ -13,6 +13,7 @@ _LAZY: dict[str, str] = {
     "CapturedPasses": "specref.models.graphs",
     "EOT": "specref.models.tokenizer",
     "from_pretrained": "specref.models.pretrained",
+    "gpt2_family_pair": "specref.models.pretrained",
     "GPT2": "specref.models.gpt2",
     "GPT2Config": "specref.models.gpt2",
     "GPT2Output": "specref.models.gpt2",
@@ -37,6 +38,7 @@ __all__ = [
     "CapturedPasses",
     "EOT",
     "from_pretrained",
+    "gpt2_family_pair",
     "heldout_prompts",
     "load_pair",
     "load_tokenizer",
