@@ -199,3 +199,15 @@ def test_the_kernel_is_built_once_into_the_cache_folder(monkeypatch, tmp_path):
         assert built[0].stat().st_mtime_ns == stamp  # loaded from the cache, not rebuilt
     finally:
         kernels._library.cache_clear()
+
+
+@compiled
+def test_a_vocabulary_that_is_not_a_whole_number_of_panels_gives_whole_logits():
+    torch.manual_seed(0)
+    model = GPT2(GPT2Config(vocab_size=101, n_positions=32, n_embd=32, n_layer=1, n_head=2)).eval()
+    ids = torch.randint(0, 101, (2, 3), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = model(ids)
+        use_small_kernel(model)
+        got = model(ids)
+    assert got.shape == (2, 3, 101) and torch.allclose(got, ref, atol=1e-5)

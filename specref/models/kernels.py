@@ -206,4 +206,4 @@ class SmallLinear:
         y = torch.empty(M, n_out, dtype=torch.float32)
         _library()[0].small_linear(x.data_ptr(), M, self.K, self.packed.data_ptr(), n_out, self.bias.data_ptr(),
                                    y.data_ptr())
-        return y if n_out == self.N else y[:, : self.N]
+        return y if n_out == self.N else y[:, : self.N].contiguous()
