@@ -277,6 +277,28 @@ def test_roofline_plot_draws_the_measured_curve_over_the_prediction():
     np.testing.assert_allclose(measured.get_ydata(), [3.0, 3.1, 3.3])
 
 
+def test_pass_curves_draw_each_measured_curve_over_one_roofline():
+    from specref.course.plots import plot_pass_curves, roofline_view
+
+    views = {kernel: roofline_view(1e6, 2e6, 1e9, 1e10, [1, 2, 4], measured=m)
+             for kernel, m in [("fast", [0.003, 0.0031, 0.0033]), ("slow", [0.003, 0.005, 0.008])]}
+    ax = plot_pass_curves(views)
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels.count("roofline: max(memory, compute)") == 1
+    slow = ax.get_lines()[labels.index("measured: slow")]
+    np.testing.assert_allclose(slow.get_ydata(), [3.0, 5.0, 8.0])
+
+
+def test_pass_curves_refuse_views_of_different_rooflines():
+    from specref.course.plots import plot_pass_curves, roofline_view
+
+    with pytest.raises(ValueError, match="roofline"):
+        plot_pass_curves({"a": roofline_view(1e6, 2e6, 1e9, 1e10, [1, 2], measured=[1.0, 1.0]),
+                          "b": roofline_view(2e6, 2e6, 1e9, 1e10, [1, 2], measured=[1.0, 1.0])})
+    with pytest.raises(ValueError, match="measured"):
+        plot_pass_curves({"a": roofline_view(1e6, 2e6, 1e9, 1e10, [1, 2])})
+
+
 # -- notebook 07 --------------------------------------------------------------------------------------------
 
 def _batch_results() -> dict:

@@ -9,7 +9,7 @@ those return, onto a matplotlib Axes they are given (or a new one).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -317,6 +317,42 @@ def plot_roofline(view: dict, ax=None, unit: float = 1e-3):
     ax.set_xlabel("new tokens scored in one pass")
     ax.set_ylabel("time per pass (ms)" if unit == 1e-3 else f"time per pass ({unit:g} s)")
     ax.legend(fontsize=7, loc="upper right")
+    ax.grid(alpha=0.3)
+    return ax
+
+
+def plot_pass_curves(views: Mapping[str, dict], ax=None, unit: float = 1e-3):
+    """Several measured curves of one model on one machine (e.g. two kernels), over the model's roofline.
+
+    `views` maps a label to what `roofline_view` returns with `measured`; they must share the
+    token counts and the roofline (the same weights, FLOPs, bandwidth and peak), which is drawn
+    once. Each measured curve is labelled ``"measured: <label>"``. Returns the Axes.
+    """
+    if not views:
+        raise ValueError("views must hold at least one measured curve")
+    first = next(iter(views.values()))
+    for label, view in views.items():
+        if "measured" not in view:
+            raise ValueError(f"view {label!r} has no measured times: pass measured= to roofline_view")
+        if not (np.array_equal(view["tokens"], first["tokens"]) and np.allclose(view["roofline"], first["roofline"])):
+            raise ValueError(f"view {label!r} has another roofline or other token counts than the first view")
+    ax = _axes(ax)
+    T = first["tokens"]
+    ax.plot(T, first["roofline"] / unit, "s-", color="#2a9d3f", label="roofline: max(memory, compute)")
+    ax.plot(T, np.full(T.shape, first["memory_time"]) / unit, ":", color="#2a9d3f", linewidth=1,
+            label="memory: weight bytes / bandwidth")
+    ax.plot(T, first["compute_time"] / unit, "--", color="#2a9d3f", linewidth=1, label="compute: FLOPs / peak")
+    styles = [("o-", "#3b75af"), ("^-", "#e07b39"), ("v-", "#8e44ad"), ("D-", "#555555")]
+    for i, (label, view) in enumerate(views.items()):
+        marker, color = styles[i % len(styles)]
+        ax.plot(T, view["measured"] / unit, marker, color=color, label=f"measured: {label}")
+    top = max(float(v["measured"].max()) for v in views.values())
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(T, [str(int(t)) for t in T])
+    ax.set_ylim(0, 1.15 * max(top, float(first["roofline"].max())) / unit)
+    ax.set_xlabel("new tokens scored in one pass")
+    ax.set_ylabel("time per pass (ms)" if unit == 1e-3 else f"time per pass ({unit:g} s)")
+    ax.legend(fontsize=7, loc="upper left")
     ax.grid(alpha=0.3)
     return ax
 

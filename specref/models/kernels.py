@@ -148,7 +148,7 @@ def _library() -> tuple[ctypes.CDLL | None, KernelPath]:
     fn.restype = None
     fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
                    ctypes.c_void_p, ctypes.c_void_p]
-    return lib, KernelPath("compiled", f"few-token kernel compiled with {Path(cc).name}, cached in {path.parent}")
+    return lib, KernelPath("compiled", f"the few-token kernel, compiled once with {Path(cc).name} and cached")
 
 
 def _cpu_flags() -> str:
