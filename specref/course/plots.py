@@ -262,8 +262,9 @@ def roofline_view(
     memory time = weight_bytes / bandwidth (the same for every T: the weights are read
     once per pass), compute time = T * flops_per_token / peak_flops, and the roofline
     time is the larger of the two: a pass can go no faster than its memory traffic or
-    its arithmetic allows. Whatever a measured pass takes beyond that is neither:
-    fixed per-pass overhead (dispatch, small kernels, bookkeeping).
+    its arithmetic allows. Whatever a measured pass takes beyond that is the roofline's
+    remainder: per-pass work (dispatch, small kernels, bookkeeping) and kernels that run
+    below the bandwidth or the peak (a CPU's matrix product over a few rows, say).
     Keys: `tokens`, `memory_time` (float), `compute_time`, `roofline`, and with
     `measured`: `measured`, `overhead` (measured - roofline) and `explained`
     (roofline / measured, the share of the measured time the roofline accounts for).
