@@ -23,11 +23,13 @@ from specref.perf.live import (
     break_even_tokens,
     error_margin,
     first_loss,
+    pass_rows,
     predicted_speedup,
     speedup_row,
     time_decoding,
     time_passes,
 )
+from specref.perf.verify_cost import PassCosts, measure_pass_costs
 from specref.theory import expected_tokens_per_step
 
 
@@ -237,3 +239,57 @@ def test_predicted_speedup_prices_the_counted_passes():
         predicted_speedup(m, {"steps": 3}, P)
     with pytest.raises(ValueError, match="prompt_len"):
         predicted_speedup(m, run, 0)
+
+
+def test_predicted_speedup_at_another_batch_prices_the_same_counted_passes_there():
+    target, draft = PassModel(overhead=6e-3, kv=1e-6, per_token=150e-6), PassModel(overhead=1e-3, per_token=20e-6)
+    m = CostModel(target, draft, context=24)
+    run, P = _run(B=1, batches=1, steps=10), 8
+    assert predicted_speedup(m, run, P, batch_size=1) == predicted_speedup(m, run, P)
+    B = 8  # eight copies of the run's row: the same 10 steps, each a pass over 8 x 4 tokens
+    plain = target(B, P, 24) + 15 * target(B, 1, 24)
+    spec = target(B, P, 24) + draft(B, P, 24) + 10 * (target(B, 4, 24) + 3 * draft(B, 1, 24))
+    assert predicted_speedup(m, run, P, batch_size=B) == pytest.approx(plain / spec, rel=1e-12)
+    with pytest.raises(ValueError, match="batch_size"):
+        predicted_speedup(m, run, P, batch_size=0)
+
+
+# -- rows from the one v(k) measurement ---------------------------------------------------------------------
+
+def _costs(B: int, context: int = 16, draft: bool = True) -> PassCosts:
+    one = (0.010 * B, 0.012 * B, 0.011 * B)
+    return PassCosts(ks=(1, 3), one=one, verify={1: tuple(1.1 * t for t in one), 3: tuple(2.0 * t for t in one)},
+                     draft=tuple(0.1 * t for t in one) if draft else None, context=context, batch_size=B, threads=1,
+                     clock="cpu", kernel="torch")
+
+
+def test_pass_rows_give_every_timed_pass_as_a_row_the_fit_reads():
+    target, draft = pass_rows([_costs(1), _costs(2)])
+    assert [(r["batch_size"], r["n_tokens"]) for r in target] == [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4)]
+    one = next(r for r in target if (r["batch_size"], r["n_tokens"]) == (2, 4))
+    assert (one["seconds"], one["low"], one["high"]) == pytest.approx((2.0 * 0.022, 2.0 * 0.020, 2.0 * 0.024))
+    assert [(r["batch_size"], r["n_tokens"], r["context"]) for r in draft] == [(1, 1, 16), (2, 1, 16)]
+    assert draft[1]["seconds"] == pytest.approx(0.1 * 0.022)
+    assert PassModel.fit(target).error.n == 6
+    assert pass_rows([_costs(1, draft=False)])[1] == []
+
+
+def test_pass_rows_agree_with_measure_pass_costs_medians(pair):
+    target, draft = pair
+    costs = [measure_pass_costs(target, [2], draft=draft, context=8, batch_size=B, repeats=3) for B in (1, 2)]
+    rows, drows = pass_rows(costs)
+    for c in costs:
+        verify = next(r for r in rows if (r["batch_size"], r["n_tokens"]) == (c.batch_size, 3))
+        assert verify["seconds"] == pytest.approx(sorted(c.verify[2])[1])
+        assert next(r for r in drows if r["batch_size"] == c.batch_size)["high"] == max(c.draft)
+
+
+def test_pass_rows_refuse_what_is_no_list_of_one_context():
+    with pytest.raises(TypeError, match="PassCosts"):
+        pass_rows(_costs(1))
+    with pytest.raises(TypeError, match="PassCosts"):
+        pass_rows([_costs(1), {"one": 1}])
+    with pytest.raises(TypeError, match="PassCosts"):
+        pass_rows([])
+    with pytest.raises(ValueError, match="one context"):
+        pass_rows([_costs(1, context=16), _costs(2, context=32)])

@@ -5,6 +5,8 @@ passes is timed in a few seconds (`time_passes`), `PassModel.fit` turns it into 
 model, and `time_decoding` times plain and speculative decoding of the same batches,
 repeat by repeat, with the counted facts of the speculative runs (alpha, tokens per
 step) beside the times. Every timing keeps its repeats, so the spread is always shown.
+`pass_rows` turns the course's one v(k) and c measurement (`measure_pass_costs`), taken at
+several batch sizes, into the rows `PassModel.fit` reads.
 
 Two rules of the pass's cost decide where speculation stops paying:
 
@@ -36,6 +38,7 @@ from ..decoding.chain import generate, speculative_generate
 from ..theory import expected_tokens_per_step
 from .costmodel import CostModel, PassModel, batch_steps
 from .costs import pass_times, repeat_times
+from .verify_cost import PassCosts
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,30 @@ def break_even_tokens(model: PassModel, context: int = 0) -> float:
     context = check_int("context", context, 0, "cached tokens")
     slope = model.per_token + model.attention * context
     return math.inf if slope == 0 else (model.overhead + model.weights) / slope
+
+
+def pass_rows(costs: Sequence[PassCosts]) -> tuple[list[dict], list[dict]]:
+    """The rows `PassModel.fit` reads, from `measure_pass_costs` run at several batch sizes: (target, draft).
+
+    Target rows: (B, 1) and (B, k + 1) for every k measured; draft rows: (B, 1), where a draft
+    was timed (else an empty list). Each row holds batch_size, n_tokens, context, seconds (the
+    median over the repeats), low and high, as `time_passes` gives them. All must share one context.
+    """
+    if isinstance(costs, PassCosts) or not isinstance(costs, Sequence) or not costs:
+        raise TypeError("costs must be a non-empty list of PassCosts (one per batch size)")
+    if not all(isinstance(c, PassCosts) for c in costs):
+        raise TypeError(f"every item must be a PassCosts, got {[type(c).__name__ for c in costs]}")
+    if len({c.context for c in costs}) != 1:
+        raise ValueError(f"every measurement must share one context, got {sorted({c.context for c in costs})}")
+
+    def row(B: int, T: int, S: int, times: Sequence[float]) -> dict:
+        r = Repeats(tuple(times))
+        return dict(batch_size=B, n_tokens=T, context=S, seconds=r.median, low=r.low, high=r.high)
+
+    target = [row(c.batch_size, 1, c.context, c.one) for c in costs]
+    target += [row(c.batch_size, k + 1, c.context, c.verify[k]) for c in costs for k in c.ks]
+    draft = [row(c.batch_size, 1, c.context, c.draft) for c in costs if c.draft is not None]
+    return sorted(target, key=lambda r: (r["batch_size"], r["n_tokens"])), draft
 
 
 def speedup_row(model: CostModel, alpha: float, k: int, batch_size: int) -> dict[str, float]:
@@ -231,7 +258,9 @@ def time_decoding(
         outside_passes=max(outside, 0.0) / total)
 
 
-def predicted_speedup(model: CostModel, run: DecodingTiming, prompt_len: int) -> float:
+def predicted_speedup(
+    model: CostModel, run: DecodingTiming, prompt_len: int, batch_size: int | None = None
+) -> float:
     """Plain / speculative time of `run` as `model` predicts it from the passes the run counted.
 
     Per batch, plain decoding is the prompt's pass and new_tokens - 1 one-token steps;
@@ -239,12 +268,18 @@ def predicted_speedup(model: CostModel, run: DecodingTiming, prompt_len: int) ->
     counted verification steps (`run.steps`, all batches) each cost `model.step_time(k, B)`.
     Every pass is priced at the model's context (a fit at one context extrapolates to no other).
     Only counts come from the run, never its times.
+
+    `batch_size` prices the same counted passes at another batch size B (default: the run's):
+    the prediction for B rows that all accept alike, such as B copies of one prompt, which count
+    the steps one copy counts (a batch of different prompts counts more, since it waits for its
+    slowest row: `batch_steps`).
     """
     if not isinstance(model, CostModel):
         raise TypeError(f"model must be a CostModel, got {type(model).__name__}")
     if not isinstance(run, DecodingTiming):
         raise TypeError(f"run must be a DecodingTiming, got {type(run).__name__}")
-    P, B, S = check_int("prompt_len", prompt_len, 1, "prompt tokens"), run.batch_size, model.context
+    P, S = check_int("prompt_len", prompt_len, 1, "prompt tokens"), model.context
+    B = run.batch_size if batch_size is None else check_int("batch_size", batch_size, 1, "rows")
     prompt = model.target(B, P, S)
     draft_prompt = model.draft(B, P, S) if isinstance(model.draft, PassModel) else model.draft * prompt
     plain = run.batches * (prompt + (run.new_tokens - 1) * model.plain_time(B))
