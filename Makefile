@@ -61,10 +61,10 @@ help:
 	@echo "make test-portable        rerun the unit tests and notebooks as other CPUs would round (CI runs it)"
 	@echo "make doctor               readiness report (python -m specref)"
 	@echo "make exercises            regenerate exercises/ from solutions/"
-	@echo "make grade NB=exercises/ex02_accept_reject.ipynb   grade one notebook (SOLUTION=... to name its solution, SEED=N|random for other hidden cases)"
-	@echo "make grade-all DIR=submissions/ [JOBS=N] [CSV=gradebook.csv] [SEED=N|random] [FRESH=1]  grade a class in parallel (resumes; feedback, hand-grading sheets)"
+	@echo "make grade NB=exercises/ex02_accept_reject.ipynb   grade one notebook (SOLUTION=... to name its solution, SEED=N|random for other hidden cases, UNJAILED=1 where no jail can be made)"
+	@echo "make grade-all DIR=submissions/ [JOBS=N] [CSV=gradebook.csv] [SEED=N|random] [FRESH=1] [UNJAILED=1]  grade a class in parallel (resumes; outputs in DIR-grading/ unless CSV= names the gradebook)"
 	@echo "make grade-merge DIR=submissions/ [CSV=gradebook.csv]  merge the hand-grading sheets' marks into the gradebook"
-	@echo "make release DIR=../class/  a folder to hand a class: notebooks, exercises, the package; no solutions, rubrics or grader"
+	@echo "make release DIR=../class/ [GRADED=ex02,ex05]  a folder to hand a class: notebooks, exercises, the package; no solutions, rubrics or grader; GRADED exercises' answer keys left out"
 	@echo "make execute              re-run notebooks/ and solutions/ in place, then make exercises"
 	@echo "make venv                 only the set-up"
 	@echo "make fresh-clone          clone HEAD to a temporary folder and check that set-up works there"
@@ -135,19 +135,19 @@ unexport NB DIR CSV SOLUTION SEED
 _grade_q = '$(subst ','\'',$(value $(1)))'
 grade: venv
 	@test -n $(call _grade_q,NB) || { echo "usage: make grade NB=path/to/notebook.ipynb [SOLUTION=solutions/<name>.ipynb] [SEED=N|random]"; exit 2; }
-	$(VPY) -I -m specref_grading.grade $(if $(value SOLUTION),--solution $(call _grade_q,SOLUTION)) $(if $(value SEED),--seed $(call _grade_q,SEED)) -- $(call _grade_q,NB)
+	$(VPY) -I -m specref_grading.grade $(if $(value SOLUTION),--solution $(call _grade_q,SOLUTION)) $(if $(value SEED),--seed $(call _grade_q,SEED)) $(if $(filter 1,$(UNJAILED)),--unjailed) -- $(call _grade_q,NB)
 
 grade-all: venv
-	@test -n $(call _grade_q,DIR) || { echo "usage: make grade-all DIR=submissions/ [JOBS=N] [CSV=gradebook.csv] [SEED=N|random] [FRESH=1]"; exit 2; }
-	$(VPY) -I -m specref_grading.classrun grade $(if $(value JOBS),--jobs $(call _grade_q,JOBS)) $(if $(value CSV),--csv $(call _grade_q,CSV)) $(if $(value SEED),--seed $(call _grade_q,SEED)) $(if $(filter 1,$(FRESH)),--fresh) -- $(call _grade_q,DIR)
+	@test -n $(call _grade_q,DIR) || { echo "usage: make grade-all DIR=submissions/ [JOBS=N] [CSV=gradebook.csv] [SEED=N|random] [FRESH=1] [UNJAILED=1]"; exit 2; }
+	$(VPY) -I -m specref_grading.classrun grade $(if $(value JOBS),--jobs $(call _grade_q,JOBS)) $(if $(value CSV),--csv $(call _grade_q,CSV)) $(if $(value SEED),--seed $(call _grade_q,SEED)) $(if $(filter 1,$(FRESH)),--fresh) $(if $(filter 1,$(UNJAILED)),--unjailed) -- $(call _grade_q,DIR)
 
 grade-merge: venv
 	@test -n $(call _grade_q,DIR) || { echo "usage: make grade-merge DIR=submissions/ [CSV=gradebook.csv]"; exit 2; }
 	$(VPY) -I -m specref_grading.classrun merge $(if $(value CSV),--csv $(call _grade_q,CSV)) -- $(call _grade_q,DIR)
 
 release: venv
-	@test -n $(call _grade_q,DIR) || { echo "usage: make release DIR=<a new or empty folder outside the repository>"; exit 2; }
-	$(VPY) -I -m specref_grading.release -- $(call _grade_q,DIR)
+	@test -n $(call _grade_q,DIR) || { echo "usage: make release DIR=<a new or empty folder outside the repository> [GRADED=ex02,ex05]"; exit 2; }
+	$(VPY) -I -m specref_grading.release $(if $(value GRADED),--graded $(call _grade_q,GRADED)) -- $(call _grade_q,DIR)
 
 execute: venv
 	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \

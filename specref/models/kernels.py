@@ -10,7 +10,8 @@ call, and a pass over 5 tokens costs about three times a pass over one.
 `SmallLinear` is a kernel written for the few-row case: the weight is packed once, at load
 time, into column panels ``[N / 16, K, 16]``; for each panel the kernel keeps the sums of
 up to 6 rows x 16 outputs in registers and walks down K, reading each weight exactly once
-from memory (rows past 6 re-read the panel from the cache, not from memory). Each output is
+from memory, with a prefetch 2 KiB ahead so that the next weights are on their way while these
+are multiplied (rows past 6 re-read the panel from the cache, not from memory). Each output is
 summed in the same order whatever M is, so a row's result does not depend on how many rows
 share its pass.
 
@@ -50,6 +51,7 @@ static void rows##R(const float *x, long K, const float *w, const float *b, floa
     v8 b0 = *(const v8 *)b, b1 = *(const v8 *)(b + 8);                                         \
     for (int r = 0; r < R; r++) { a0[r] = b0; a1[r] = b1; }                                    \
     for (long k = 0; k < K; k++) {                                                             \
+        __builtin_prefetch(w + k * NB + 512); /* 2 KiB ahead: keep the memory busy while we multiply */ \
         v8 w0 = *(const v8 *)(w + k * NB), w1 = *(const v8 *)(w + k * NB + 8);                 \
         for (int r = 0; r < R; r++) { float s = x[r * K + k]; a0[r] += s * w0; a1[r] += s * w1; } \
     }                                                                                          \
