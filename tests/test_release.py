@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -113,8 +115,8 @@ def test_the_release_holds_no_answer_hidden_test_rubric_or_summary(built):
 
 def test_the_release_has_what_a_learner_needs_and_no_grader(built):
     top = {p.name for p in built.iterdir()}
-    assert top == {"README.md", "Makefile", "pyproject.toml", "environment.yml", "requirements", "docs", "tools",
-                   "specref", "notebooks", "exercises"}
+    assert top == {"README.md", "RELEASE.md", "Makefile", "pyproject.toml", "environment.yml", "requirements", "docs",
+                   "tools", "specref", "notebooks", "exercises"}
     for gone in ("solutions", "specref_grading", "tests", "benchmarks", ".git", ".venv"):
         assert not (built / gone).exists(), gone
     assert sorted(p.name for p in (built / "notebooks").glob("*.ipynb")) == \
@@ -247,8 +249,8 @@ def test_a_release_that_would_leak_is_refused_and_nothing_is_left(tmp_path, monk
     assert any("rubric or solution_only" in p for p in problems) and any(BEGIN_SOLUTION in p for p in problems)
     real = release.contents
 
-    def leaky(root=release.ROOT):
-        files = real(root)
+    def leaky(*args, **kwargs):
+        files = real(*args, **kwargs)
         files["notebooks/leak.ipynb"] = (fake / "leak.ipynb").read_bytes()
         return files
 
@@ -274,6 +276,115 @@ def test_refuses_a_non_empty_folder_and_one_inside_the_repository(tmp_path, caps
     empty = tmp_path / "empty"
     empty.mkdir()
     assert release.check_target(empty) == empty.resolve()  # an empty folder is fine
+
+
+# -- answer keys: a release says which exercises it is graded for ------------------------------------------------
+
+
+def test_a_release_for_no_graded_exercise_says_every_exercise_is_practice_only(built):
+    """The default release ships the whole package, every exercise's reference answer with it: RELEASE.md says so,
+    exercise by exercise, naming where each key lies."""
+    text = (built / "RELEASE.md").read_text(encoding="utf-8")
+    keys = release.answer_keys()
+    assert list(keys) == [p.stem for p in SOLUTIONS] and all(keys.values())
+    assert "**Practice only:** " + ", ".join(keys) in text and "Graded from this release" not in text
+    for exercise, names in keys.items():
+        assert f"- {exercise}: {', '.join(names)}" in text
+    assert "specref.rejection" in keys["ex02_accept_reject"] and "specref.drafts.prompt_lookup" in keys["ex05_prompt_lookup"]
+    assert (built / "specref" / "rejection.py").is_file()  # practice only: the key ships, and the notice says so
+
+
+@pytest.fixture(scope="module")
+def graded_ex05(tmp_path_factory) -> tuple[Path, dict]:
+    folder = tmp_path_factory.mktemp("class") / "graded"
+    return folder, release.build(folder, graded=("ex05",))
+
+
+def test_a_release_graded_for_an_exercise_holds_none_of_its_answer_key(graded_ex05):
+    folder, done = graded_ex05
+    keys = release.answer_keys()["ex05_prompt_lookup"]
+    assert done["graded"] == ("ex05_prompt_lookup",) and "ex05_prompt_lookup" not in done["practice"]
+    assert not (folder / "specref" / "drafts" / "prompt_lookup.py").exists()
+    assert not (folder / "specref" / "perf" / "intervals.py").exists()
+    assert release.keys_present(folder / "specref", keys) == []
+    assert release.keys_present(release.ROOT / "specref", keys) == list(keys)  # the read-back finds them where they are
+    assert (folder / "specref" / "assets" / "target" / "model.safetensors").is_file()  # the data ships all the same
+    assert release.problems_in(folder) == []
+    text = (folder / "RELEASE.md").read_text(encoding="utf-8")
+    assert "**Graded from this release:** ex05_prompt_lookup." in text
+    assert "**Practice only:** " + ", ".join(done["practice"]) in text and len(done["practice"]) == 7
+    # what needs a removed key is named, a cell at a time; the graded exercise's own cells all run
+    assert "notebooks/05_choosing_a_draft.ipynb" in done["not_running"]
+    assert not any(rel.startswith("exercises/ex05") for rel in done["not_running"])
+    assert "- notebooks/05_choosing_a_draft.ipynb cell " in text and "specref.PromptLookupDraft" in text
+
+
+def test_the_released_package_imports_without_the_key(graded_ex05):
+    folder, _ = graded_ex05
+    code = ("import specref\n"
+            f"assert specref.__file__.startswith({str(folder)!r}), specref.__file__\n"
+            "from specref import generate, load_pair\n"
+            "from specref.decoding.record import RecordedStep\n"
+            "for name in ('PromptLookupDraft', 'lookup'):\n"
+            "    try:\n"
+            "        exec(f'from specref import {name}')\n"
+            "    except ImportError:\n"
+            "        print('absent', name)\n"
+            "try:\n"
+            "    from specref.decoding.record import acceptance_by_position\n"
+            "except ImportError:\n"
+            "    print('absent acceptance_by_position')\n")
+    run = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(folder)!r})\n" + code],
+                         capture_output=True, text=True, timeout=300, cwd=folder)
+    assert run.returncode == 0, run.stderr
+    assert "absent PromptLookupDraft" in run.stdout and "absent acceptance_by_position" in run.stdout
+
+
+def test_ex02_graded_leaves_out_its_residual_under_every_name(tmp_path):
+    """ex02's key is the accept/reject rule wherever it lies: specref.rejection, and ex08's samplers (their private
+    `_residual`) and the lectures' views, which compute the same answer under other names."""
+    keys = release.answer_keys()
+    selection = release.strip_keys(("ex02_accept_reject",), keys, tmp_path)
+    package = tmp_path / "specref"
+    assert not (package / "rejection.py").exists() and not (package / "checks" / "samplers.py").exists()
+    assert release.keys_present(package, keys["ex02_accept_reject"]) == []
+    assert not selection.available("specref.checks.samplers._residual")
+    assert selection.available("specref.checks.rng.exact_distribution")  # ex02's own setup still runs
+
+
+def test_a_release_that_would_hold_a_graded_key_is_refused_and_nothing_is_left(tmp_path, monkeypatch):
+    """Negative control of the read-back: a package copy that kept a graded exercise's key is found and refused."""
+    real = release.strip_keys
+
+    def keeps_everything(graded, keys, into, root=release.ROOT):
+        selection = real(graded, keys, into, root)
+        shutil.copyfile(root / "specref" / "drafts" / "prompt_lookup.py", into / "specref" / "drafts" / "prompt_lookup.py")
+        return selection
+
+    monkeypatch.setattr(release, "strip_keys", keeps_everything)
+    target = tmp_path / "out"
+    with pytest.raises(release.ReleaseError, match="specref.drafts.prompt_lookup, the answer key of an exercise graded"):
+        release.build(target, graded=("ex05_prompt_lookup",))
+    assert not target.exists() and not list(tmp_path.glob(".out.release-tmp*"))
+
+
+def test_graded_names_an_exercise_or_the_release_is_refused(tmp_path, capsys):
+    names = list(release.answer_keys())
+    assert release.resolve_graded(["ex05", "ex02_accept_reject", " "], names) == ("ex02_accept_reject",
+                                                                                   "ex05_prompt_lookup")
+    for bad in ("ex09", "ex0", "prompt_lookup"):
+        with pytest.raises(release.ReleaseError, match="no such exercise"):
+            release.resolve_graded([bad], names)
+    assert release.main([str(tmp_path / "out"), "--graded", "ex09"]) == 2 and "no such exercise" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_command_says_which_exercises_are_graded_and_which_practice_only(tmp_path, capsys):
+    assert release.main([str(tmp_path / "out"), "--graded", "ex05,ex08"]) == 0
+    out = capsys.readouterr().out
+    assert "graded from this release: ex05_prompt_lookup, ex08_lossless_or_not" in out
+    assert "PRACTICE ONLY: ex01_roofline, ex02_accept_reject, ex03_speedup, ex04_gpt2_pair, ex06_trees, " \
+           "ex07_load_aware_k" in out
 
 
 # -- the README --------------------------------------------------------------------------------------------------
@@ -323,12 +434,12 @@ def test_reading_times_count_what_a_notebook_holds(tmp_path):
 
 
 # What times something in a notebook's code: the clock, an import of specref's timing modules, or a call (not a
-# method of a cost model such as `gpu.plain_time`) of specref's timing helpers.
+# method of a cost model such as `gpu.plain_time`) of specref's timing helpers, or of specref.perf.hf's timed runs.
 TIMING = re.compile(r"\bperf_counter\b|\btime\.time\(|\bmonotonic\(|\btimeit\b"
                     r"|\b(?:from|import) specref\.(?:perf\.live|perf\.measure|timing)\b"
                     r"|(?<![\w.])(?:forward_time|pass_times|median_time|repeat_times|memory_bandwidth|peak_matmul_flops"
                     r"|plain_time|speculative_run|time_passes|time_decoding)\("
-                    r"|\btime_repeats\(")
+                    r"|\btime_repeats\(|\.(?:hf_generate|specref_generate)\(")  # specref.perf.hf's runs time themselves
 
 
 def _times_something(path: Path) -> bool:
