@@ -17,6 +17,8 @@ rerun both sides):
    which the model says speculation stops paying, against the batch at which live decoding stops
    paying (B = 1, 2, 3, 4, 6, 8).
 
+Every figure is on this process's CPU clock (one torch thread), but the two-thread and compile rows (wall clock).
+
 Goals (float32, one thread): live greedy best-k speedup >= 2.0x (stretch 2.5x); sampled (temperature 1)
 >= 1.6x; EAGLE >= 2.5x; v(4) <= 1.5; the measured crossover batch within one grid step of the model's.
 
@@ -43,7 +45,7 @@ from specref.models.grow import widen
 from specref.models.kernels import SmallLinear, kernel_path
 from specref.models.pair import GROWTH, heldout_prompts, load_grown_pair
 from specref.perf.costmodel import CostModel, PassModel
-from specref.perf.live import time_passes
+from specref.perf.live import predicted_speedup, time_decoding, time_passes
 from specref.perf.machine import machine_name
 from specref.perf.verify_cost import measure_pass_costs
 
@@ -62,13 +64,15 @@ def cpu_flags() -> str:
     return " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags)
 
 
-def median_time(fn: Callable[[], object], repeats: int) -> float:
+# Every figure is timed on this process's CPU clock (one torch thread: the time it ran, its memory stalls included,
+# not the time it waited for a core on a shared machine), but the two-thread row, which must be wall-clock time.
+def median_time(fn: Callable[[], object], repeats: int, clock: Callable[[], float] = time.process_time) -> float:
     fn()
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return statistics.median(times)
 
 
@@ -127,7 +131,7 @@ def section_kernels(grown: GPT2, repeats: int, threads2: bool, compile_: bool) -
     if threads2:
         torch.set_num_threads(2)
         fn = paths["torch addmm, W [in, out] (default)"]
-        t = {T: median_time(lambda T=T: fn(xs[T]), repeats) for T in Ts}
+        t = {T: median_time(lambda T=T: fn(xs[T]), repeats, time.perf_counter) for T in Ts}
         torch.set_num_threads(1)
         results["torch addmm, 2 threads"] = t
         print(f"  {'torch addmm, 2 threads':38s} {t[1] * 1e3:7.2f} {mb / 1024 / t[1]:5.1f}  " +
@@ -154,7 +158,7 @@ def section_compile(grown: GPT2, xs: dict[int, torch.Tensor]) -> None:
         print(f"  torch.compile: failed ({type(e).__name__}: {str(e)[:100]})")
         return
     built = time.perf_counter() - t0
-    t = {T: median_time(lambda T=T: fn(xs[T]), 7) for T in (1, 2, 5)}
+    t = {T: median_time(lambda T=T: fn(xs[T]), 7, time.perf_counter) for T in (1, 2, 5)}
     print(f"  torch.compile, one block: compiled in {built:.0f} s for 3 shapes; T=2 {t[2] / t[1]:.2f}, "
           f"T=5 {t[5] / t[1]:.2f}")
 
@@ -181,9 +185,10 @@ def section_costs(grown: GPT2, draft: GPT2, repeats: int) -> dict:
 
 
 # -- 3. decoding ----------------------------------------------------------------------------------------
-def speedups(target: GPT2, draft, prompts: list[torch.Tensor], k: int, n: int, temperature: float,
-             repeats: int) -> tuple[list[float], float]:
-    """Paired per-repeat speedups (plain / speculative over all prompts) and the counted tokens per step."""
+def speedups(target: GPT2, drafts: dict, prompts: list[torch.Tensor], ks: tuple[int, ...], n: int,
+             temperature: float, repeats: int) -> dict:
+    """(draft name, k) -> (per-repeat speedups, tokens per step): each repeat times plain decoding once, then every
+    draft at every k, so a change in the machine's load falls on the plain run and the speculative runs it divides."""
     def gen(i):
         return None if temperature == 0 else torch.Generator().manual_seed(i)
 
@@ -191,51 +196,46 @@ def speedups(target: GPT2, draft, prompts: list[torch.Tensor], k: int, n: int, t
         for i, x in enumerate(prompts):
             generate(target, x, n, temperature=temperature, generator=gen(i))
 
-    steps = emitted = 0
-
-    def spec():
-        nonlocal steps, emitted
+    def spec(draft, k):
+        steps = emitted = 0
         for i, x in enumerate(prompts):
             _, s = speculative_generate(target, draft, x, k=k, max_new_tokens=n, temperature=temperature,
                                         generator=gen(i))
             steps, emitted = steps + s.steps, emitted + s.emitted
+        return emitted / max(steps, 1)
 
-    out = []
+    out: dict = {(name, k): ([], 0.0) for name in drafts for k in ks}
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         plain()
-        t1 = time.perf_counter()
-        spec()
-        t2 = time.perf_counter()
-        out.append((t1 - t0) / (t2 - t1))
-    return out, emitted / max(steps, 1)
+        t_plain = time.process_time() - t0
+        for name, draft in drafts.items():
+            for k in ks:
+                t0 = time.process_time()
+                tau = spec(draft, k)
+                out[(name, k)][0].append(t_plain / (time.process_time() - t0))
+                out[(name, k)] = (out[(name, k)][0], tau)
+    return out
 
 
 def section_decoding(grown: GPT2, draft: GPT2, prompts: list[torch.Tensor], n: int, repeats: int,
                      ks: tuple[int, ...] = (1, 2, 3, 4, 5, 6)) -> dict:
     print(f"\n== 3. live decoding on the grown target: {len(prompts)} prompts x {n} new tokens, "
-          f"{repeats} interleaved repeats ==")
-    out: dict = {}
+          f"{repeats} interleaved repeats (each: plain, then every draft and k), CPU clock ==")
     for x in prompts[:1]:  # warm-up
         generate(grown, x, 8, temperature=0.0)
         speculative_generate(grown, draft, x, k=4, max_new_tokens=8, temperature=0.0)
-    for label, temperature in (("greedy", 0.0), ("temperature 1", 1.0)):
-        rows = {}
-        for k in ks:
-            s, tau = speedups(grown, draft, prompts, k, n, temperature, repeats)
-            rows[k] = (statistics.median(s), min(s), max(s), tau)
-            print(f"  model draft, {label:13s} k={k}: tokens/step {tau:.2f}, speedup {rows[k][0]:.2f}x "
-                  f"[{rows[k][1]:.2f}, {rows[k][2]:.2f}]")
-        out[label] = rows
-    for name in ("eagle", "eagle3"):
-        eagle = load_draft(name, grown)
-        rows = {}
-        for k in [k for k in ks if k >= 2]:
-            s, tau = speedups(grown, eagle, prompts, k, n, 0.0, repeats)
-            rows[k] = (statistics.median(s), min(s), max(s), tau)
-            print(f"  {name:6s} greedy        k={k}: tokens/step {tau:.2f}, speedup {rows[k][0]:.2f}x "
-                  f"[{rows[k][1]:.2f}, {rows[k][2]:.2f}]")
-        out[name] = rows
+    eagles = {name: load_draft(name, grown) for name in ("eagle", "eagle3")}
+    runs = {"greedy": speedups(grown, {"model": draft, **eagles}, prompts, ks, n, 0.0, repeats),
+            "temperature 1": speedups(grown, {"model": draft}, prompts, ks, n, 1.0, repeats)}
+    out: dict = {}
+    for label, table in runs.items():
+        for (name, k), (s, tau) in table.items():
+            row = (statistics.median(s), min(s), max(s), tau)
+            key = label if name == "model" else name
+            out.setdefault(key, {})[k] = row
+            print(f"  {name:6s} {label:13s} k={k}: tokens/step {tau:.2f}, speedup {row[0]:.2f}x "
+                  f"[{row[1]:.2f}, {row[2]:.2f}]")
     best = {name: max(rows.items(), key=lambda kv: kv[1][0]) for name, rows in out.items()}
     best["EAGLE (best of eagle, eagle3)"] = max(best["eagle"], best["eagle3"], key=lambda kv: kv[1][0])
     for name, goal, stretch in (("greedy", 2.0, 2.5), ("temperature 1", 1.6, None),
@@ -249,23 +249,23 @@ def section_decoding(grown: GPT2, draft: GPT2, prompts: list[torch.Tensor], n: i
 
 
 # -- 4. the batch crossover -------------------------------------------------------------------------------
-def section_crossover(grown: GPT2, draft: GPT2, n: int, repeats: int, k: int, alpha: float,
+def section_crossover(grown: GPT2, draft: GPT2, n: int, repeats: int, k: int,
                       grid: tuple[int, ...] = GRID) -> dict:
-    print(f"\n== 4. the batch crossover on this CPU: k = {k}, alpha = {alpha:.2f}, B = {', '.join(map(str, grid))} ==")
+    """Pass times over the grid fitted by `PassModel`; each batch's live speedup against the model's price of the
+    passes that run counted (`live.predicted_speedup`: counts from the run, times only from the fit)."""
+    print(f"\n== 4. the batch crossover on this CPU: k = {k}, B = {', '.join(map(str, grid))}, CPU clock ==")
     context = 64
     rows = time_passes(grown, grid, (1, k + 1), context=context, repeats=repeats)
     draft_rows = time_passes(draft, grid, (1, 2), context=context, repeats=repeats)
-    target_model, draft_model = PassModel.fit(rows), PassModel.fit(draft_rows)
-    model = CostModel(target=target_model, draft=draft_model, context=context)
-    predicted = {B: model.predict_speedup(alpha, k, B) for B in grid}
+    model = CostModel(target=PassModel.fit(rows), draft=PassModel.fit(draft_rows), context=context)
+    print(f"  fitted pass model: {model.target.form} form, median relative error {model.target.error.median:.0%}")
     texts = heldout_prompts(max(grid), context)
-    measured = {}
+    predicted, measured = {}, {}
     for B in grid:
-        x = torch.tensor(texts[:B])
-        s, _ = speedups(grown, draft, [x], k, n, 0.0, repeats)
-        measured[B] = statistics.median(s)
-        print(f"  B = {B}: pass over {B * (k + 1):2d} rows; model {predicted[B]:.2f}x, measured {measured[B]:.2f}x "
-              f"[{min(s):.2f}, {max(s):.2f}]")
+        run = time_decoding(grown, draft, [torch.tensor(texts[:B])], k, n, repeats=repeats)
+        predicted[B], measured[B] = predicted_speedup(model, run, context), run.speedup
+        print(f"  B = {B}: pass over {B * (k + 1):2d} rows, tokens/step {run.tokens_per_step:.2f}; model "
+              f"{predicted[B]:.2f}x, measured {measured[B]:.2f}x [{min(run.speedups):.2f}, {max(run.speedups):.2f}]")
 
     def first_loss(values: dict[int, float]) -> int | None:
         return next((B for B in grid if values[B] < 1), None)
@@ -316,14 +316,8 @@ def main() -> None:
         if "3" in args.sections:
             result["decoding"] = section_decoding(grown, draft, prompts, args.new_tokens, args.repeats, ks)
         if "4" in args.sections:
-            k, alpha = 3, 0.7
-            if "decoding" in result:
-                k = result["decoding"]["best"]["greedy"][0]
-            _, stats = speculative_generate(grown, draft, torch.tensor(heldout_prompts(4, 64)), k=k,
-                                            max_new_tokens=min(args.new_tokens, 48), temperature=0.0)
-            alpha = stats.acceptance_rate
-            result["crossover"] = section_crossover(grown, draft, min(args.new_tokens, 48), args.repeats, k, alpha,
-                                                    grid)
+            k = result["decoding"]["best"]["greedy"][0] if "decoding" in result else 4
+            result["crossover"] = section_crossover(grown, draft, min(args.new_tokens, 48), args.repeats, k, grid)
     end = os.getloadavg()[0]
     print(f"\nload average {end:.2f} at the end" + ("  (a busy machine: rerun on a quiet one)" if end > 1.5 else ""))
     result["load_end"] = end
