@@ -49,26 +49,80 @@ from pathlib import Path
 
 from specref_grading.notebook import GradeError, exercise_id, find_solution, read_notebook, stamp
 from specref_grading.plan import Plan, build_plan, hidden_seed
-from specref_grading.processes import UNJAILED_NOTE, can_jail
-from specref_grading.report import EXIT_UNGRADABLE, Report, TestResult
+from specref_grading.processes import UNJAILED_NOTE, can_jail, prepare_trusted_uid, root_refusal
+from specref_grading.report import EXIT_UNGRADABLE, Report, TestResult, printable
 from specref_grading.wall import MEMORY_MB, RunOutcome, run_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 CELL_TIMEOUT_S = 180
 RUN_TIMEOUT_S = 1800  # one submission, all of its tests together
 
+UNJAILED_REFUSED = (
+    "refused: this host cannot jail the learner's code (the grader is not root, or it has no mount, network and pid "
+    "namespaces: a container without CAP_SYS_ADMIN), so the answers would run as a plain process that can read "
+    "what the grading user can read: the solutions, the hidden tests, the checks, the other submissions. Grade as "
+    "root on a host with namespaces; or, knowing that, ask for it with --unjailed (make grade ... UNJAILED=1)")
+
+
+def jail_mode() -> str:
+    """How this host runs the learner's code: "jailed" or "unjailed" (part of a class run's key: a grade made
+    unjailed is regraded by a jailed run)."""
+    return "jailed" if can_jail() else "unjailed"
+
+
+def jail_refusal(unjailed: bool) -> str | None:
+    """Why a grading is refused here (None where it may go on): no jail and `unjailed` not asked for; or, asked for,
+    a grader that is root and cannot run the kernel as a fresh uid (learner code never runs as root)."""
+    if can_jail():
+        return None
+    if not unjailed:
+        return UNJAILED_REFUSED
+    return root_refusal()
+
+
+# What the trusted side says when the kernel that runs the submission's code ended or broke the channel: the
+# submission's failure (exit 1), not the grader's. The trusted process itself dying over its limits is too.
+KERNEL_ENDED = ("the kernel running the submission's code died", "the kernel died while running answer cell",
+                "the kernel died while running cell")
+TRUSTED_OVER_LIMITS = "was killed: over its CPU time or memory limit"
+TRUSTED_DIED = "before reporting a result"  # wall's words for the trusted process itself ending
+
+
+def judged(outcome: RunOutcome, stopped_at: dict | None) -> RunOutcome:
+    """A kernel or channel fault as the failure of whoever caused it: "died" (could not be graded, regraded by
+    --retry) only for faults of the grader; where the submission's code ended its kernel, broke the channel (a
+    value the trusted side refuses, os._exit) or drove the checks past their limits, the test failed, with its
+    cause."""
+    if outcome.outcome != "died" or (stopped_at or {}).get("role") not in ("answer", "test", "other"):
+        return outcome
+    message = outcome.message
+    if message.startswith(KERNEL_ENDED) and TRUSTED_DIED not in message:
+        why = ("the submission's code ended its kernel or broke the channel to the checks (it exited, was killed, "
+               "or sent a value the grader refuses): " + message)
+    elif TRUSTED_OVER_LIMITS in message:
+        why = "the submission's values drove the checks past their limits: " + message
+    else:
+        return outcome
+    return RunOutcome("failed", why, outcome.flags, outcome.answer_errors)
+
 
 def grade(notebook: Path, solution: Path | None = None, solutions_dir: Path | None = None,
           cell_timeout: float = CELL_TIMEOUT_S, run_timeout: float = RUN_TIMEOUT_S,
-          seed: int | None = None, memory_mb: int = MEMORY_MB) -> Report:
+          seed: int | None = None, memory_mb: int = MEMORY_MB, unjailed: bool = False) -> Report:
     """Grade one submission file; never raises for a problem of the submission (see Report.error).
 
     `seed` is HIDDEN_SEED, the seed of the hidden tests' cases (`hidden_seed` reads --seed); None draws a fresh
-    one, named in the report. `memory_mb` caps each kernel's memory.
+    one, named in the report. `memory_mb` caps each kernel's memory. Where this host cannot jail the kernel,
+    nothing runs unless `unjailed` asks, and never as root (`jail_refusal`: the report's error says why).
     """
     report = Report(str(notebook))
     if seed is None:
         seed = hidden_seed("random")
+    refused = jail_refusal(unjailed)
+    if refused is not None:
+        report.error = refused
+        return report
+    prepare_trusted_uid()  # as root: the trusted process runs as a fresh uid too, where one can run the interpreter
     try:
         submission = read_notebook(notebook)
         solution = solution or find_solution(submission, solutions_dir or ROOT / "solutions")
@@ -109,6 +163,8 @@ def grade_plan(plan: Plan, cell_timeout: float = CELL_TIMEOUT_S, run_timeout: fl
         last = max(wanted)
         cells = [c for c in plan.cells if (c["role"] != "test" and c["n"] < last) or c["n"] in wanted]
         run = run_cells(cells, cell_timeout, deadline, memory_mb)
+        if run.stop is not None:
+            run.stop = judged(run.stop, run.stopped_at)
         if run.setup_error:
             for t in pending:
                 outcomes[t.n] = RunOutcome("not graded", run.setup_error)
@@ -152,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds for one submission, all tests")
     ap.add_argument("--memory", type=int, default=MEMORY_MB, metavar="MB", help="memory of one grading kernel")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    ap.add_argument("--unjailed", action="store_true",
+                    help="grade even where this host cannot jail the learner's code (then a plain process of a fresh "
+                         "uid, never root); without it such a grading is refused")
     ap.add_argument("--seed", default="random", metavar="N|random",
                     help="seed of the hidden tests' cases (default: a fresh one, named in the report; N >= 1 "
                          "reproduces a grading)")
@@ -161,9 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     except GradeError as e:
         ap.error(str(e))
     if not args.notebook.is_file():
-        print(f"error: no such notebook: {args.notebook}", file=sys.stderr)
+        print(f"error: no such notebook: {printable(str(args.notebook))}", file=sys.stderr)
         return EXIT_UNGRADABLE
-    report = grade(args.notebook, args.solution, args.solutions_dir, args.cell_timeout, args.timeout, seed, args.memory)
+    report = grade(args.notebook, args.solution, args.solutions_dir, args.cell_timeout, args.timeout, seed, args.memory,
+                   args.unjailed)
     print(json.dumps(report.as_dict(), indent=1) if args.json else report.text())
     return report.exit_code
 

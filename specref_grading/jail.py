@@ -180,14 +180,63 @@ def cgroup_limits(memory_mb: int, pids: int = 128, version: int = 1) -> dict[str
             "pids": {"pids.max": str(pids)}}
 
 
-def cgroup_dirs(name: str, root: str | None = None, version: int | None = None) -> dict[str, str]:
-    """{controller: the folder of the run's cgroup}: one folder per controller on a cgroup-v1 host
-    (ROOT/cpu/specref-grade/NAME, ...), the same leaf ROOT/specref-grade/NAME for all three on cgroup v2."""
+GRADER_LEAF = "specref-grader"  # cgroup v2: where the grader's own cgroup's processes move, if they must
+
+
+def own_cgroups(text: str | None = None) -> dict[str, str]:
+    """{controller: this process's cgroup path} from /proc/self/cgroup (`text`, for a test): one entry per cgroup-v1
+    controller ("4:memory:/user.slice" gives memory), and "" for the unified (v2) hierarchy ("0::/user.slice")."""
+    if text is None:
+        try:
+            with open("/proc/self/cgroup") as f:
+                text = f.read()
+        except OSError:
+            text = ""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3 or not parts[2].startswith("/"):
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            out[""] = parts[2]
+        for ctrl in parts[1].split(","):
+            if ctrl:
+                out[ctrl] = parts[2]
+    return out
+
+
+def grader_cgroup(path: str) -> str:
+    """The grader's own cgroup, given the path of a process of the grading: above the grader's leaf
+    (GRADER_LEAF) and above a run's cgroup (CGROUP_PARENT/run-*), where a process of the run may sit."""
+    parts = [p for p in path.split("/") if p]
+    if parts and parts[-1] == GRADER_LEAF:
+        parts.pop()
+    if len(parts) >= 2 and parts[-2] == CGROUP_PARENT:
+        parts = parts[:-2]
+    return "/" + "/".join(parts)
+
+
+def cgroup_dirs(name: str, root: str | None = None, version: int | None = None,
+                own: dict[str, str] | None = None) -> dict[str, str]:
+    """{controller: the folder of the run's cgroup}, under the grader's own cgroup (`own`: `own_cgroups`), never at
+    the hierarchy's root: a limit the instructor put around grading (a systemd slice, a container, a batch job)
+    then holds the learner's code too. cgroup v1: one folder per controller, ROOT/<controller>/<the grader's
+    path in that hierarchy>/specref-grade/NAME; v2: one leaf ROOT/<the grader's path>/specref-grade/NAME for all
+    three."""
     root = root or CGROUP_ROOT
     version = cgroup_version(root) if version is None else version
+    own = own_cgroups() if own is None else own
     if version == 2:
-        return {ctrl: os.path.join(root, CGROUP_PARENT, name) for ctrl in CONTROLLERS}
-    return {ctrl: os.path.join(root, ctrl, CGROUP_PARENT, name) for ctrl in CONTROLLERS}
+        base = grader_cgroup(own.get("", "/")).lstrip("/")
+        return {ctrl: os.path.join(root, base, CGROUP_PARENT, name) for ctrl in CONTROLLERS}
+    out = {}
+    for ctrl in CONTROLLERS:
+        mount = os.path.join(root, ctrl)
+        if not os.path.isdir(mount):  # mounted as a list of controllers only ("cpu,cpuacct")
+            mount = next((os.path.join(root, d) for d in sorted(os.listdir(root)) if ctrl in d.split(",")), mount) \
+                if os.path.isdir(root) else mount
+        out[ctrl] = os.path.join(mount, grader_cgroup(own.get(ctrl, "/")).lstrip("/"), CGROUP_PARENT, name)
+    return out
 
 
 def _write(path: str, value: str) -> None:
@@ -205,47 +254,93 @@ def _sweep(parent: str) -> None:
                 pass
 
 
-def _enable_controllers(folder: str) -> None:
-    """cgroup v2: let `folder`'s children use cpu, memory and pids (those the folder has), one at a time."""
+def _enable_controllers(folder: str) -> bool:
+    """cgroup v2: let `folder`'s children use cpu, memory and pids (those the folder has), one at a time; whether
+    memory is now theirs (refused, EBUSY, while `folder` itself holds processes; not asked where it lacks it)."""
     try:
         with open(os.path.join(folder, "cgroup.controllers")) as f:
             have = f.read().split()
     except OSError:
         have = list(CONTROLLERS)
+    memory = "memory" not in have
     for ctrl in CONTROLLERS:
         if ctrl in have:
             try:
                 _write(os.path.join(folder, "cgroup.subtree_control"), f"+{ctrl}")
+                memory = memory or ctrl == "memory"
             except OSError:
                 pass
+    return memory
+
+
+def _move_into_leaf(folder: str) -> bool:
+    """cgroup v2: move every process of `folder` into its child GRADER_LEAF (v2 lets a cgroup hand controllers to
+    its children only while it holds no process itself); whether `folder` is now empty of processes."""
+    leaf = os.path.join(folder, GRADER_LEAF)
+    try:
+        os.makedirs(leaf, exist_ok=True)
+        for _ in range(3):  # a process forked meanwhile is moved on the next pass
+            with open(os.path.join(folder, "cgroup.procs")) as f:
+                pids = f.read().split()
+            if not pids:
+                return True
+            for pid in pids:
+                try:
+                    _write(os.path.join(leaf, "cgroup.procs"), pid)
+                except OSError:
+                    pass
+    except OSError:
+        return False
+    return False
+
+
+def _v2_parent(root: str, base: str) -> str | None:
+    """cgroup v2: make ROOT/BASE/specref-grade with cpu, memory and pids enabled for its children; None where that
+    cannot be done (the controllers are not delegated down to the grader's cgroup)."""
+    folder = root
+    for part in [p for p in base.split("/") if p]:  # each level hands the controllers down to the next
+        _enable_controllers(folder)
+        folder = os.path.join(folder, part)
+    if not _enable_controllers(folder) and not (folder != root and _move_into_leaf(folder)
+                                                 and _enable_controllers(folder)):
+        return None
+    parent = os.path.join(folder, CGROUP_PARENT)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError:
+        return None
+    _enable_controllers(parent)
+    return parent
 
 
 def join_cgroups(name: str, memory_mb: int, root: str | None = None, pid: int | None = None,
-                 pids: int = 128) -> list[str]:
-    """Make the run's cgroup(s), set their limits and move process `pid` (default: this one) in; the controllers
-    whose limits took.
+                 pids: int = 128, own: dict[str, str] | None = None) -> list[str]:
+    """Make the run's cgroup(s) under the grader's own cgroup (`cgroup_dirs`), set their limits and move process
+    `pid` (default: this one) in; the controllers whose limits took.
 
     Rlimits bound each process; a cgroup bounds the run: its processes together get one CPU (a kernel that forks
     spinners, each in a session of its own, cannot starve the submission graded beside it), one memory budget and
-    a process count. cgroup v1 (a hierarchy per controller) and v2 (the unified hierarchy: the controllers are
-    enabled in ROOT's and ROOT/specref-grade's cgroup.subtree_control, and the processes sit only in the leaves
-    ROOT/specref-grade/run-*, v2's rule of no processes in a cgroup whose children have controllers) are both
-    handled, whichever `cgroup_version` finds. A host without writable cgroups keeps the rlimits alone (returns []).
+    a process count, and every limit on the grader's own cgroup holds them too. cgroup v1 (a hierarchy per
+    controller) and v2 (the unified hierarchy: the controllers are enabled down to the grader's cgroup and in its
+    specref-grade child, and the processes sit only in the leaves specref-grade/run-*, v2's rule of no processes in
+    a cgroup whose children have controllers; where the grader's cgroup holds processes, they move into its leaf
+    GRADER_LEAF first) are both handled, whichever `cgroup_version` finds. A host without writable cgroups keeps
+    the rlimits alone (returns []).
     """
     root = root or CGROUP_ROOT
     version = cgroup_version(root)
     if version == 0:
         return []
+    own = own_cgroups() if own is None else own
     pid = os.getpid() if pid is None else pid
     limits = cgroup_limits(memory_mb, pids, version)
-    folders = cgroup_dirs(name, root, version)
+    folders = cgroup_dirs(name, root, version, own)
     if version == 2:
-        parent = os.path.join(root, CGROUP_PARENT)
+        parent = _v2_parent(root, grader_cgroup(own.get("", "/")))
+        if parent is None:
+            return []
         _sweep(parent)
         try:
-            _enable_controllers(root)
-            os.makedirs(parent, exist_ok=True)
-            _enable_controllers(parent)
             os.makedirs(folders["cpu"], exist_ok=True)
         except OSError:
             return []
@@ -276,10 +371,10 @@ def join_cgroups(name: str, memory_mb: int, root: str | None = None, pid: int | 
     return joined
 
 
-def remove_cgroups(name: str, root: str | None = None) -> None:
+def remove_cgroups(name: str, root: str | None = None, own: dict[str, str] | None = None) -> None:
     """Remove the run's cgroups (after its processes are gone; an empty cgroup is removed with rmdir). A process
     just killed may leave its cgroup busy for a moment: tried for up to a second, then left to `_sweep`."""
-    for folder in set(cgroup_dirs(name, root).values()):
+    for folder in set(cgroup_dirs(name, root, own=own).values()):
         for _ in range(20):
             try:
                 os.rmdir(folder)

@@ -14,9 +14,17 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specref_grading import kernel_tree
 from specref_grading.exercises import MarkerError, left_out, strip_regions, tests_version
-from specref_grading.notebook import GradeError, exercise_id, is_answer, is_test, nbgrader, source, stamp
+from specref_grading.notebook import (
+    MAX_ANSWER_CHARS,
+    GradeError,
+    exercise_id,
+    is_answer,
+    is_test,
+    nbgrader,
+    source,
+    stamp,
+)
 from specref_grading.scan import (
     UNREADABLE,
     binds_unknown,
@@ -26,6 +34,7 @@ from specref_grading.scan import (
     names_used,
     scan,
 )
+from specref_grading.trust import kernel_tree
 
 DEFAULT_HIDDEN_SEED = 1  # what the solutions' setup cells set HIDDEN_SEED to (a test keeps them equal)
 
@@ -107,6 +116,8 @@ def with_seed(source: str, seed: int) -> str:
 
 def build_plan(solution: dict, submission: dict, solution_name: str = "solution",
                seed: int = DEFAULT_HIDDEN_SEED) -> Plan:
+    """What runs, from the solution; from the submission only its answers' text, each refused above
+    MAX_ANSWER_CHARS before it is parsed (GradeError: the notebook could not be graded)."""
     sol_cells, sub_cells = solution["cells"], submission["cells"]
     notes: list[str] = []
     eid, ver = stamp(submission)
@@ -143,6 +154,9 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
             except MarkerError as e:
                 raise GradeError(f"the solution is broken: {e}") from e
             text = source(got) if got is not None else stub
+            if len(text) > MAX_ANSWER_CHARS:  # before any parse: the parser takes ~200 bytes per byte of source
+                raise GradeError(f"answer cell {gid!r} is {len(text)} characters long, more than the "
+                                 f"{MAX_ANSWER_CHARS} an answer may be: it was not read")
             if got is None:
                 notes.append(f"answer cell {gid!r} is missing from the notebook: it was graded as unanswered")
             if ref.get("cell_type") != "code" or meta.get("grade"):

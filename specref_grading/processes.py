@@ -6,6 +6,7 @@ when it cannot.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pwd
 import random
@@ -28,9 +29,18 @@ MARKER_ENV = "SPECREF_GRADING_RUN"
 # exercise are measured in benchmarks/README.md ("Grading a class").
 TRUSTED_MEMORY_MB = 6144
 TRUSTED_CPU_S = 300
-# One submission's peak, kernel and trusted process together (ex04's: 3 312 MB + 383 MB), what
-# classrun.default_jobs sizes the number of workers by.
+# One submission's measured peak, kernel and trusted process together (ex04's: 3 312 MB + 383 MB). Workers are
+# sized by the caps, not by this (`submission_cap_mb`): a submission may use all of its caps.
 SUBMISSION_PEAK_MB = 3700
+# The least memory a kernel is given when its cap is derived from the jobs asked for (classrun.sized):
+# an honest kernel peaks at a few hundred MB (ex04), the checks' models live in the trusted process.
+KERNEL_MIN_MB = 1024
+
+
+def submission_cap_mb(kernel_mb: int) -> int:
+    """What one submission may take at most: its kernel's cap, the kernel's /tmp (a tmpfs) and the trusted
+    process's cap."""
+    return kernel_mb + jail.TMP_MB + TRUSTED_MEMORY_MB
 
 
 def _as_root() -> bool:
@@ -71,13 +81,25 @@ def make_undumpable() -> bool:
 
 _DROP: dict[int, bool] = {}
 
+INSTALL_FOR_A_FRESH_UID = (
+    "install the grader's environment where an unprivileged user can read it: a Python and a virtual environment "
+    "outside any private folder (not under /root or a home of mode 0700), e.g. python3.11 -m venv "
+    "/opt/specref-venv, then /opt/specref-venv/bin/pip install -e <this checkout>, with the checkout readable by all")
+ROOT_REFUSED = (
+    "refused: the learner's code would run as root (this host cannot jail it, and no fresh unprivileged uid can run "
+    "this grader's interpreter: {why}). Learner code never runs as root: " + INSTALL_FOR_A_FRESH_UID
+    + "; or grade on a host with namespaces (a jail)")
 
-def unjailed_uid() -> int | None:
-    """A fresh uid for a kernel that cannot be jailed (no namespaces) while the grader is root, so that it does not
-    run as root; None where the grader is not root, or the interpreter and specref are not readable by such a uid
-    (an environment under a private folder such as /root: tried once per process, then the kernel runs as root)."""
+
+class RootRefused(RuntimeError):
+    """Learner code would run as root: refused, whatever was asked."""
+
+
+def can_drop() -> bool:
+    """Whether a fresh unprivileged uid can run this very interpreter with specref (probed once per process, as
+    root with setpriv; False otherwise): what an unjailed kernel, and the trusted process, run as."""
     if not _as_root():
-        return None
+        return False
     if 0 not in _DROP:
         # The same interpreter, not only one: where the fresh uid cannot reach the grader's, exec may end in another
         # (seen: a venv's python resolving to the system's 3.11.2 instead of its own 3.11.7 under /root).
@@ -88,7 +110,57 @@ def unjailed_uid() -> int | None:
                                       env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}).returncode == 0
         except (OSError, subprocess.TimeoutExpired):
             _DROP[0] = False
-    return _free_uid() if _DROP[0] else None
+    return _DROP[0]
+
+
+def root_refusal() -> str | None:
+    """Why an unjailed kernel cannot run here without being root (None where it can: the grader is not root, or a
+    fresh uid can run the interpreter)."""
+    if os.geteuid() != 0:
+        return None
+    if shutil.which("setpriv") is None:
+        return ROOT_REFUSED.format(why="setpriv, which drops to a fresh uid, is not installed")
+    if not can_drop():
+        return ROOT_REFUSED.format(why=f"{sys.executable} or specref is not readable by one")
+    return None
+
+
+def unjailed_uid() -> int | None:
+    """The uid an unjailed kernel runs as: None (the grading user) where the grader is not root, a fresh uid where
+    it is; RootRefused where it is root and no fresh uid can run the interpreter (`root_refusal`): a kernel never
+    runs as root."""
+    if os.geteuid() != 0:
+        return None
+    why = root_refusal()
+    if why is not None:
+        raise RootRefused(why)
+    return _free_uid()
+
+
+# The uid the trusted process drops to (as root, where a fresh uid can run the interpreter): drawn in the grading
+# process by `prepare_trusted_uid`, read by `trusted_setup` in the forked child before exec.
+_TRUSTED_UID: dict[int, int] = {}
+
+
+def prepare_trusted_uid() -> int | None:
+    """Draw a fresh uid for the next trusted processes of this grading process (as root, where one can run the
+    interpreter: `can_drop`); None where they keep the grader's uid (not root, or no such uid can run it)."""
+    _TRUSTED_UID.clear()
+    if os.geteuid() == 0 and can_drop():
+        _TRUSTED_UID[0] = _free_uid()
+    return _TRUSTED_UID.get(0)
+
+
+def drop_to(uid: int) -> None:  # runs in a child before exec, as root
+    """Become `uid` for good: no groups, gid = uid, no_new_privs; the parent-death signal armed again (a change of
+    uid clears it)."""
+    parent = os.getppid()
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    if ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0) != 0:  # 38 = PR_SET_NO_NEW_PRIVS
+        os._exit(126)
+    die_with_parent(parent)
 
 
 def _hub_cache() -> str:
@@ -148,11 +220,14 @@ def _child_setup(memory_mb: int | None, parent: int) -> None:  # runs in the chi
 def trusted_setup(parent: int, cgroup: str | None = None) -> None:  # runs in the trusted child before exec
     """The trusted process's limits: it dies with the grader, joins cgroup `cgroup` (as root, where the host has
     writable cgroups: one CPU, TRUSTED_MEMORY_MB, a process count) and gets TRUSTED_CPU_S of CPU time and
-    TRUSTED_MEMORY_MB of private memory."""
+    TRUSTED_MEMORY_MB of private memory; then, as root, it drops to the fresh uid `prepare_trusted_uid` drew (none
+    drawn: it stays root, the case of an interpreter no fresh uid can run)."""
     die_with_parent(parent)
     if cgroup and os.geteuid() == 0:
         jail.join_cgroups(cgroup, TRUSTED_MEMORY_MB, pids=512)  # torch's threads count as processes
     _limits(TRUSTED_MEMORY_MB, TRUSTED_CPU_S)
+    if os.geteuid() == 0 and _TRUSTED_UID.get(0) is not None:  # root no longer: `prepare_trusted_uid`
+        drop_to(_TRUSTED_UID[0])
 
 
 def processes_with(marker: str) -> list[int]:
@@ -197,11 +272,11 @@ _JAIL: dict[int, bool] = {}
 
 UNJAILED_NOTE = (
     "not jailed (the grader did not run as root, or this host has no namespaces): the answers ran in a kernel of "
-    "their own, a plain process (of a fresh uid where the grader ran as root and the interpreter was readable by "
-    "one; else of the grading user, root included), so this grading cannot promise that they did not read what that "
+    "their own, a plain process (of a fresh uid where the grader ran as root: never root itself; else of the grading "
+    "user), so this grading cannot promise that they did not read what that "
     "user can read: the solutions (the reference answers and the hidden tests), the checks (specref_grading) and the "
     "code that draws the hidden seed, the whole of specref (the exercise's reference answers with it), the other "
-    "submissions, and the network; nor, where that user is root, that they left the host and the grader alone. The "
+    "submissions, and the network. It was graded so only because --unjailed asked for it. The "
     "results were still decided by the separate trusted process, and neither it nor the grading process can be "
     "traced or have its open files reached by another process of its user (both are made non-dumpable before the "
     "kernel starts); the kernel could only stop them, which fails the tests and scores nothing, or signal other "

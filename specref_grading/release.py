@@ -1,6 +1,6 @@
 """Build a release folder for a class: what a learner needs, and no solution, answer, rubric or hidden test.
 
-    python -I -m specref_grading.release FOLDER      (make release DIR=FOLDER)
+    python -I -m specref_grading.release FOLDER [--graded ex02,ex05]      (make release DIR=FOLDER)
 
 What goes in (`RELEASE`): the lectures (notebooks/, with their outputs), the exercises generated afresh from
 solutions/ (`exercises.expected_files`: the same bytes `make exercises` writes), the package `specref` with its
@@ -22,6 +22,20 @@ checks cell, whatever a learner's copy holds. What the exercises give on purpose
 still uses a name only the checks cell imports, it fails in the release: `needs_grader` finds it, and the command
 names it, as it names each file a released notebook points at that the release does not hold (`dead_mentions`).
 
+**Answer keys.** The package holds the reference answer of every exercise (ex02's `specref.rejection`, ex05's
+`specref.drafts.prompt_lookup`, ...: each exercise's ``FORBIDDEN``, the same names the grader keeps out of the
+learner's kernel), and the lectures run on them. So a release says which exercises it is for (`--graded`):
+
+* the exercises named there are graded from this release: the released specref is built like the kernel's copy
+  (specref_grading/trust/kernel_tree.py), without their answer keys and without what needs them at import time,
+  and the release is refused if the read-back finds one of those keys (`keys_present`). The lecture cells and
+  exercise cells that import what is then gone are named: they run in a later release, built once those exercises
+  are graded and their keys may ship;
+* every other exercise is practice only: its answer key ships with the package, and a learner can copy it.
+
+Without `--graded` nothing is removed and every exercise is practice only. The release's RELEASE.md and the
+command's output say which exercises are graded, which are practice only and why, and what does not run.
+
 The folder must be new or empty and outside this repository (a release inside the checkout would be
 committed, or regraded as submissions); anything else is refused with exit status 2 and nothing is written.
 """
@@ -35,9 +49,12 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from specref_grading.exercises import BEGIN_HIDDEN, BEGIN_SOLUTION, ROOT, MarkerError, expected_files, left_out
+from specref_grading.notebook import source
+from specref_grading.trust import kernel_tree
 
 # (path relative to the repository, kind): "file", or "tree" (a folder, all of it but caches).
 RELEASE: tuple[tuple[str, str], ...] = (
@@ -82,11 +99,12 @@ def _tree(folder: Path) -> list[Path]:
     return out
 
 
-def contents(root: Path = ROOT) -> dict[str, bytes | Path]:
-    """{relative path: a file to copy, or the bytes to write} of the release built from the checkout at `root`."""
+def contents(root: Path = ROOT, package: Path | None = None) -> dict[str, bytes | Path]:
+    """{relative path: a file to copy, or the bytes to write} of the release built from the checkout at `root`;
+    the package's files from `package` (a copy without answer keys, `strip_keys`) when given, else `root/specref`."""
     out: dict[str, bytes | Path] = {}
     for rel, kind in RELEASE:
-        src = root / rel
+        src = package if rel == "specref" and package is not None else root / rel
         if kind == "file":
             if not src.is_file():
                 raise ReleaseError(f"{src} is missing: a release needs it")
@@ -94,7 +112,7 @@ def contents(root: Path = ROOT) -> dict[str, bytes | Path]:
         else:
             if not src.is_dir():
                 raise ReleaseError(f"{src} is missing: a release needs it")
-            out.update({p.relative_to(root).as_posix(): p for p in _tree(src)})
+            out.update({f"{rel}/{p.relative_to(src).as_posix()}": p for p in _tree(src)})
     try:
         exercises = expected_files(root / "solutions")
     except MarkerError as e:
@@ -152,6 +170,141 @@ def offline_checks(data: bytes) -> bytes:
         cell["outputs"], cell["execution_count"] = [], None
         changed = True
     return (json.dumps(nb, indent=1, ensure_ascii=False) + "\n").encode("utf-8") if changed else data
+
+
+# -- answer keys: which exercises a release is for ----------------------------------------------------------------
+
+
+def _code(nb: dict) -> list[str]:
+    """A notebook's code cells, magics and shell lines blanked (they are not Python)."""
+    return ["\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source(c).splitlines())
+            for c in nb["cells"] if c.get("cell_type") == "code"]
+
+
+def answer_keys(root: Path = ROOT) -> dict[str, tuple[str, ...]]:
+    """{exercise: the specref names that are its answer key}: the ``FORBIDDEN`` of the check modules its solution
+    imports (what the grader keeps out of the learner's kernel), specref's only; exercises in file order."""
+    keys = {}
+    for path in sorted((root / "solutions").glob("ex*.ipynb")):
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        keys[path.stem] = tuple(k for k in kernel_tree.forbidden_for(_code(nb)) if k.startswith("specref."))
+    return keys
+
+
+def resolve_graded(names: list[str], exercises: list[str]) -> tuple[str, ...]:
+    """The exercises `names` mean ("ex02" or "ex02_accept_reject"), in course order; ReleaseError for a name that
+    is no exercise, or that means more than one."""
+    out = set()
+    for name in (n.strip() for n in names if n.strip()):
+        found = [e for e in exercises if e == name or e.split("_", 1)[0] == name]
+        if len(found) != 1:
+            raise ReleaseError(f"--graded {name!r}: no such exercise (the exercises: {', '.join(exercises)})")
+        out.add(found[0])
+    return tuple(e for e in exercises if e in out)
+
+
+def strip_keys(graded: tuple[str, ...], keys: dict[str, tuple[str, ...]], into: Path,
+               root: Path = ROOT) -> kernel_tree.Selection:
+    """Write into `into`/specref the package without the answer keys of the `graded` exercises, built as the
+    kernel's copy is (every module of the package is a root; a key's module, or its name cut from its module,
+    and whatever needs them at import time left out); the selection it wrote."""
+    reading = kernel_tree.Reading(root / "specref")
+    forbidden = tuple(sorted({k for e in graded for k in keys[e]}))
+    selection = kernel_tree.select(reading, tuple(sorted(reading.modules)), forbidden)
+    kernel_tree.write_tree(selection, into / "specref")
+    for path in _tree(root / "specref"):  # the data (the bundled models, the tokenizer), outside a dropped package
+        rel = path.relative_to(root / "specref")
+        owners = [".".join(("specref",) + rel.parts[:n]) for n in range(len(rel.parts) - 1, -1, -1)]
+        package = next((m for m in owners if m in reading.modules), "specref")
+        if path.suffix != ".py" and package in selection.kept and not (into / "specref" / rel).exists():
+            (into / "specref" / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, into / "specref" / rel)
+    return selection
+
+
+def _binds(tree: ast.Module, name: str) -> bool:
+    """Whether a module's top level defines `name` (a def, a class, an assignment) or maps it (a lazy map's key)."""
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return True
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict) and any(
+                isinstance(k, ast.Constant) and k.value == name for k in node.value.keys):
+            return True
+    return False
+
+
+def keys_present(package: Path, keys: tuple[str, ...]) -> list[str]:
+    """The answer keys (dotted specref names: modules, or names in a module) that the package folder `package`
+    holds, read back from its files alone: a module's file, or a module defining or mapping the name."""
+    modules: dict[str, Path] = {}
+    for path in package.rglob("*.py"):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    found = []
+    for key in keys:
+        if key in modules or any(m.startswith(key + ".") for m in modules):
+            found.append(key)
+            continue
+        owner, _, name = key.rpartition(".")
+        if owner in modules and _binds(ast.parse(modules[owner].read_text(encoding="utf-8")), name):
+            found.append(key)
+    return found
+
+
+def _imports(sources: list[str]) -> list[str]:
+    """The specref names code imports, dotted (``from specref.x import y``: specref.x.y; ``import specref.x``)."""
+    out = []
+    for node in kernel_tree.nodes_of(sources):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "specref":
+            out += [f"{node.module}.{a.name}" for a in node.names if a.name != "*"]
+        elif isinstance(node, ast.Import):
+            out += [a.name for a in node.names if a.name.split(".")[0] == "specref"]
+    return out
+
+
+def not_running(files: dict[str, bytes | Path], selection: kernel_tree.Selection) -> dict[str, dict[int, list[str]]]:
+    """{notebook: {cell index: [what it imports that the stripped package lacks]}} over the released lectures and
+    exercises (an exercise's checks and test cells left out: they never run in a release)."""
+    out: dict[str, dict[int, list[str]]] = {}
+    for rel, src in sorted(files.items()):
+        if not rel.endswith(".ipynb") or rel.split("/")[0] not in ("notebooks", "exercises"):
+            continue
+        nb = json.loads(src.read_bytes() if isinstance(src, Path) else src)
+        for i, cell in enumerate(nb["cells"]):
+            meta, grading = cell.get("metadata", {}).get("specref"), cell.get("metadata", {}).get("nbgrader") or {}
+            if cell.get("cell_type") != "code" or (isinstance(meta, dict) and meta.get("side") == "checks") or (
+                    grading.get("grade") and not grading.get("solution")):
+                continue
+            gone = sorted({name for name in _imports(_code({"cells": [cell]})) if not selection.available(name)})
+            if gone:
+                out.setdefault(rel, {})[i] = gone
+    return out
+
+
+def notice(graded: tuple[str, ...], keys: dict[str, tuple[str, ...]],
+           blocked: dict[str, dict[int, list[str]]]) -> str:
+    """RELEASE.md: which exercises this release is graded for, which are practice only and why, what does not run."""
+    practice = [e for e in keys if e not in graded]
+    lines = ["# This release", ""]
+    if graded:
+        lines += ["**Graded from this release:** " + ", ".join(graded) + ". The package here lacks their reference "
+                  "answers (" + "; ".join(f"{e}: {', '.join(keys[e])}" for e in graded) + ").", ""]
+    if practice:
+        lines += ["**Practice only:** " + ", ".join(practice) + ". The package here holds each one's reference "
+                  "answer, which a learner can copy into an answer, so a grade on these says little; they are for "
+                  "practice, or graded from a later release built for them (`python -I -m specref_grading.release "
+                  "FOLDER --graded ...`):", ""]
+        lines += [f"- {e}: {', '.join(keys[e]) or 'nothing of the package'}" for e in practice] + [""]
+    if blocked:
+        lines += ["**What does not run here:** these cells import what this release leaves out (an answer key, or "
+                  "what needs one); they run in a later release, once those exercises are graded:", ""]
+        lines += [f"- {rel} cell {i}: {', '.join(names)}" for rel, cells in blocked.items()
+                  for i, names in cells.items()] + [""]
+    return "\n".join(lines)
 
 
 def check_target(folder: Path, root: Path = ROOT) -> Path:
@@ -235,14 +388,33 @@ def needs_grader(nb: dict) -> dict[str, list[int]]:
     return used
 
 
-def build(folder: Path, root: Path = ROOT) -> dict:
-    """Write the release into `folder` (new or empty, outside the repository); {"folder", "files", "bytes"}.
+def build(folder: Path, root: Path = ROOT, graded: tuple[str, ...] = ()) -> dict:
+    """Write the release into `folder` (new or empty, outside the repository), graded for the exercises `graded`
+    (their answer keys left out of the package; every other exercise practice only); {"folder", "files", "bytes",
+    "graded", "practice", "not_running", "needs_grader", "dead"}.
 
-    Everything is written into a temporary folder beside `folder` first and checked (`problems_in`); only a
-    clean release is moved into place, so a refused one leaves nothing behind.
+    Everything is written into a temporary folder beside `folder` first and checked (`problems_in`, and
+    `keys_present` for the graded exercises' keys); only a clean release is moved into place, so a refused one
+    leaves nothing behind.
     """
     target = check_target(folder, root)
-    files = contents(root)
+    keys = answer_keys(root)
+    graded = resolve_graded(list(graded), list(keys))
+    with tempfile.TemporaryDirectory(prefix="specref-release-") as scratch:
+        selection = strip_keys(graded, keys, Path(scratch), root) if graded else None
+        files = contents(root, Path(scratch) / "specref" if selection is not None else None)
+        blocked = not_running(files, selection) if selection is not None else {}
+        files["RELEASE.md"] = notice(graded, keys, blocked).encode("utf-8")
+        done = _write(target, files, tuple(k for e in graded for k in keys[e]))
+    # Read from the exercises as generated, before their checks cells were rewritten (`offline_checks`).
+    grader = {f"exercises/{name}": found for name, data in sorted(expected_files(root / "solutions").items())
+              for found in [needs_grader(json.loads(data))] if found}
+    return {**done, "needs_grader": grader, "graded": graded, "practice": tuple(e for e in keys if e not in graded),
+            "not_running": blocked}
+
+
+def _write(target: Path, files: dict[str, bytes | Path], keys: tuple[str, ...]) -> dict:
+    """Write `files` into a staging folder beside `target`, check it, and move it into place (module docstring)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(f".{target.name}.release-tmp")
     if staging.exists():
@@ -258,7 +430,8 @@ def build(folder: Path, root: Path = ROOT) -> dict:
             else:
                 dest.write_bytes(src)
                 size += len(src)
-        problems = problems_in(staging)
+        problems = problems_in(staging) + [f"specref: holds {key}, the answer key of an exercise graded from this "
+                                           "release" for key in keys_present(staging / "specref", keys)]
         if problems:
             raise ReleaseError("the release would hand learners what they must not get:\n" + "\n".join(problems))
         if target.is_dir():
@@ -268,10 +441,7 @@ def build(folder: Path, root: Path = ROOT) -> dict:
     finally:
         if staging.exists():
             shutil.rmtree(staging)
-    # Read from the exercises as generated, before their checks cells were rewritten (`offline_checks`).
-    grader = {f"exercises/{name}": found for name, data in sorted(expected_files(root / "solutions").items())
-              for found in [needs_grader(json.loads(data))] if found}
-    return {"folder": target, "files": len(files), "bytes": size, "needs_grader": grader, "dead": dead}
+    return {"folder": target, "files": len(files), "bytes": size, "dead": dead}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,9 +449,13 @@ def main(argv: list[str] | None = None) -> int:
                                  description="Build a folder for a class: the lectures, the exercises, the package "
                                              "and its set-up; no solutions, answers, rubrics or hidden tests.")
     ap.add_argument("folder", type=Path, help="a new or empty folder outside the repository")
+    ap.add_argument("--graded", action="append", default=[], metavar="EXERCISES",
+                    help="the exercises graded from this release, comma-separated (ex02 or ex02_accept_reject; "
+                         "repeatable): their answer keys are left out of the package. Every other exercise is "
+                         "practice only (its reference answer ships). Default: none, all practice only")
     args = ap.parse_args(argv)
     try:
-        done = build(args.folder)
+        done = build(args.folder, graded=tuple(n for arg in args.graded for n in arg.split(",")))
     except ReleaseError as e:
         print(f"release refused: {e}", file=sys.stderr)
         return 2
@@ -296,6 +470,15 @@ def main(argv: list[str] | None = None) -> int:
           "the verdicts are decided by the grader alone.")
     for line in done["dead"]:
         print(f"note: {line} is named there but is not in the release")
+    if done["graded"]:
+        print(f"graded from this release: {', '.join(done['graded'])} (their answer keys are not in its specref)")
+    if done["practice"]:
+        print(f"PRACTICE ONLY: {', '.join(done['practice'])}: the released specref holds their reference answers, "
+              "which a learner can copy; to grade one, release with --graded naming it (RELEASE.md says which "
+              "modules hold each key)")
+    for rel, cells in done["not_running"].items():
+        print(f"note: {rel} cells {', '.join(map(str, cells))} import what this release leaves out: they run in a "
+              "later release (RELEASE.md names each)")
     return 0
 
 

@@ -22,10 +22,19 @@ def status_text(exit_code: int, pending: float = 0.0) -> str:
     return f"autograded checks passed, {awaits}" if exit_code == EXIT_FULL else f"{STATUS[exit_code]}; {awaits}"
 
 
+def as_data(text: object, lines: bool = False) -> str:
+    """A learner's string as data, the one escaping of everything written or shown (console, CSV, sheets,
+    feedback): every character that is not printable is written as its Python escape (``\\x1b``, ``\\u202e``, a
+    lone surrogate ``\\udcff``, ``\\r``, ``\\n`` and ``\\t`` too), so that it can neither redraw the console,
+    forge a line, nor fail to encode as UTF-8. `lines` keeps newlines and tabs (a message or an answer shown as
+    a block); a one-line field (a file name, a status) never keeps them."""
+    keep = "\n\t" if lines else ""
+    return "".join(c if c.isprintable() or c in keep else ascii(c)[1:-1] for c in str(text))
+
+
 def printable(text: str) -> str:
-    """Text for a terminal: every control character but newline and tab escaped (\\x1b, \\u202e, ...), so that
-    an escape sequence in a learner's message or answer cannot erase or redraw lines of the report."""
-    return "".join(c if c.isprintable() or c in "\n\t" else ascii(c)[1:-1] for c in text)
+    """Text for a terminal or a block of feedback: `as_data` keeping newlines and tabs."""
+    return as_data(text, lines=True)
 
 
 @dataclass
@@ -85,7 +94,7 @@ class Report:
         return EXIT_FULL if all(t.outcome == "passed" for t in self.tests) else EXIT_FAILED
 
     def text(self) -> str:
-        lines = [f"{self.path}: exercise {self.exercise or '?'}" + (f" (tests {self.version}" if self.version else "")
+        lines = [f"{as_data(self.path)}: exercise {as_data(self.exercise or '?')}" + (f" (tests {self.version}" if self.version else "")
                  + (f", hidden seed {self.seed}" if self.seed is not None else "") + (")" if self.version else "")]
         if self.error:
             lines.append(f"could not be graded: {self.error}")

@@ -11,7 +11,7 @@ specref_grading/wall.py starts this file (``python -I specref_grading/trusted.py
 * answer and other cells run only in the kernel;
 * test cells (hidden tests and the HIDDEN_SEED line included) run only here. A name a test reads
   that the setup did not bind is asked of the kernel: plain data arrives as a copy, a function or
-  other object as a `Remote` handle (specref_grading/protocol.py) whose calls run in the kernel, under a
+  other object as a `Remote` handle (specref_grading/trust/remote.py) whose calls run in the kernel, under a
   per-call time limit. What the checks hand to the learner's functions (models, samplers,
   generators' states, caches) is served from here.
 
@@ -31,23 +31,24 @@ import resource
 import signal
 import sys
 
-from specref_grading.protocol import (
+from specref_grading.trust.calls import Peer
+from specref_grading.trust.errors import (
     CallLimit,
     CallTimeout,
     ChannelClosed,
     MessageRefused,
-    Peer,
-    Remote,
-    _message,
     describe_error,
+    error_text,
 )
+from specref_grading.trust.remote import Remote
+from specref_grading.trust.trusted_policy import TrustedPolicy
 
 _EVENTS = -1  # the events pipe, from the plan (main)
 
 # Calls across the wall in one test cell, either way (the checks' calls into the kernel and the kernel's calls
-# back into what the checks passed it): a few times the most an honest grading makes (ex04's step check; the
-# figures in benchmarks/history/2026-12-04.md), so a check looping over a handle without end (a len() of 10**12,
-# or a kernel calling back forever) stops here, in seconds of round trips, before the CPU limit.
+# back into what the checks passed it): a few times the most an honest grading makes (ex04's step check), so a
+# check looping over a handle without end (a len() of 10**12, or a kernel calling back forever) stops here, in
+# seconds of round trips, before the CPU limit.
 MAX_CALLS_PER_TEST = 200_000
 
 
@@ -157,10 +158,10 @@ def run_test(cell: dict, ns: dict, peer: Peer, answer_errors: list[str]) -> bool
               "answer_errors": answer_errors, "kernel": True})
         return False
     except AssertionError as e:
-        outcome, message = "failed", _message(e)
+        outcome, message = "failed", error_text(e)
     except NotImplementedError as e:
         outcome, message = "failed", "not implemented yet: an answer still raises NotImplementedError" + (
-            f" ({_message(e)})" if _message(e) else "")
+            f" ({error_text(e)})" if error_text(e) else "")
     except Exception as e:  # noqa: BLE001
         outcome, message = "error", describe_error(e, filename)
     finally:
@@ -183,7 +184,8 @@ def main(_plan: dict) -> None:
     except (OSError, AttributeError):
         pass
     cells = _plan["cells"]
-    peer = Peer(int(_plan["rfd"]), int(_plan["wfd"]), "trusted", timeout=float(_plan["call_timeout"]), trusted=True)
+    peer = Peer(int(_plan["rfd"]), int(_plan["wfd"]), "trusted", timeout=float(_plan["call_timeout"]),
+                policy=TrustedPolicy())
     ns = {"__name__": "__main__", "__builtins__": builtins, "display": print}
     answer_errors: list[str] = []
     for cell in cells:
@@ -200,7 +202,7 @@ def main(_plan: dict) -> None:
                 exec(compile(source, filename, "exec", dont_inherit=True), ns)  # noqa: S102
                 serve = {name: ns[name] for name in cell.get("serve", []) if name in ns}
                 if serve:
-                    peer.serving.update(id(v) for v in serve.values())
+                    peer.policy.serve(serve.values())
                     peer.request("bind", serve)
                 error = None
             except (ChannelClosed, CallTimeout):

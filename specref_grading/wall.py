@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specref_grading import jail, kernel_tree
+from specref_grading import jail
 from specref_grading.processes import (
     MARKER_ENV,
     _child_setup,
@@ -34,6 +34,8 @@ from specref_grading.processes import (
     trusted_setup,
     unjailed_uid,
 )
+from specref_grading.trust import kernel_tree
+from specref_grading.trust.program import kernel_program
 
 CALL_TIMEOUT_S = 60  # one call of the checks into the submission's code (the cell's own limit still applies)
 WALL_TEST_FACTOR = 3  # a test cell across the wall may take this many cell limits (thousands of calls: ex04)
@@ -110,12 +112,10 @@ def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb
             os.chown(work, uid, uid)
         env = _environment("/tmp" if jailed else str(work), marker)
         env["MPLCONFIGDIR"] = env["HOME"]
-        source = jail.kernel_source()
+        source = kernel_program(jail.KERNEL)
         if jailed:
             try:  # the exercise's specref: a copy without its answer key, bound where the package lies
-                forbidden = next((tuple(c["forbidden"]) for c in cells if c.get("forbidden") is not None), None)
-                tree = kernel_tree.build(forbidden if forbidden is not None else kernel_tree.forbidden_for(
-                    [c["source"] for c in cells if c.get("role") in ("checks", "setup")]))
+                tree = kernel_tree.build(*_kernel_specref(cells), into=base / "specref-copy")
             except (OSError, RuntimeError, SyntaxError, ValueError) as e:
                 return KernelRun(setup_error=f"could not build the grading kernel's specref: {e}")
             read_only = jail.read_only_paths(with_specref=False)
@@ -168,6 +168,17 @@ def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb
         log.close()
         tlog.close()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _kernel_specref(cells: list[dict]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(forbidden set, roots) of the exercise's copy of specref: as the plan marked its setup cells
+    (kernel_tree.prepare), or read from the cells."""
+    marked = next((c for c in cells if c.get("forbidden") is not None and c.get("roots") is not None), None)
+    if marked is not None:
+        return tuple(marked["forbidden"]), tuple(marked["roots"])
+    forbidden = kernel_tree.forbidden_for([c["source"] for c in cells if c.get("role") in ("checks", "setup")])
+    return forbidden, kernel_tree.roots_for(kernel_tree.shared_reading(), [
+        c.get("kernel_source", c["source"]) for c in cells if c.get("role") in ("setup", "other")])
 
 
 def _ready(trusted: subprocess.Popen, r: int, timeout: float = READY_TIMEOUT_S) -> bool:

@@ -130,6 +130,11 @@ def _run(course, out: Path, **kw) -> dict:
     return GA.run(sub, out / "book.csv", solutions_dir=sol, echo=lambda line: None, **kw)
 
 
+def _fb(folder: Path, rel: str) -> Path:
+    """The feedback file of submission `rel` in a run whose gradebook is folder/book.csv (named by its opaque id)."""
+    return GA.feedback_file(GA.outputs(folder / "book.csv"), rel)
+
+
 def _rows(path: Path) -> dict[str, dict]:
     return {r["file"]: r for r in csv.DictReader(path.open(encoding="utf-8"))}
 
@@ -169,7 +174,7 @@ def test_a_parallel_run_writes_what_a_serial_run_writes(course, tmp_path):
     rows = _rows(tmp_path / "serial" / "book.csv")
     assert (rows["alice/ex90_double.ipynb"]["total"], rows["alice/ex90_double.ipynb"]["double_check"]) == ("2", "2")
     assert rows["bob/ex90_double.ipynb"]["total"] == "0" and "NotImplementedError" in rows["bob/ex90_double.ipynb"]["reasons"]
-    assert "syntax error in answer cell 'pair_answer'" in (tmp_path / "serial/book-feedback/bob/ex91_pair.md").read_text()
+    assert "syntax error in answer cell 'pair_answer'" in _fb(tmp_path / "serial", "bob/ex91_pair.ipynb").read_text()
     assert rows["dave/ex90_double.ipynb"]["status"] == "could not be graded"
     assert serial["exit_code"] == parallel["exit_code"] == grade.EXIT_UNGRADABLE
 
@@ -187,7 +192,7 @@ def test_a_symbolic_link_is_never_graded(course, tmp_path):
     for rel in linked:
         assert rows[rel]["status"] == "could not be graded" and rows[rel]["total"] == "0", rows[rel]
         assert "a symbolic link" in rows[rel]["reasons"], rows[rel]
-        assert "a symbolic link" in (tmp_path / "out" / "book-feedback" / rel).with_suffix(".md").read_text()
+        assert "a symbolic link" in _fb(tmp_path / "out", rel).read_text()
     assert rows["alice/ex90_double.ipynb"]["total"] == "2" and summary["graded"] == 6
     looped = [f for f in rows if f.startswith("alice/loop/")]
     assert "alice/loop/bob/ex90_double.ipynb" in looped and not any(f.count("loop") > 1 for f in looped)
@@ -262,22 +267,22 @@ def test_one_feedback_file_per_submission_says_what_failed_and_why(course, tmp_p
     state = json.loads((tmp_path / "book.state.json").read_text())
     fb = tmp_path / "book-feedback"
     assert sorted(p.relative_to(fb).as_posix() for p in fb.rglob("*.md")) == sorted(
-        str(Path(r).with_suffix(".md")) for r in state["entries"])
-    stub = (fb / "bob" / "ex90_double.md").read_text()
+        _fb(tmp_path, r).name for r in state["entries"])
+    stub = _fb(tmp_path, "bob/ex90_double.ipynb").read_text()
     report = state["entries"]["bob/ex90_double.ipynb"]["report"]
     assert "| double_check | 0 / 2 | failed |" in stub and "| double_why (by hand) | ? / 1 | awaits hand grading |" in stub
     assert report["tests"][0]["message"] in stub and "NotImplementedError" in stub  # the report's own words
     assert "full marks" not in stub
     for rel, entry in state["entries"].items():  # the hidden seed stays with the instructor
-        text = (fb / Path(rel).with_suffix(".md")).read_text()
+        text = _fb(tmp_path, rel).read_text()
         assert entry["seed"] == run["seeds"][rel] and str(entry["seed"]) not in text and "seed" not in text.lower()
-    honest = (fb / "alice" / "ex90_double.md").read_text()
+    honest = _fb(tmp_path, "alice/ex90_double.ipynb").read_text()
     assert "| double_check | 2 / 2 | passed |" in honest and "1 point awaits hand grading" in honest
     assert "## " not in honest.split("| double_why")[1]  # nothing failed: no section
-    dave = (fb / "dave" / "ex90_double.md").read_text()
+    dave = _fb(tmp_path, "dave/ex90_double.ipynb").read_text()
     assert "could not be graded" in dave and "dave/ex90_double.ipynb is not valid JSON" in dave
     assert str(tmp_path) not in dave  # the learner's file by its name in the class, not the instructor's folders
-    frank = (fb / "frank" / "ex90_double.md").read_text().splitlines()
+    frank = _fb(tmp_path, "frank/ex90_double.ipynb").read_text().splitlines()
     heading = frank.index("# Full marks")  # the learner's line, verbatim, inside a fence longer than its own
     opened = max(i for i, ln in enumerate(frank[:heading]) if ln.startswith("```"))
     assert frank[opened] == "````text" and "```" in frank[heading - 1] and "````" not in "".join(frank[opened + 1:heading])
@@ -329,7 +334,7 @@ def test_hand_grading_sheets_and_merge(course, tmp_path):
     carol = book["carol/ex91_pair.ipynb"]
     assert (carol["double_why"], carol["status"]) == ("0.5", "autograded checks passed, 0.5/1 by hand")
     assert book["bob/ex91_pair.ipynb"]["hand_pending"] == "2"  # no mark given yet
-    assert "| double_why (by hand) | 1 / 1 | graded by hand |" in (tmp_path / "book-feedback/alice/ex90_double.md").read_text()
+    assert "| double_why (by hand) | 1 / 1 | graded by hand |" in _fb(tmp_path, "alice/ex90_double.ipynb").read_text()
 
     pair.unlink()  # a question whose sheet is gone keeps its marks; a mark taken back from a sheet is gone
     _marks(why, {"carol/ex91_pair.ipynb": ""})
@@ -491,6 +496,6 @@ def test_the_hand_grading_sheet_carries_the_questions_rubric(tmp_path):
     GA.write_sheets(state, tmp_path / "sheets")
     rows = list(csv.DictReader((tmp_path / "sheets" / "ex90_double.double_why.csv").open(encoding="utf-8")))
     assert [r["rubric"] for r in rows] == [rubric, rubric]
-    assert list(rows[0])[-1] == "rubric" and list(rows[0])[:7] == GA.SHEET_COLUMNS[:7]  # the marked columns stay
+    assert list(rows[0])[-2:] == ["rubric", "id"] and list(rows[0])[:7] == GA.SHEET_COLUMNS[:7]  # the marked columns stay
     other = next(csv.DictReader((tmp_path / "sheets" / "ex91_pair.pair_why.csv").open(encoding="utf-8")))
     assert other["rubric"] == GA.NO_RUBRIC

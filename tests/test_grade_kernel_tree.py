@@ -1,15 +1,13 @@
-"""The learner's kernel holds no answer key: its specref is a copy without what the exercise forbids.
+"""The learner's kernel holds no answer key: its specref is an allow-list copy made for the exercise.
 
-specref_grading/kernel_tree.py builds the copy (a forbidden module absent, a forbidden name cut out, what
-needs them gone too); the jail binds it where specref lies; what the setup gives the learner that the copy
-lacks is served from the trusted process.
+specref_grading/trust/kernel_tree.py builds the copy: what the exercise's kernel code imports and its
+import-time closure, without a forbidden module, a forbidden name, or what needs them; the jail binds it where
+specref lies; what the setup gives the learner that the copy lacks is served from the trusted process.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from specref_grading import kernel_tree
 from specref_grading.grade import grade
 from specref_grading.notebook import source
 from specref_grading.processes import can_jail
+from specref_grading.trust import kernel_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("ex*.ipynb"))
@@ -47,16 +45,39 @@ def _package(tmp_path: Path) -> Path:
     (pkg / "needs.py").write_text("from specref import answer\n\nX = answer()\n")
     (pkg / "lazy_needs.py").write_text("def f():\n    from .rules import answer\n\n    return answer()\n")
     (pkg / "keeps.py").write_text("from .rules import helper\n")
+    (pkg / "unrelated.py").write_text("SECRET = 1\n")
     (pkg / "sub" / "__init__.py").write_text("")
     (pkg / "sub" / "deep.py").write_text("from ..needs import X\n")
     (pkg / "data.bin").write_bytes(b"\0" * 16)
+    (pkg / "assets").mkdir()
+    (pkg / "assets" / "model.bin").write_bytes(b"\1" * 8)
     return pkg
+
+
+ALL = ("specref.keeps", "specref.lazy_needs", "specref.needs", "specref.rules", "specref.sub.deep",
+       "specref.unrelated")
+
+
+def _write(pkg: Path, dest: Path, roots, forbidden) -> None:
+    kernel_tree.write_tree(kernel_tree.select(kernel_tree.Reading(pkg), roots, forbidden), dest)
+
+
+def test_the_copy_holds_only_what_the_setup_imports_and_its_import_time_closure(tmp_path):
+    pkg = _package(tmp_path)
+    dest = tmp_path / "out" / "specref"
+    _write(pkg, dest, kernel_tree.roots_for(kernel_tree.Reading(pkg), ["import specref.keeps"]), ())
+    assert sorted(p.name for p in dest.glob("*.py")) == ["__init__.py", "keeps.py", "rules.py"]
+    assert not (dest / "unrelated.py").exists() and not (dest / "lazy_needs.py").exists()  # not imported
+    assert (dest / "sub" / "__init__.py").exists() and not (dest / "sub" / "deep.py").exists()
+    assert (dest / "assets" / "model.bin").read_bytes() == b"\1" * 8  # a folder of data, no package, comes whole
+    assert (dest / "data.bin").read_bytes() == b"\0" * 16  # what is not Python comes whole
+    assert (dest / "rules.py").read_text() == (pkg / "rules.py").read_text()  # a module comes whole
 
 
 def test_the_builder_cuts_a_forbidden_function_and_what_needs_it(tmp_path):
     pkg = _package(tmp_path)
     dest = tmp_path / "out" / "specref"
-    kernel_tree.write_tree(pkg, dest, ("specref.rules.answer",))
+    _write(pkg, dest, ALL, ("specref.rules.answer",))
     rules = (dest / "rules.py").read_text()
     assert "def answer" not in rules and "def uses_answer" not in rules  # cut, and the helper calling it
     assert not (dest / "needs.py").exists() and not (dest / "sub" / "deep.py").exists()  # import-time users, to a fixpoint
@@ -67,7 +88,7 @@ def test_the_builder_cuts_a_forbidden_function_and_what_needs_it(tmp_path):
 def test_the_builder_keeps_what_is_not_forbidden(tmp_path):  # the negative control
     pkg = _package(tmp_path)
     dest = tmp_path / "out" / "specref"
-    kernel_tree.write_tree(pkg, dest, ("specref.rules.answer",))
+    _write(pkg, dest, ALL, ("specref.rules.answer",))
     assert "def helper" in (dest / "rules.py").read_text()
     assert (dest / "keeps.py").exists() and (dest / "lazy_needs.py").exists()  # an import inside a function is not import-time
     assert "helper" in (dest / "__init__.py").read_text()
@@ -81,56 +102,17 @@ def test_the_builder_keeps_what_is_not_forbidden(tmp_path):  # the negative cont
 def test_a_whole_forbidden_module_is_absent(tmp_path):
     pkg = _package(tmp_path)
     dest = tmp_path / "out" / "specref"
-    kernel_tree.write_tree(pkg, dest, ("specref.rules",))
+    _write(pkg, dest, ALL, ("specref.rules",))
     assert not (dest / "rules.py").exists() and not (dest / "keeps.py").exists()
     assert not list(dest.rglob("rules*.pyc"))
 
 
-def test_builds_are_cached_and_atomic(tmp_path):
+def test_a_build_goes_into_the_runs_folder_readable_and_compiled(tmp_path):
     pkg = _package(tmp_path)
-    a = kernel_tree.build(("specref.rules.answer",), root=pkg, cache=tmp_path / "cache")
-    b = kernel_tree.build(("specref.rules.answer",), root=pkg, cache=tmp_path / "cache")
-    assert a == b and a.name == "specref"
-    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("building-")]
-
-
-def _aged(path: Path, days: float) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    when = time.time() - days * 86400
-    os.utime(path, (when, when))
-    return path
-
-
-def test_a_build_removes_the_trees_of_other_keys_unused_for_a_day(tmp_path):
-    pkg, cache = _package(tmp_path), tmp_path / "cache"
-    used = kernel_tree.build(("specref.rules",), root=pkg, cache=cache).parent  # another exercise's tree
-    old = _aged(cache / "tree-0123456789abcdef01234567" / "specref", 2).parent
-    _aged(old, 2)
-    _aged(used, 2)
-    kernel_tree.build(("specref.rules",), root=pkg, cache=cache)  # a cache hit marks it used again
-    recent = _aged(cache / "tree-fedcba9876543210fedcba98", 0.5)
-    building = _aged(cache / "building-another-worker", 0)  # another worker's build in progress
-    killed = _aged(cache / "building-killed-worker", 3)  # left by a killed worker
-    other = _aged(cache / "notes", 5)  # not the cache's: never touched
-    new = kernel_tree.build(("specref.rules.answer",), root=pkg, cache=cache)
-    left = sorted(p.name for p in cache.iterdir())
-    assert not old.exists() and not killed.exists(), left
-    assert used.is_dir() and recent.is_dir() and building.is_dir() and other.is_dir() and new.is_dir(), left
-    assert not [n for n in left if n.startswith("removing-")], left
-
-
-def test_a_sweep_waits_for_no_one_and_spares_a_tree_being_looked_up(tmp_path):
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    old = _aged(cache / "tree-0123456789abcdef01234567", 2)
-    fd = os.open(cache / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)  # another worker looking its tree up (kernel_tree.build)
-        assert kernel_tree.sweep(cache) == [] and old.is_dir()
-    finally:
-        os.close(fd)
-    assert kernel_tree.sweep(cache, keep=old.name) == [] and old.is_dir()  # the key being built is kept
-    assert kernel_tree.sweep(cache) == [old.name] and not old.exists()
+    tree = kernel_tree.build(("specref.rules.answer",), ("specref.keeps",), into=tmp_path / "run", root=pkg)
+    assert tree == tmp_path / "run" / "specref" and (tree / "keeps.py").is_file()
+    assert list((tree / "__pycache__").glob("keeps.*.pyc"))
+    assert all(p.stat().st_mode & 0o777 in (0o644, 0o755) for p in tree.rglob("*"))
 
 
 @pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.stem)
@@ -142,12 +124,43 @@ def test_the_real_copy_lacks_every_forbidden_name(solution):
             assert not reading.available(forbidden, name), name
 
 
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.stem)
+def test_the_real_copy_holds_what_the_exercises_kernel_code_imports_and_no_more(solution):
+    plan = _plan(solution)
+    setup = next(c for c in plan.cells if c["role"] == "setup")
+    selection = kernel_tree.select(kernel_tree.shared_reading(), setup["roots"], plan.forbidden)
+    for c in plan.cells:  # every import the kernel runs of the exercise's own cells resolves in the copy
+        if c["role"] in ("setup", "other"):
+            for node in kernel_tree.nodes_of([c.get("kernel_source", c["source"])]):
+                if getattr(node, "module", None) and node.module.split(".")[0] == "specref":
+                    for a in node.names:
+                        assert selection.available(f"{node.module}.{a.name}"), (c["n"], node.module, a.name)
+    reading = selection.reading
+    outside = set(reading.modules) - selection.kept
+    assert outside, "an allow-list copy leaves out what the exercise does not import"
+    assert {"specref.drafts.prompt_lookup", "specref.perf.intervals", "specref.theory"} <= outside | {
+        m for m in reading.modules if not m.startswith("specref.")}
+
+
+def test_another_exercises_helper_is_not_in_the_copy():
+    """A reference under another name: ex08's samplers (its `_residual`) are not in ex02's copy, which imports
+    only the symbolic rng; ex08's copy, whose setup imports them, has them."""
+    def copy(stem):
+        plan = _plan(ROOT / "solutions" / f"{stem}.ipynb")
+        setup = next(c for c in plan.cells if c["role"] == "setup")
+        return kernel_tree.select(kernel_tree.shared_reading(), setup["roots"], plan.forbidden)
+    assert not copy("ex02_accept_reject").available("specref.checks.samplers._residual")
+    assert "specref.checks.samplers" not in copy("ex02_accept_reject").kept
+    assert "specref.checks.samplers" in copy("ex08_lossless_or_not").kept  # the negative control
+
+
 def test_a_setup_import_of_a_forbidden_name_is_never_served_and_a_moved_class_imported():
     """ex06's setup imports tree_attention_mask, the reference of its Task 6.1: the kernel's copy lacks it, and
     though the exercise's code uses it, it is not served (served, an answer could call it: the answer key)."""
     reading = kernel_tree.shared_reading()
-    text, served = kernel_tree.kernel_setup(reading, "from specref.trees import Tree, tree_attention_mask\n",
-                                            ("specref.trees", "specref_grading"), {"tree_attention_mask"})
+    setup = "from specref.trees import Tree, tree_attention_mask\n"
+    selection = kernel_tree.select(reading, kernel_tree.roots_for(reading, [setup]), ("specref.trees",))
+    text, served = kernel_tree.kernel_setup(selection, setup, {"tree_attention_mask"})
     assert served == []
     assert "from specref.tree_shapes import Tree" in text and "specref.trees" not in text
     assert "tree_attention_mask" not in text
@@ -156,10 +169,10 @@ def test_a_setup_import_of_a_forbidden_name_is_never_served_and_a_moved_class_im
 def test_a_name_the_copy_lacks_is_served_only_when_the_exercise_allows_it():
     reading = kernel_tree.shared_reading()
     setup = "from specref.trees import tree_attention_mask\n"
-    forbidden = ("specref.trees", "specref_grading")
-    assert kernel_tree.kernel_setup(reading, setup, forbidden, {"tree_attention_mask"},
+    selection = kernel_tree.select(reading, kernel_tree.roots_for(reading, [setup]), ("specref.trees",))
+    assert kernel_tree.kernel_setup(selection, setup, {"tree_attention_mask"},
                                     ("specref.trees.tree_attention_mask",))[1] == ["tree_attention_mask"]
-    assert kernel_tree.kernel_setup(reading, setup, forbidden, set(),  # allowed, but no kernel code uses it
+    assert kernel_tree.kernel_setup(selection, setup, set(),  # allowed, but no kernel code uses it
                                     ("specref.trees.tree_attention_mask",))[1] == []
 
 
@@ -170,6 +183,15 @@ def test_allowed_is_read_as_the_check_modules_write_it():
         "specref.perf.machine.MACHINES",)  # a literal tuple
     assert "specref_grading.checks.speedup.toy_reference" not in kernel_tree.allowed_for(
         ["from specref_grading.checks.speedup import toy_reference"])
+
+
+def test_the_check_modules_constants_are_read_without_importing_them(tmp_path):
+    mod = tmp_path / "m.py"
+    mod.write_text("import os\nFORBIDDEN = tuple(f'a.{n}' for n in ('x', 'y')) + ('b',)\n"
+                   "ALLOWED = __import__('os').getcwd()\n")
+    assert kernel_tree._constant(mod, "FORBIDDEN") == ("a.x", "a.y", "b")
+    with pytest.raises(NameError):  # no builtin but tuple: a constant, never code that does something
+        kernel_tree._constant(mod, "ALLOWED")
 
 
 def _plan(solution: Path):
@@ -210,20 +232,21 @@ def test_the_demos_comparing_with_the_reference_are_not_run():
     assert not any(d for stem, d in demos.items() if stem != "ex06_trees"), demos
 
 
-def test_the_wall_does_not_run_a_demo_and_reuses_the_plans_forbidden_set(monkeypatch):
+def test_the_wall_does_not_run_a_demo_and_reuses_the_plans_selection(monkeypatch):
     from specref_grading import wall
     sent: list[dict] = []
     built: list[tuple] = []
     monkeypatch.setattr(wall, "_collect", lambda proc, plan, *a, **k: sent.extend(json.loads(plan)["cells"])
                         or wall.KernelRun())
-    monkeypatch.setattr(kernel_tree, "build", lambda forbidden, *a, **k: built.append(forbidden) or
+    monkeypatch.setattr(kernel_tree, "build", lambda forbidden, roots, **k: built.append((forbidden, roots)) or
                         kernel_tree.specref_dir())
     plan = _plan(ROOT / "solutions" / "ex06_trees.ipynb")
+    roots = tuple(next(c["roots"] for c in plan.cells if c["role"] == "setup"))
     monkeypatch.setattr(kernel_tree, "forbidden_for", lambda *a: pytest.fail("the forbidden set was read again"))
     wall.run_cells([c for c in plan.cells if c["role"] != "test"], 60, time.monotonic() + 120)
     assert sent and 8 not in {c["n"] for c in sent} and all(c["role"] != "demo" for c in sent)
     if can_jail():
-        assert built == [plan.forbidden]
+        assert built == [(plan.forbidden, roots)]
 
 
 def test_one_reading_per_process():
@@ -354,6 +377,9 @@ def _with_answer(solution: Path, tmp_path: Path, gid: str, code: str) -> Path:
      "import importlib\nspeculative_step = importlib.import_module('specref.rejection').verify_chain\n"),
     ("ex02_accept_reject", "ex02_step_answer", "ex02_step_check",  # through any module's namespace
      "import torch.overrides as o\nspeculative_step = o.sys.modules['specref'].verify_chain\n"),
+    ("ex02_accept_reject", "ex02_residual_answer", "ex02_residual_check",  # another exercise's helper
+     "import torch\nfrom specref.checks.samplers import _residual\n\ndef residual(p, q):\n"
+     "    return torch.tensor(_residual(p.tolist(), q.tolist()), dtype=p.dtype)\n"),
     ("ex03_speedup", "ex03_bestk_answer", "ex03_bestk_check",
      "from specref.theory import optimal_k\n\ndef best_k(alpha, c, v):\n    return optimal_k(alpha, c, 10**4)\n"),
     ("ex03_speedup", "ex03_bestk_answer", "ex03_bestk_check",

@@ -23,8 +23,10 @@ from pathlib import Path
 import pytest
 from test_grade_security import _code, _meta
 
-from specref_grading import classrun, jail, processes, protocol, trusted, wall
+from specref_grading import classrun, jail, processes, trusted, wall
 from specref_grading import grade as grader
+from specref_grading.trust import calls, errors, values, wire
+from specref_grading.trust.trusted_policy import TrustedPolicy
 
 REPO = Path(__file__).resolve().parents[1]
 AS_ROOT = os.geteuid() == 0
@@ -208,9 +210,9 @@ def test_cgroup_v1_with_a_fake_root(tmp_path):
     for ctrl in ("cpu", "memory", "pids"):
         (tmp_path / ctrl).mkdir()
     assert jail.cgroup_version(str(tmp_path)) == 1
-    dirs = jail.cgroup_dirs("run-t", str(tmp_path))
+    dirs = jail.cgroup_dirs("run-t", str(tmp_path), own={})  # a grader at the hierarchy's root
     assert dirs == {c: str(tmp_path / c / "specref-grade" / "run-t") for c in ("cpu", "memory", "pids")}
-    assert jail.join_cgroups("run-t", 100, root=str(tmp_path), pid=4242) == ["cpu", "memory", "pids"]
+    assert jail.join_cgroups("run-t", 100, root=str(tmp_path), pid=4242, own={}) == ["cpu", "memory", "pids"]
     read = lambda c, f: (tmp_path / c / "specref-grade" / "run-t" / f).read_text()
     assert read("cpu", "cpu.cfs_quota_us") == read("cpu", "cpu.cfs_period_us") == "100000"
     assert read("memory", "memory.limit_in_bytes") == str(100 << 20) and read("pids", "pids.max") == "128"
@@ -223,8 +225,8 @@ def test_cgroup_v2_with_a_fake_root(tmp_path):
     (tmp_path / "cpu").mkdir()  # a folder named like a v1 controller does not make it v1
     assert jail.cgroup_version(str(tmp_path)) == 2
     leaf = tmp_path / "specref-grade" / "run-t"
-    assert set(jail.cgroup_dirs("run-t", str(tmp_path)).values()) == {str(leaf)}
-    assert jail.join_cgroups("run-t", 100, root=str(tmp_path), pid=4242, pids=64) == ["cpu", "memory", "pids"]
+    assert set(jail.cgroup_dirs("run-t", str(tmp_path), own={}).values()) == {str(leaf)}
+    assert jail.join_cgroups("run-t", 100, root=str(tmp_path), pid=4242, pids=64, own={}) == ["cpu", "memory", "pids"]
     assert (leaf / "cpu.max").read_text() == "100000 100000"
     assert (leaf / "memory.max").read_text() == str(100 << 20) and (leaf / "pids.max").read_text() == "64"
     assert (leaf / "cgroup.procs").read_text() == "4242"
@@ -248,7 +250,7 @@ def _join_for_real(version: int) -> None:
         member = Path(f"/proc/{child.pid}/cgroup").read_text()
         assert f"/specref-grade/{name}" in member, member
         if version == 2:
-            assert f"0::/specref-grade/{name}" in member, member
+            assert f"0::{jail.grader_cgroup(jail.own_cgroups()[''])}/specref-grade/{name}".replace("//", "/") in member
     finally:
         child.kill()
         child.wait()
@@ -274,14 +276,14 @@ def test_a_real_v2_join_where_the_host_has_v2():
 
 # -- 3. the trusted process: limits, items per message, calls per test ------------------------------------------------
 def test_json_items_counts_values_across_nested_containers_outside_strings():
-    assert protocol.json_items(b'{"a": [1, 2, [3]], "b": "x,y[\\"{"}') == 7
-    assert protocol.json_items(json.dumps([[i] for i in range(1000)]).encode()) >= 2000
+    assert wire.json_items(b'{"a": [1, 2, [3]], "b": "x,y[\\"{"}') == 7
+    assert wire.json_items(json.dumps([[i] for i in range(1000)]).encode()) >= 2000
 
 
 def _pipe_peers():
     a_r, b_w = os.pipe()
     b_r, a_w = os.pipe()
-    return protocol.Peer(a_r, a_w, "trusted", trusted=True), (b_r, b_w)
+    return calls.Peer(a_r, a_w, "trusted", policy=TrustedPolicy()), (b_r, b_w)
 
 
 def test_a_message_of_a_million_tiny_lists_is_refused_before_it_is_parsed():
@@ -294,7 +296,7 @@ def test_a_message_of_a_million_tiny_lists_is_refused_before_it_is_parsed():
     tracemalloc.start()
     t0 = time.monotonic()
     try:
-        with pytest.raises(protocol.MessageRefused, match="more than 262144 values"):
+        with pytest.raises(errors.MessageRefused, match="more than 262144 values"):
             peer._recv(time.monotonic() + 30)
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -306,8 +308,8 @@ def test_a_message_of_a_million_tiny_lists_is_refused_before_it_is_parsed():
 def test_a_value_of_too_many_items_is_refused_by_its_sender():
     peer, _ = _pipe_peers()
     with pytest.raises(ValueError, match="items"):
-        peer.encode([[i] for i in range(protocol.MAX_MESSAGE_ITEMS)], protocol._Frame())
-    assert peer.encode([[i] for i in range(1000)], protocol._Frame())  # a learner's few thousand values pass
+        peer.encode([[i] for i in range(wire.MAX_MESSAGE_ITEMS)], values.Frame())
+    assert peer.encode([[i] for i in range(1000)], values.Frame())  # a learner's few thousand values pass
 
 
 def test_the_call_cap_stops_a_loop_over_a_handle():
@@ -320,13 +322,13 @@ def test_the_call_cap_stops_a_loop_over_a_handle():
             return 0
     t2k_r, t2k_w = os.pipe()
     k2t_r, k2t_w = os.pipe()
-    kernel = protocol.Peer(t2k_r, k2t_w, "jail", ops={"get": lambda name: Endless()})
+    kernel = calls.Peer(t2k_r, k2t_w, "jail", ops={"get": lambda name: Endless()})
     threading.Thread(target=kernel.serve_forever, daemon=True).start()
-    peer = protocol.Peer(k2t_r, t2k_w, "trusted", timeout=30, trusted=True)
+    peer = calls.Peer(k2t_r, t2k_w, "trusted", timeout=30, policy=TrustedPolicy())
     xs = peer.request("get", "xs")
     peer.call_limit = peer.calls + peer.served + 2000
     n = 0
-    with pytest.raises(protocol.CallLimit):
+    with pytest.raises(errors.CallLimit):
         for i in range(len(xs)):
             n += xs[i]
     assert peer.calls == 2001 + 1 and peer.broken
@@ -408,8 +410,8 @@ def test_the_trusted_process_gets_cpu_and_memory_rlimits():
 
 # -- 4. workers sized by memory ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("cores, memory_mb, jobs", [
-    (16, 128 * 1024, 16),   # memory for all: one per core
-    (16, 4 * processes.SUBMISSION_PEAK_MB + 100, 4),  # memory for four submissions at their peak
+    (16, 16 * processes.submission_cap_mb(wall.MEMORY_MB), 16),  # memory for all at their caps: one per core
+    (16, 4 * processes.submission_cap_mb(wall.MEMORY_MB) + 100, 4),  # memory for four submissions at their caps
     (4, 1000, 1),           # never fewer than one
     (8, None, 8),           # memory unknown: one per core
 ])
@@ -438,7 +440,10 @@ def test_without_a_jail_an_honest_toy_gets_full_marks_and_the_note(tmp_path, mon
     monkeypatch.setattr(wall, "can_jail", lambda: False)
     sol = tmp_path / "ex_toy.ipynb"
     sol.write_text(json.dumps(toy(cgroup=False)))
-    report = grader.grade(sol, sol, seed=1, cell_timeout=120)
+    report = grader.grade(sol, sol, seed=1, cell_timeout=120, unjailed=True)
+    if processes.root_refusal() is not None:  # root, and no fresh uid can run the interpreter: never run as root
+        assert report.error == processes.root_refusal(), report.text()
+        return
     assert report.total == report.possible == 4, report.text()
     assert processes.UNJAILED_NOTE in report.notes
 
@@ -465,7 +470,8 @@ def test_the_grader_run_as_a_plain_user_grades_and_says_so(tmp_path):
         os.chmod(sol, 0o644)
         env = {"PATH": "/usr/bin:/bin", "HOME": str(folder), "LANG": "C.UTF-8"}
         proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
-                               "specref_grading.grade", str(sol), "--solution", str(sol), "--seed", "1", "--json"],
+                               "specref_grading.grade", str(sol), "--solution", str(sol), "--seed", "1", "--json",
+                               "--unjailed"],
                               capture_output=True, text=True, timeout=300, cwd=folder, env=env)
         report = json.loads(proc.stdout)
         assert report["total"] == report["possible"] == 4, proc.stdout + proc.stderr
@@ -539,7 +545,7 @@ def test_an_unjailed_kernel_cannot_forge_results_through_proc(tmp_path):
     fresh uid: processes.unjailed_uid). A root kernel can open any process's fds, non-dumpable or not (that is
     what the uid drop and UNJAILED_NOTE are for); where the interpreter is unreadable by a fresh uid (a venv whose
     python lies under /root) only the flag is tested."""
-    attack = not AS_ROOT or processes.unjailed_uid() is not None
+    attack = not AS_ROOT or processes.can_drop()
     sol = tmp_path / "ex_toy.ipynb"
     sol.write_text(json.dumps(toy(cgroup=False)))
     forging = toy(seq_answer="def seq(n):\n    return []\n" + _FORGE, cgroup=False)
@@ -547,6 +553,9 @@ def test_an_unjailed_kernel_cannot_forge_results_through_proc(tmp_path):
     sub.write_text(json.dumps(forging))
     proc = subprocess.run([sys.executable, "-c", _UNJAILED_RUN, str(sol), str(sub), json.dumps(attack)],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
+    if AS_ROOT and not attack:  # root, and no fresh uid can run the interpreter: the kernel is never started as root
+        assert "RootRefused" in proc.stderr, proc.stdout + proc.stderr
+        return
     assert proc.returncode == 0, proc.stdout + proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["before"] == 1 and got["during"] == [0], got
@@ -583,7 +592,7 @@ def test_hidden_paths_covers_an_installed_grader_and_specref_under_a_bound_path(
 def test_the_grader_as_installed_here_is_not_under_a_bound_path_or_is_hidden():
     import importlib.util
 
-    from specref_grading import kernel_tree
+    from specref_grading.trust import kernel_tree
     ro = jail.read_only_paths(with_specref=False)
     hidden = jail.hidden_paths(ro, keep=[str(kernel_tree.specref_dir())])
     spec = importlib.util.find_spec("specref_grading")

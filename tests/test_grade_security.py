@@ -412,7 +412,7 @@ def test_a_function_that_changes_its_inputs_is_flagged(tensor_toy, attack):
 
 
 # -- 4. the reference implementation as the answer ------------------------------------------------
-# What an exercise forbids is absent from the kernel's specref (specref_grading/kernel_tree.py, tested in
+# What an exercise forbids is absent from the kernel's specref (specref_grading/trust/kernel_tree.py, tested in
 # tests/test_grade_kernel_tree.py); here the scanner's side: a use of specref is a note on its cell, never a gate.
 def test_using_specref_in_an_answer_is_noted_for_that_cell_only(toy):
     nb = solved(toy)
@@ -643,7 +643,7 @@ def double(x):
 pytestmark = pytest.mark.grader
 
 
-# -- the wire's holes (review of protocol.py): operators of the submission's objects, changed inputs --------------
+# -- the wire's holes (review of the wire, specref_grading/trust/): operators of the submission's objects, changed inputs --------------
 def _toy_with(check_cells: dict[str, str], answers: dict[str, str], checks: str = SETUP, setup: str = "") -> dict:
     """A toy solution of the same shape as toy_solution(), with other answers and test cells: {grade_id: source}.
     `setup`: a setup cell both sides run (a kernel that receives tensors must have imported torch)."""

@@ -98,12 +98,16 @@ def test_without_a_jail_the_wall_still_holds_and_the_report_says_so(toy, monkeyp
     trusted process. Forging gains nothing, the honest answer gets full marks, and the report names the gap."""
     monkeypatch.setattr(grader, "can_jail", lambda: False)  # the report's note
     monkeypatch.setattr(wall, "can_jail", lambda: False)  # the kernel itself
+    if processes.root_refusal() is not None:  # root, and no fresh uid can run the interpreter: never run as root
+        with pytest.raises(processes.RootRefused):
+            grader.grade_plan(_plan(toy, MATCH_ROUTE), cell_timeout=60)
+        return
     for route in (MATCH_ROUTE, ANY_MEANS):
         results = grader.grade_plan(_plan(toy, route), cell_timeout=60)
         assert all(r.outcome != "passed" for r in results), [(r.grade_id, r.outcome, r.message) for r in results]
     sol_dir, sub_dir, _ = toy
     (sub_dir / "honest.ipynb").write_text(json.dumps(solved(toy)))
-    report = grader.grade(sub_dir / "honest.ipynb", solutions_dir=sol_dir, cell_timeout=60)
+    report = grader.grade(sub_dir / "honest.ipynb", solutions_dir=sol_dir, cell_timeout=60, unjailed=True)
     assert report.exit_code == grade_report.EXIT_FULL and report.total == report.possible, report.as_dict()
     assert processes.UNJAILED_NOTE in report.notes
     if AS_ROOT:  # the control: a jailed run carries no such note
@@ -271,13 +275,14 @@ def test_the_exercises_own_helpers_are_allowed_in_answers():
     assert not [n for n in plan.notes if "ex08_check_answer" in n], plan.notes
 
 
-# -- the wire itself (specref_grading/protocol.py): what crosses, what is refused ---------------------------------
+# -- the wire itself (specref_grading/trust/): what crosses, what is refused ---------------------------------
 @pytest.fixture
 def wire():
     """A trusted Peer here, talking to a forked 'kernel' Peer that serves `get` of a few learner objects."""
     import torch
 
-    from specref_grading.protocol import Peer
+    from specref_grading.trust.calls import Peer
+    from specref_grading.trust.trusted_policy import TrustedPolicy
     a_r, b_w = os.pipe()
     b_r, a_w = os.pipe()
     pid = os.fork()
@@ -308,7 +313,7 @@ def wire():
         os._exit(0)
     os.close(b_r)
     os.close(b_w)
-    peer = Peer(a_r, a_w, "trusted", timeout=30, trusted=True)
+    peer = Peer(a_r, a_w, "trusted", timeout=30, policy=TrustedPolicy())
     yield peer
     os.close(a_w)
     os.close(a_r)

@@ -1,4 +1,4 @@
-"""The grading wall's wire (specref_grading/protocol.py) against a hostile kernel: what the trusted side hands out,
+"""The grading wall's wire (specref_grading/trust/) against a hostile kernel: what the trusted side hands out,
 what a kernel's object may answer for the checks, and whose generators the kernel may set.
 
 A trusted `Peer` here talks to a 'kernel' `Peer` in a thread of this process (no jail, no torch import beyond the
@@ -17,8 +17,10 @@ import threading
 import pytest
 import torch
 
-from specref_grading import protocol
-from specref_grading.protocol import Peer
+from specref_grading.trust.calls import Peer
+from specref_grading.trust.remote import Remote
+from specref_grading.trust.trusted_policy import TrustedPolicy
+from specref_grading.trust.values import Frame
 
 
 def _cell_function(source: str, name: str, n: int = 9, **env):
@@ -147,7 +149,7 @@ def kernel():
     jail.forge = []
     thread = threading.Thread(target=jail.serve_forever, daemon=True)
     thread.start()
-    peer = Peer(k2t_r, t2k_w, "trusted", timeout=30, trusted=True)
+    peer = Peer(k2t_r, t2k_w, "trusted", timeout=30, policy=TrustedPolicy())
     yield peer, jail
     for fd in (t2k_w, k2t_r):
         os.close(fd)
@@ -169,18 +171,18 @@ DANGEROUS_IDS = ["os.system", "open", "eval", "exec", "print", "getattr", "__imp
 
 @pytest.mark.parametrize("value", DANGEROUS, ids=DANGEROUS_IDS)  # ids without addresses: xdist workers must agree
 def test_the_trusted_side_hands_out_no_builtin_or_standard_library_callable(value):
-    peer = Peer(*os.pipe(), "trusted", trusted=True)
+    peer = Peer(*os.pipe(), "trusted", policy=TrustedPolicy())
     with pytest.raises(TypeError, match="passes no"):
-        peer.encode(value, protocol._Frame())
+        peer.encode(value, Frame())
     # the kernel side (which serves the learner's own objects) is not restricted
-    Peer(*os.pipe(), "jail").encode(value, protocol._Frame())
+    Peer(*os.pipe(), "jail").encode(value, Frame())
 
 
 def test_the_trusted_side_still_hands_out_the_courses_callables():
     from specref.checks.rng import exact_distribution
     from specref.models.kvcache import KVCache
     from specref_grading.checks.pitfalls import SAMPLERS
-    peer = Peer(*os.pipe(), "trusted", trusted=True)
+    peer = Peer(*os.pipe(), "trusted", policy=TrustedPolicy())
     seen = []
     exact_distribution(lambda rng: seen.append(rng) or 0)
     rng = seen[0]
@@ -188,21 +190,21 @@ def test_the_trusted_side_still_hands_out_the_courses_callables():
                          "rec = Recorder()", "check")
     rec = _cell_function("class Recorder:\n    def __call__(self, x):\n        return x\nrec = Recorder()", "rec")
     served = os.system
-    peer.serving.add(id(served))
+    peer.policy.serve([served])
     ok = [exact_distribution, SAMPLERS["A"], rng, rng.uniform, rng.categorical, KVCache.truncate.__get__(
           object.__new__(KVCache)), torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).forward, lam, rec, rec.__call__,
           served]
     for value in ok:
-        assert peer.encode(value, protocol._Frame())["$h"] > 0, value
+        assert peer.encode(value, Frame())["$h"] > 0, value
 
 
 def test_a_function_of_the_trusted_process_itself_is_never_handed_out():
     """trusted.py runs as __main__ too: only functions compiled from the solution's cells count as the checks'."""
     emit = _cell_function("def emit(event):\n    pass", "emit")
     emit.__code__ = emit.__code__.replace(co_filename="/work/specref_grading/trusted.py")
-    peer = Peer(*os.pipe(), "trusted", trusted=True)
+    peer = Peer(*os.pipe(), "trusted", policy=TrustedPolicy())
     with pytest.raises(TypeError, match="passes no"):
-        peer.encode(emit, protocol._Frame())
+        peer.encode(emit, Frame())
 
 
 def test_a_kernel_calling_for_a_builtin_through_a_served_object_gets_nothing(kernel):
@@ -248,7 +250,7 @@ CHECKS = {
 def test_a_kernel_object_answers_no_operator_and_no_truth_for_the_checks(kernel, check):
     peer, _ = kernel
     got = peer.request("get", "liar")()
-    assert isinstance(got, protocol.Remote)
+    assert isinstance(got, Remote)
     with pytest.raises(TypeError, match="return plain data"):
         check(got)
 
@@ -257,7 +259,7 @@ def test_what_copies_plain_data_still_works_on_a_kernel_object(kernel):
     peer, _ = kernel
     assert peer.request("get", "rows")() == [[1, 2], [3]]  # plain data arrives as a copy
     seq = peer.request("get", "seq")()
-    assert isinstance(seq, protocol.Remote)
+    assert isinstance(seq, Remote)
     assert (len(seq), list(seq), seq[1], 2 in seq, float(seq), int(seq)) == (3, [1, 2, 3], 2, True, 1.5, 1)
 
 

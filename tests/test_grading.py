@@ -454,7 +454,7 @@ def _modifies_p(draft_tokens, q, p, rng):
         (_learner_step(accepts=lambda rng, px, qx: float(rng.uniform()) < min(1.0, float(px / qx))),
          "symbolic value"),
         (_modifies_p, "in place"),
-        (lambda d, q, p, rng: [float(t) for t in step(d, q, p, rng)], "int ids"),
+        (lambda d, q, p, rng: [t + 0.5 for t in step(d, q, p, rng)], "whole-number ids"),  # 3.0 would be id 3
         (lambda d, q, p, rng: [], "at least one"),
         (lambda d, q, p, rng: step(d, q, p, rng) if torch.tensor([rng.uniform()]) else [], "symbolic value"),
     ],
@@ -654,7 +654,7 @@ def _best_k_pays_for_itself(alpha, c, v):
         (_best_k_linearised, "largest speedup"),
         (_best_k_pays_for_itself, "largest speedup"),
         (lambda a, c, v: best_k(a, c, v) + 1, "largest speedup"),
-        (lambda a, c, v: str(best_k(a, c, v)), "as an int"),
+        (lambda a, c, v: str(best_k(a, c, v)), "as a whole number"),
         (lambda a, c, v: max(1, best_k(a, c, v)), "largest speedup"),
     ],
 )

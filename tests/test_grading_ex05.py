@@ -165,7 +165,7 @@ def test_the_reference_equals_the_package_rule_on_the_hidden_cases():
         (no_wrap, "wrapping to s again"),
         (matches_itself, "ZeroDivisionError"),
         (in_place, "changed `context` in place"),
-        (lambda c, k, a, b: [float(x) for x in reference(c, k, a, b)], "return a list of"),
+        (lambda c, k, a, b: [x + 0.5 for x in reference(c, k, a, b)], "return a list of"),
         (lambda c, k, a, b: reference(c, k, a, b)[:-1] if k else [0], "return a list of"),
         (lambda c, k, a, b: c[len(c) + 1], "your function raised IndexError"),
     ],
@@ -326,11 +326,12 @@ def test_constant_answers_fail_every_task():
         G.check_draft(lambda V, a, b: LookupDraft(V, a, b, rule=lambda c, k, x, y: [0] * k))
 
 
-def test_answers_are_read_as_plain_ints():
+def test_answers_are_read_as_plain_ints_by_value():
     assert G._as_proposal(torch.tensor([3, 4]), 2) == [3, 4]
     assert G._as_proposal([np.int64(3), torch.tensor(4)], 2) == [3, 4]
     assert all(type(x) is int for x in G._as_proposal([np.int64(3), 5], 2))
-    for bad in ([1.0, 2.0], torch.tensor([1.0, 2.0]), [True, 1], [1], "12", torch.tensor([[1, 2]]), None):
+    assert G._as_proposal([1.0, 2.0], 2) == [1, 2] and G._as_proposal(torch.tensor([1.0, 2.0]), 2) == [1, 2]
+    for bad in ([1.5, 2.0], torch.tensor([1.0, 2.5]), [True, 1], [1], "12", torch.tensor([[1, 2]]), None):
         assert G._as_proposal(bad, 2) is None, bad
 
 

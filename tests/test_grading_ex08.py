@@ -193,8 +193,8 @@ def test_the_course_tests_union_bound_is_no_answer_to_task_2():
 
 def test_a_shaved_union_bound_passes_the_check_which_is_why_the_derivation_is_graded_by_hand():
     """No number tells a derivation from a fraction of the printed union bound: 0.9 of it passes the automatic
-    check (the limit pitfalls.check_resolution's docstring states). So Task 2's derivation is a hand-graded answer
-    with its own point and a rubric that gives such a copy 0; the negative control is 1.1 of the bound, which fails."""
+    check (the limit pitfalls.check_resolution's docstring states). So Task 2's points are the hand-graded
+    derivation's, with a rubric that gives such a copy 0, and the check is a gate worth none; the negative control is 1.1 of the bound, which fails."""
     import nbformat
 
     from specref_grading.exercises import check_rubrics
@@ -210,8 +210,8 @@ def test_a_shaved_union_bound_passes_the_check_which_is_why_the_derivation_is_gr
               if c.metadata.get("nbgrader", {}).get("grade")}
     derivation = graded["ex08_resolution_derivation"]
     assert derivation.cell_type == "markdown" and derivation.metadata["nbgrader"]["solution"]
-    assert derivation.metadata["nbgrader"]["points"] == 1
-    assert graded["ex08_resolution_check"].metadata["nbgrader"]["points"] == 2
+    assert derivation.metadata["nbgrader"]["points"] == 3  # the task's points: the check is a gate worth none
+    assert graded["ex08_resolution_check"].metadata["nbgrader"]["points"] == 0
     rubric = check_rubrics(nb, path.name)["ex08_resolution_derivation"]
     assert "McDiarmid" in rubric and "union bound" in rubric and "0 for the task" in rubric
     # The derivation comes after Task 2's check, before Task 3.
@@ -223,7 +223,7 @@ def test_the_jailed_kernel_of_ex08_has_no_distribution_test_and_keeps_the_setup(
     """The specref the learner's kernel sees when ex08 is graded: specref.checks.montecarlo is gone, and with it
     every module that imports it (specref's lazy distribution_test, the audit and pitfall checks, ex04's power
     figures, which hold the same union bound), while what the setup imports stays."""
-    from specref_grading import kernel_tree
+    from specref_grading.trust import kernel_tree
 
     forbidden = tuple(sorted(set(G.FORBIDDEN) | set(kernel_tree.ALWAYS_FORBIDDEN)))
     reading = kernel_tree.shared_reading()

@@ -36,6 +36,8 @@ from specref.rejection import verify_chain
 from .report import (
     TOL,
     as_float,
+    as_ints,
+    as_items,
     as_vector,
     call_learner,
     close,
@@ -47,9 +49,13 @@ from .report import (
 )
 from .rules import graded
 
-# The reference rule: the tasks write the rule, so its implementations in specref are out of bounds.
+# The reference rule: the tasks write the rule, so its implementations in specref are out of bounds, under
+# whatever name they go: ex08's samplers (specref.checks.samplers: a residual and an accept/reject step of their
+# own, private helpers included) and the lectures' views (specref.course.plots and .widgets: beta, min(p, q) and
+# the residual of a worked case) compute the same answers.
 FORBIDDEN = ("specref.rejection", "specref.checks.exact", "specref.checks.montecarlo", "specref.checks.broken",
-             "specref.checks.pitfalls", "specref.typical", "specref.trees", "specref_grading")
+             "specref.checks.pitfalls", "specref.checks.samplers", "specref.course.plots", "specref.course.widgets",
+             "specref.typical", "specref.trees", "specref_grading")
 ALLOWED = tuple(f"specref_grading.checks.accept_reject.{n}" for n in
                 ("check_worked_example", "check_residual", "check_accept_reject_step"))
 
@@ -110,7 +116,8 @@ def check_worked_example(
         where = f"emit_parts is wrong on case {n} of {len(cases)} ({label})."
         case_inputs = [f"p = {fmt(pc)}", f"q = {fmt(qc)}"]
         out = _call_on_copies(g, where, case_inputs, emit_parts, pc, qc, "emit_parts")
-        parts = [as_vector(x) for x in out] if isinstance(out, (tuple, list)) and len(out) == 2 else None
+        pair = as_items(out, 2)
+        parts = None if pair is None else [as_vector(x) for x in pair]
         if parts is None or any(x is None or x.shape != pc.shape for x in parts):
             raise failure(g, where, case_inputs + [f"got {out!r}"],
                         f"return a pair (accepted, replaced) of two vectors of shape {tuple(pc.shape)}.")
@@ -335,25 +342,14 @@ def _draft_sequences(q: torch.Tensor) -> list[tuple[tuple[int, ...], float]]:  #
 
 def _as_tokens(out: object, V: int) -> tuple[int, ...]:
     """The learner's emitted tokens as a tuple of ints, or a TypeError/ValueError saying why not."""
-    if isinstance(out, torch.Tensor):
-        if out.is_floating_point() or out.dtype == torch.bool or out.dim() != 1:
-            raise TypeError(
-                f"return a list of int token ids (or a 1-D integer tensor), "
-                f"got a {out.dtype} tensor of shape {tuple(out.shape)}"
-            )
-        toks = tuple(int(t) for t in out.tolist())
-    elif isinstance(out, (list, tuple)):
-        items = []
-        for t in out:
-            if isinstance(t, torch.Tensor) and t.numel() == 1 and not t.is_floating_point() and t.dtype != torch.bool:
-                items.append(int(t))
-            elif isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_)):
-                items.append(int(t))
-            else:
-                raise TypeError(f"the emitted tokens must be int ids; got {t!r} in {out!r}")
-        toks = tuple(items)
-    else:
+    if isinstance(out, torch.Tensor) and out.dim() != 1:
+        raise TypeError(f"return a list of int token ids (or a 1-D tensor), got a tensor of shape {tuple(out.shape)}")
+    if as_items(out) is None:
         raise TypeError(f"return the emitted tokens as a list of ints, got {type(out).__name__}: {out!r}")
+    ids = as_ints(out)
+    if ids is None:
+        raise TypeError(f"the emitted tokens must be whole-number ids; got {out!r}")
+    toks = tuple(ids)
     if any(not 0 <= t < V for t in toks):
         raise ValueError(f"emitted token ids {list(toks)} must lie in [0, {V})")
     return toks

@@ -32,7 +32,7 @@ pass on a busy machine is off by a percentage of its time, not by a fixed number
   The speedup itself is not graded (it is the chapter's E / (v + c k)); Task 3 judges what the learner does with it.
 * The policy (Task 3) is graded by what it achieves on the TRUE model of unseen noisy tables: at
   every batch size at least SAFE = 0.90x plain decoding, and over the batch sizes on average at
-  least EFFICIENT = 0.85 of the best k's throughput (an oracle that knows the true costs).
+  least EFFICIENT = 0.80 of the best k's throughput (an oracle that knows the true costs).
 
 False-fail rates at a random seed (the grader draws a fresh seed per grading; tests/test_grade_false_fail.py
 measures each on the solution's answers):
@@ -40,9 +40,11 @@ measures each on the solution's answers):
   BIAS_FIT covers the second-order bias), so a correct fit fails the hidden check (12 tables x 3 coefficients)
   with probability at most 2.1e-5, 1 in 48,000, and the visible one (4 tables) at most 6.9e-6;
 * the policy: no closed form (it depends on the learner's margin). Measured on the solution's (a 10th-percentile
-  bootstrap margin) over 2,500 hidden checks of consecutive seeds: about 4e-4 (1 failure, a mean share of 0.81 on
-  one table; 95% upper bound 1.9e-3). The floors keep the check's power: a fixed k = 4 or a policy that never
-  speculates fails nearly every check (tests/test_grade_false_fail.py; the figures in benchmarks/history).
+  bootstrap margin) over N = 5,250 hidden checks of consecutive seeds (42,000 tables): 0 failures; the lowest
+  mean share of a table was 0.811 (the next 0.885), the worst batch 0.93x plain. The one-sided 95% Clopper-Pearson
+  upper bound on the rate, scipy.stats.beta.ppf(0.95, 1, N), is 5.7e-4: below 1 in 1,000. The floors keep the check's power: a
+  fixed k = 4 fails every one of 100 hidden checks, a policy that never speculates every one too (EFFICIENT = 0.75
+  would let 2 of those 100 pass; tests/test_grade_false_fail.py holds the figures and rechecks them).
 
 Visible and hidden checks are separate functions with their own case generators (other grids,
 noise levels and batch sizes); the hidden ones draw from the grader's seed. Feedback shows the
@@ -61,7 +63,7 @@ from specref.course.server import SERVER as _SERVER
 from specref.course.server import noisy_rows, server_rows  # noqa: F401 (the exercise's given table)
 from specref.perf.costmodel import CostModel, PassModel
 
-from .report import as_float, call_learner, failure, passed
+from .report import as_float, as_int, as_ints, call_learner, failure, passed
 from .rules import graded
 
 PARAMS = ("overhead", "per_token", "kv")  # the coefficients, in this order
@@ -72,7 +74,7 @@ TIE = 1e-9  # a crossover's neighbour passes only this close (relative) to the e
 LIMIT_GAP = 1e-5  # a random crossover case keeps its limit speedup at least this far from 1
 FAR_MIN, FAR_MAX = 10**5, 10**7  # the far crossovers: beyond a search batch by batch, within float64's reach
 SAFE = 0.90  # the policy's worst batch size, in plain decoding's throughput (the docstring: false-fail rate)
-EFFICIENT = 0.85  # the policy's mean share of the best k's throughput
+EFFICIENT = 0.80  # the policy's mean share of the best k's throughput (the docstring: false-fail rate)
 SERVER = np.array(_SERVER)  # the exercise's server (specref.course.server): overhead, per_token, kv (seconds)
 POLICY_NOISE = (0.1, 0.25)  # the policy's tables: a quick measurement, 10-25 % noise per pass
 POLICY_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
@@ -402,13 +404,10 @@ def _unseen_crossover_cases(seed: int) -> list[tuple]:
 
 def _as_count(out: object) -> float | None:
     """A batch size as the answer gives it: an int (numpy's too) or math.inf; None for anything else."""
-    if isinstance(out, (bool, np.bool_)):
-        return None
-    if isinstance(out, (int, np.integer)):
-        return int(out)
-    if isinstance(out, (float, np.floating)) and math.isinf(out) and out > 0:
-        return math.inf
-    return None
+    if as_int(out) is not None:
+        return as_int(out)  # a whole float is the same batch size
+    x = as_float(out)
+    return math.inf if x is not None and math.isinf(x) and x > 0 else None
 
 
 def _grade_crossover(g: str, fn: Callable, cases: list[tuple]) -> None:
@@ -494,12 +493,7 @@ def _grade_policy(g: str, fn: Callable, cases: list[tuple]) -> None:
         inputs = _show_rows(rows) + [f"alpha = {alpha:.4g}, c = {c:.4g}, context = {S}, k_max = {k_max}, "
                                      f"batch_sizes = {list(batches)}"]
         out = call_learner(g, where, inputs, fn, _as_rows(rows), alpha, c, S, list(batches), k_max)
-        try:
-            ks = [int(k) for k in out] if not isinstance(out, (str, bytes)) else None
-            if ks is not None and any(isinstance(k, (bool, np.bool_)) or int(k) != k for k in out):
-                ks = None
-        except (TypeError, ValueError):
-            ks = None
+        ks = as_ints(out)
         if ks is None or len(ks) != len(batches) or not all(0 <= k <= k_max for k in ks):
             raise failure(g, where, inputs + [f"got {out!r}"],
                         f"return one integer k in 0..k_max for each batch size, in order ({len(batches)} of them).")

@@ -14,12 +14,9 @@ import copy
 import random
 from collections.abc import Callable
 
-import numpy as np
-import torch
-
 from specref.decoding.record import RecordedStep, acceptance_by_position
 
-from .report import call_learner, failure, passed
+from .report import as_ints, as_items, call_learner, failure, passed
 from .rules import graded
 
 # Task 5 must not call the count it asks for, nor reach into the graders.
@@ -32,22 +29,11 @@ Counter = Callable[[list[RecordedStep], int], object]
 
 def _as_counts(out: object, k: int) -> list[tuple[int, int]] | None:
     """The learner's answer as k (accepted, reached) pairs of plain ints, or None when it is not that."""
-    if isinstance(out, torch.Tensor):
-        if out.is_floating_point() or out.is_complex() or out.dtype == torch.bool or tuple(out.shape) != (k, 2):
-            return None
-        out = out.tolist()
-    if not isinstance(out, (list, tuple)) or len(out) != k:
+    rows = as_items(out, k)
+    if rows is None:
         return None
-    pairs = []
-    for pair in out:
-        if isinstance(pair, torch.Tensor):
-            pair = pair.tolist() if pair.dim() == 1 and not pair.is_floating_point() else None
-        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            return None
-        if any(isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) for x in pair):
-            return None
-        pairs.append((int(pair[0]), int(pair[1])))
-    return pairs
+    pairs = [as_ints(row, 2) for row in rows]
+    return None if any(p is None for p in pairs) else [(p[0], p[1]) for p in pairs]  # type: ignore[index]
 
 
 def _random_steps(rng: random.Random, k: int) -> list[RecordedStep]:

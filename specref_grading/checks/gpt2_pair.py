@@ -44,7 +44,7 @@ from specref.models import heldout_prompts, load_pair
 from specref.models.kvcache import KVCache
 from specref.sampling import process_logits
 
-from .report import derived_seed, failure, passed
+from .report import as_ints, as_items, derived_seed, failure, passed
 from .rules import graded
 
 # The reference rule: the tasks write the speculative loop, so specref's own drafts and decoding loop are out
@@ -210,18 +210,10 @@ def _cache_error(model: torch.nn.Module, cache: object, tokens: list[int], name:
 
 
 def _as_token_list(out: object) -> list[int] | None:
-    if isinstance(out, torch.Tensor):
-        if out.is_floating_point() or out.dim() != 1:
-            return None
-        return [int(t) for t in out.tolist()]
-    if isinstance(out, (list, tuple)):
-        try:
-            items = [t.item() if isinstance(t, torch.Tensor) and t.numel() == 1 else t for t in out]
-        except (TypeError, ValueError):
-            return None
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
-            return list(items)
-    return None
+    """Token ids by value (`as_ints`): a list, a tuple or a 1-D tensor of whole numbers."""
+    if isinstance(out, torch.Tensor) and out.dim() != 1:
+        return None
+    return as_ints(out)
 
 
 # --------------------------------------------------------------------------------------
@@ -258,8 +250,9 @@ def check_propose(fn: Callable[..., object], cases=PROPOSE_CASES, seed: int = 0)
                 raise
             except Exception as e:  # noqa: BLE001 - the learner's error, shown with its input
                 raise failure(g, where, inputs + [f"your function raised {type(e).__name__}: {e}"]) from e
-        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        if as_items(out, 2) is None:
             raise failure(g, where, inputs + [f"got {type(out).__name__}"], "return a pair (drafts, q).")
+        out = tuple(as_items(out, 2))
         drafts = _as_token_list(out[0])
         q = out[1]
         if drafts is None or len(drafts) != k:

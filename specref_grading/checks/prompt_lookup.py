@@ -47,7 +47,7 @@ from specref.drafts.prompt_lookup import lookup
 from specref.models.gpt2 import GPT2, GPT2Config
 from specref.sampling import SamplingParams
 
-from .report import call_learner, failure, passed
+from .report import as_float, as_int, as_ints, as_items, call_learner, failure, passed
 from .rules import graded
 
 Proposal = Callable[[list[int], int, int, int], object]
@@ -61,21 +61,10 @@ FORBIDDEN = ("specref.drafts.prompt_lookup", "specref.perf.intervals", "specref_
 
 
 def _as_proposal(out: object, k: int) -> list[int] | None:
-    """The learner's answer as k plain ints, or None when it is not k integers (no subclass survives int())."""
-    if isinstance(out, torch.Tensor):
-        if out.is_floating_point() or out.is_complex() or out.dtype == torch.bool or out.dim() != 1:
-            return None
-        out = out.tolist()
-    if not isinstance(out, (list, tuple)) or len(out) != k:
+    """The learner's answer as k plain ints (`as_ints`: any sequence of k whole numbers), or None."""
+    if isinstance(out, (torch.Tensor, np.ndarray)) and out.ndim != 1:
         return None
-    items = []
-    for t in out:
-        if isinstance(t, torch.Tensor) and t.numel() == 1 and not t.is_floating_point() and t.dtype != torch.bool:
-            t = t.item()
-        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
-            return None
-        items.append(int(t))
-    return items
+    return as_ints(out, k)
 
 
 def _cases(n_cases: int, seed: int) -> list[tuple[list[int], int, int, int]]:
@@ -185,13 +174,15 @@ class _BadProposal(Exception):
 
 def _as_draft_output(out: object, B: int, k: int, V: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(drafts [B, k] long, q [B, k, V] float64) from the learner's answer, or _BadDraft saying what is wrong."""
-    if not (isinstance(out, tuple) and len(out) == 2):
+    pair = as_items(out, 2)
+    if pair is None:
         raise _BadDraft(f"propose returned {type(out).__name__}; return a pair (drafts, q)")
-    drafts, q = out
-    if not isinstance(drafts, torch.Tensor) or drafts.is_floating_point() or drafts.dtype == torch.bool or \
-            tuple(drafts.shape) != (B, k):
-        raise _BadDraft(f"drafts must be an integer tensor of shape [B, k] = [{B}, {k}], got "
+    drafts, q = pair
+    ids = [as_ints(row, k) for row in as_items(drafts, B) or [None]]
+    if len(ids) != B or any(row is None for row in ids):
+        raise _BadDraft(f"drafts must be whole-number token ids of shape [B, k] = [{B}, {k}], got "
                         f"{getattr(drafts, 'dtype', type(drafts).__name__)} {tuple(getattr(drafts, 'shape', ()))}")
+    drafts = torch.tensor(ids, dtype=torch.long).reshape(B, k)
     if not isinstance(q, torch.Tensor) or q.dtype != torch.float64 or tuple(q.shape) != (B, k, V):
         raise _BadDraft(f"q must be a float64 tensor of shape [B, k, V] = [{B}, {k}, {V}], got "
                         f"{getattr(q, 'dtype', type(q).__name__)} {tuple(getattr(q, 'shape', ()))}")
@@ -355,11 +346,10 @@ def tau_cases(n_cases: int, seed: int) -> list[tuple[list[int], list[int], float
 
 
 def _as_triple(x: object) -> tuple[float, float, float] | None:
-    try:
-        t = tuple(float(v) for v in x)  # type: ignore[union-attr]
-    except (TypeError, ValueError):
-        return None
-    return t if len(t) == 3 and all(np.isfinite(t)) else None
+    """(tau, low, high) by value: any sequence of three finite numbers (`as_items`, `as_float`), else None."""
+    items = as_items(x, 3)
+    t = None if items is None else tuple(as_float(v) for v in items)
+    return t if t is not None and all(v is not None and np.isfinite(v) for v in t) else None  # type: ignore[return-value]
 
 
 @graded(3, "check_tau_interval", FORBIDDEN, ALLOWED)
@@ -377,9 +367,10 @@ def check_tau_interval(fn: Callable, n_cases: int = 60, seed: int = 0) -> None:
         out = call_learner(g, where, inputs, fn, arg_a, arg_b, level)
         if arg_a != a or arg_b != b:
             raise failure(g, where, inputs, "your function changed its input lists in place; read them only.")
-        if not (isinstance(out, tuple) and len(out) == 3):
+        parts = as_items(out, 3)
+        if parts is None:
             raise failure(g, where, inputs + [f"got {out!r}"], "return ((tau, low, high), (tau, low, high), verdict).")
-        got_a, got_b, verdict = _as_triple(out[0]), _as_triple(out[1]), out[2]
+        got_a, got_b, verdict = _as_triple(parts[0]), _as_triple(parts[1]), parts[2]
         if got_a is None or got_b is None:
             raise failure(g, where, inputs + [f"got {out!r}"], "each of the first two items is (tau, low, high), "
                                                                "three finite numbers.")
@@ -392,8 +383,7 @@ def check_tau_interval(fn: Callable, n_cases: int = 60, seed: int = 0) -> None:
                         "the sample standard deviation.")
                 raise failure(g, where, inputs + [f"expected for {label}: {tuple(round(v, 6) for v in want)}",
                                                   f"got          {tuple(round(v, 6) for v in got)}"], hint)
-        if isinstance(verdict, (bool, np.bool_)) or not isinstance(verdict, (int, np.integer)) or \
-                int(verdict) != _verdict(want_a, want_b):
+        if as_int(verdict) != _verdict(want_a, want_b):
             raise failure(g, where, inputs + [(f"intervals: a {want_a[1]:.4f}..{want_a[2]:.4f}, "
                                                f"b {want_b[1]:.4f}..{want_b[2]:.4f}"),
                                               f"expected verdict {_verdict(want_a, want_b)}", f"got {verdict!r}"],

@@ -20,7 +20,7 @@ from scipy.stats import chi2 as scipy_chi2
 from specref.checks.montecarlo import simulate
 from specref.checks.toy import MarkovChain, mixture, random_chain, toy_pair
 
-from .report import as_float, as_vector, call_learner, derived_seed, failure, passed
+from .report import as_float, as_int, as_items, as_vector, call_learner, derived_seed, failure, passed
 from .rules import graded
 
 # The reference rule. Every task writes what these modules compute: the closed forms and the best k
@@ -334,12 +334,10 @@ def check_best_k(fn: Callable[[float, float, Callable[[int], float]], object], n
         where = f"wrong answer on case {n} of {n_cases}."
         inputs = [f"alpha = {alpha}, c = {c}, {v!r}"]
         out = call_learner(g, where, inputs, fn, alpha, c, v)
-        if isinstance(out, torch.Tensor) and out.numel() == 1:
-            out = out.item()
-        if isinstance(out, (bool, np.bool_)) or not (
-                isinstance(out, (int, np.integer)) or isinstance(out, (float, np.floating)) and float(out).is_integer()):
-            raise failure(g, where, inputs + [f"got {out!r}"], "return the best k as an int.")
-        kk, best = int(out), _best_k(alpha, c, v)
+        kk = as_int(out)
+        if kk is None:
+            raise failure(g, where, inputs + [f"got {out!r}"], "return the best k as a whole number.")
+        best = _best_k(alpha, c, v)
         if kk != best:
             hint = ("draft k + 1 adds alpha^(k+1) tokens; what does it add to the cost of a step when v is not "
                     "constant? It pays exactly while its tokens per unit of that added cost beat S(k).")
@@ -467,7 +465,8 @@ def check_toy_measurement(fn: Callable[..., object], n_cases: int = 3, seed: int
         ref = toy_reference(target, draft, k, TOY_N, _REF_RUNS, _reference_generator(seed, n))
         gen = torch.Generator().manual_seed(derived_seed(seed, "measure_toy", n))  # its state tells nothing of seed
         out = call_learner(g, where, inputs, fn, target, draft, k, TOY_RUNS, TOY_N, gen)
-        vals = [as_float(x) for x in out] if isinstance(out, (tuple, list)) and len(out) == 3 else None
+        items = as_items(out, 3)
+        vals = None if items is None else [as_float(x) for x in items]
         if vals is None or any(v is None or not math.isfinite(v) for v in vals):
             raise failure(g, where, inputs + [f"got {str(out)[:120]}"],
                           "return three numbers: (tokens_per_step, accepted_per_examined, first_accepted).")

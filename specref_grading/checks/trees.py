@@ -19,7 +19,7 @@ from specref.checks.exact_trees import random_parents
 from specref.checks.rng import exact_distribution
 from specref.trees import ROOT, Tree, tree_attention_mask, tree_position_ids, verify_tree
 
-from .report import as_float, call_learner, failure, fmt, passed
+from .report import as_float, as_int, as_items, call_learner, failure, fmt, passed
 from .rules import graded
 
 # The reference rule: the tasks write what specref.trees does; specref.residual stays allowed (the setup imports it).
@@ -104,8 +104,10 @@ def check_tree_mask(fn: Callable[[list[int], int], object], n_cases: int = 40, s
         out = call_learner(g, where, inputs, fn, arg, start)
         if arg != parents:
             raise failure(g, where, inputs, "your function changed `parents` in place; build new objects instead.")
-        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        pair = as_items(out, 2)
+        if pair is None:
             raise failure(g, where, inputs + [f"got {out!r}"], "return a pair (mask, positions).")
+        out = tuple(pair)
         mask = _as_bool_matrix(out[0], N)
         if mask is None:
             raise failure(g, where, inputs + [f"got mask {out[0]!r}"], f"the mask must be an [{N}, {N}] matrix of booleans.")
@@ -209,11 +211,12 @@ def check_multi_candidate(fn: Callable[..., object], n_cases: int = 40, seed: in
                 out = fn(p_in, list(children), q_in, det, rng)
                 if not (torch.equal(p_in, p) and torch.equal(q_in, q)):
                     raise _InPlace
-                if not (isinstance(out, (tuple, list)) and len(out) == 2):
+                pair = as_items(out, 2)
+                idx, tok = (None, None) if pair is None else (pair[0] if pair[0] is None else as_int(pair[0]),
+                                                              as_int(pair[1]))
+                if pair is None or tok is None or (idx is None and pair[0] is not None):
                     raise TypeError(f"return a pair (accepted child index or None, token), got {out!r}")
-                idx, tok = out
-                idx = None if idx is None else int(idx)
-                return (idx, int(tok))
+                return (idx, tok)
 
             try:
                 got = call_learner(g, where, case_inputs, exact_distribution, run)
