@@ -30,6 +30,8 @@ drafts
     drafts.features     FeatureBuffer: the part that holds the target's hidden states (the observe hook)
     drafts.eagle        EagleDraft: one layer drafting the next feature (EAGLE-1/2/3)
     drafts.medusa       MedusaDraft: k heads on the last feature, chain or Medusa tree
+    drafts.early_exit   SelfDraft: the target's own first layers and LM head as the draft (no training)
+    drafts.train        MedusaTrainer, train_medusa: heads trained live on the frozen target, seeded
     drafts.mtp          MTPDraft: DeepSeek-V3 MTP modules chained by depth, a cache each
     drafts.load         load_draft(name, target): every shipped draft, checked against the target
 decoding
@@ -49,6 +51,7 @@ checks, perf
     checks.pitfalls     the check that catches each shipped bug; exact TV      (nb 08)
     perf.costs, perf.measure   timing and the roofline                         (nb 01, 04)
     perf.verify_cost    measure_pass_costs: v(k) and c from paired isolated passes  (nb 01, 04, 05, 07)
+    perf.training_curve acceptance_counts, training_curve: tau and acceptance by position as training goes on
     perf.costmodel      PassModel, CostModel, choose_k, batch_steps, crossover, the H100 example  (nb 07)
     perf.draft_costs    a draft's parameters and KV cache; its step on a modelled GPU  (nb 05)
     perf.domains        code / comment / docstring labels, acceptance along a text  (nb 08; old path models.domains)

@@ -10,6 +10,7 @@ arithmetic slower than that (the roofline, `PassModel.roofline`). `step_passes` 
 passes one chain step of a draft makes and the weights each reads, from the objects:
 
     ModelDraft      k passes, each over its whole model (its tied LM head once; position table not read)
+    SelfDraft       k passes of the target's first n blocks and its ln_f, each with the target's LM head
     EagleDraft      k passes of its layer, each with the target's LM head; EAGLE-3's fusing layer once
     MTPDraft        pass d runs module d (d = 1..k), each with the target's LM head
     MedusaDraft     one pass: heads 1..k on one feature, the target's LM head over k vectors
@@ -37,6 +38,7 @@ from .._validate import check_gpt2, check_int
 from ..drafts import EagleDraft, MedusaDraft, ModelDraft, MTPDraft, NoDraft, PromptLookupDraft
 from ..drafts.base import Draft
 from ..drafts.cached import DraftCache
+from ..drafts.early_exit import SelfDraft
 from ..models.kvcache import KVCache
 from .costmodel import H100_BANDWIDTH, H100_BF16_FLOPS, PassModel
 
@@ -101,6 +103,10 @@ def step_passes(draft: Draft, target: torch.nn.Module, k: int) -> list[Pass]:
         raise ValueError(f"k={k} but this {type(draft).__name__} drafts at most {max_k} tokens per step")
     if isinstance(draft, (PromptLookupDraft, NoDraft)):
         return []
+    if isinstance(draft, SelfDraft):  # before ModelDraft: the blocks are the target's, and so is the LM head
+        tr = draft.model.transformer
+        body = _shapes([p for block in tr.h for p in block.parameters()] + list(tr.ln_f.parameters()))
+        return [Pass(body, 1, True) for _ in range(k)]
     if isinstance(draft, ModelDraft):
         m = draft.model
         skip = {m.transformer.wpe.weight.data_ptr()}  # a position is a row looked up, not a matrix read
@@ -116,7 +122,7 @@ def step_passes(draft: Draft, target: torch.nn.Module, k: int) -> list[Pass]:
     if isinstance(draft, MedusaDraft):
         h = draft.heads  # heads 1..k: weight [n, C, C], bias [n, C]
         return [Pass(((k,) + tuple(h.weight.shape[1:]), (k,) + tuple(h.bias.shape[1:])), k, True)]
-    raise TypeError(f"no step model for a {type(draft).__name__}: step_passes knows ModelDraft, EagleDraft, "
+    raise TypeError(f"no step model for a {type(draft).__name__}: step_passes knows ModelDraft, SelfDraft, EagleDraft, "
                     f"MTPDraft, MedusaDraft, PromptLookupDraft and NoDraft")
 
 
