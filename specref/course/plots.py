@@ -301,10 +301,7 @@ def plot_roofline(view: dict, ax=None, unit: float = 1e-3):
     """
     ax = _axes(ax)
     T = view["tokens"]
-    ax.plot(T, view["roofline"] / unit, "s-", color="#2a9d3f", label="roofline: max(memory, compute)")
-    ax.plot(T, np.full(T.shape, view["memory_time"]) / unit, ":", color="#2a9d3f", linewidth=1,
-            label="memory: weight bytes / bandwidth")
-    ax.plot(T, view["compute_time"] / unit, "--", color="#2a9d3f", linewidth=1, label="compute: FLOPs / peak")
+    _draw_roofline(ax, view, unit)
     if "measured" in view:
         m = view["measured"]
         ax.plot(T, m / unit, "o-", color="#3b75af", label="measured")
@@ -312,14 +309,28 @@ def plot_roofline(view: dict, ax=None, unit: float = 1e-3):
         top = float(m.max())
     else:
         top = float(view["roofline"].max())
+    _finish_pass_axes(ax, T, 1.5 * max(top, float(view["roofline"].max())), unit, "upper right")
+    return ax
+
+
+def _draw_roofline(ax, view: dict, unit: float) -> None:
+    """The roofline of a `roofline_view`, with its memory and compute terms, in green."""
+    T = view["tokens"]
+    ax.plot(T, view["roofline"] / unit, "s-", color="#2a9d3f", label="roofline: max(memory, compute)")
+    ax.plot(T, np.full(T.shape, view["memory_time"]) / unit, ":", color="#2a9d3f", linewidth=1,
+            label="memory: weight bytes / bandwidth")
+    ax.plot(T, view["compute_time"] / unit, "--", color="#2a9d3f", linewidth=1, label="compute: FLOPs / peak")
+
+
+def _finish_pass_axes(ax, T: np.ndarray, top: float, unit: float, legend: str) -> None:
+    """Log-2 token axis, time axis from 0 to `top` seconds, labels, legend and grid."""
     ax.set_xscale("log", base=2)
     ax.set_xticks(T, [str(int(t)) for t in T])
-    ax.set_ylim(0, 1.5 * max(top, float(view["roofline"].max())) / unit)
+    ax.set_ylim(0, top / unit)
     ax.set_xlabel("new tokens scored in one pass")
     ax.set_ylabel("time per pass (ms)" if unit == 1e-3 else f"time per pass ({unit:g} s)")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc=legend)
     ax.grid(alpha=0.3)
-    return ax
 
 
 def plot_pass_curves(views: Mapping[str, dict], ax=None, unit: float = 1e-3):
@@ -339,22 +350,13 @@ def plot_pass_curves(views: Mapping[str, dict], ax=None, unit: float = 1e-3):
             raise ValueError(f"view {label!r} has another roofline or other token counts than the first view")
     ax = _axes(ax)
     T = first["tokens"]
-    ax.plot(T, first["roofline"] / unit, "s-", color="#2a9d3f", label="roofline: max(memory, compute)")
-    ax.plot(T, np.full(T.shape, first["memory_time"]) / unit, ":", color="#2a9d3f", linewidth=1,
-            label="memory: weight bytes / bandwidth")
-    ax.plot(T, first["compute_time"] / unit, "--", color="#2a9d3f", linewidth=1, label="compute: FLOPs / peak")
+    _draw_roofline(ax, first, unit)
     styles = [("o-", "#3b75af"), ("^-", "#e07b39"), ("v-", "#8e44ad"), ("D-", "#555555")]
     for i, (label, view) in enumerate(views.items()):
         marker, color = styles[i % len(styles)]
         ax.plot(T, view["measured"] / unit, marker, color=color, label=f"measured: {label}")
     top = max(float(v["measured"].max()) for v in views.values())
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(T, [str(int(t)) for t in T])
-    ax.set_ylim(0, 1.15 * max(top, float(first["roofline"].max())) / unit)
-    ax.set_xlabel("new tokens scored in one pass")
-    ax.set_ylabel("time per pass (ms)" if unit == 1e-3 else f"time per pass ({unit:g} s)")
-    ax.legend(fontsize=7, loc="upper left")
-    ax.grid(alpha=0.3)
+    _finish_pass_axes(ax, T, 1.15 * max(top, float(first["roofline"].max())), unit, "upper left")
     return ax
 
 
