@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import pickle
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -72,7 +74,7 @@ def test_small_linear_never_writes_its_inputs():
 @compiled
 @pytest.mark.parametrize("weight", [torch.zeros(4, 4, dtype=torch.float64), torch.zeros(4), torch.zeros(2, 2, 2)])
 def test_small_linear_refuses_what_it_cannot_serve(weight):
-    with pytest.raises(ValueError, match="weight must be a float32 CPU matrix"):
+    with pytest.raises(ValueError, match="weight must be a float32 CPU"):
         SmallLinear(weight, None)
 
 
@@ -211,3 +213,84 @@ def test_a_vocabulary_that_is_not_a_whole_number_of_panels_gives_whole_logits():
         use_small_kernel(model)
         got = model(ids)
     assert got.shape == (2, 3, 101) and torch.allclose(got, ref, atol=1e-5)
+
+
+@compiled
+def test_a_default_device_context_does_not_move_the_kernels_output():
+    """The output is made on the CPU whatever the default device (a meta default once meant a write through nothing)."""
+    model = tiny_model()
+    use_small_kernel(model)
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        ref = model(ids)
+        with torch.device("meta"):
+            got = model(ids)
+    assert got.device.type == "cpu" and torch.allclose(got, ref)
+
+
+@compiled
+@pytest.mark.parametrize("n_embd", [48, 40])  # 40: the Conv1D widths are not whole panels, the bias is padded
+def test_a_bias_changed_after_packing_is_not_served_stale(n_embd):
+    torch.manual_seed(0)
+    model = GPT2(GPT2Config(vocab_size=97, n_positions=32, n_embd=n_embd, n_layer=1, n_head=4)).eval()
+    use_small_kernel(model)
+    ids = torch.tensor([[5, 6, 7]])
+    conv = model.transformer.h[0].mlp.c_fc
+    with torch.no_grad():
+        conv.bias.add_(1.0)
+        got = model(ids)
+        conv.bias = torch.nn.Parameter(conv.bias + 1.0)  # replaced, not written
+        got2 = model(ids)
+        for m in model.modules():
+            m.__dict__.pop("fast", None)
+        ref2 = model(ids)
+        conv.bias.data.sub_(1.0)
+        ref = model(ids)
+    assert torch.allclose(got, ref, atol=1e-5) and torch.allclose(got2, ref2, atol=1e-5)
+
+
+@compiled
+def test_a_copy_of_a_packed_layer_is_never_served():
+    lin = SmallLinear(rand(8, 16), rand(16))
+    twin = copy.deepcopy(lin)
+    assert twin.packed is None and not twin.fresh(lin_weight := rand(8, 16)) and lin_weight is not None
+    with pytest.raises(RuntimeError, match="pack the model again"):
+        twin(rand(1, 8))
+
+
+@compiled
+def test_a_trainable_bias_keeps_torchs_kernel_so_it_gets_its_gradient():
+    model = tiny_model()
+    use_small_kernel(model)
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.endswith("bias"))
+    model(torch.tensor([[1, 2, 3]])).sum().backward()
+    assert model.transformer.h[0].mlp.c_fc.bias.grad is not None
+
+
+@compiled
+@pytest.mark.parametrize("x", [torch.zeros(2, 64, dtype=torch.float64), torch.zeros(2, 16), torch.zeros(1, 2, 64)])
+def test_small_linear_refuses_an_input_it_cannot_read(x):
+    with pytest.raises(ValueError, match="x must be a float32 CPU tensor"):
+        SmallLinear(rand(64, 32), None)(x)
+
+
+def test_weights_made_in_inference_mode_keep_torchs_kernel():
+    with torch.inference_mode():
+        model = tiny_model()
+    path = use_small_kernel(model)
+    assert path.name == "torch" and ("inference mode" in path.reason or kernel_path().name != "compiled")
+
+
+@compiled
+def test_the_kernel_builds_where_the_cache_is_on_another_file_system(monkeypatch):
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm here to put the cache on another file system")
+    with tempfile.TemporaryDirectory(dir=shm) as cache:
+        monkeypatch.setenv("SPECREF_CACHE", cache)
+        kernels._library.cache_clear()
+        try:
+            assert kernel_path().name == "compiled", kernel_path().reason
+        finally:
+            kernels._library.cache_clear()

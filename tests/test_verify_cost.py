@@ -82,3 +82,20 @@ def test_measure_leaves_the_cache_at_the_context_for_every_pass(monkeypatch):
 def test_measure_refuses_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
         measure_pass_costs(tiny(1), **kwargs)
+
+
+def test_the_record_says_where_the_few_token_kernel_stopped_serving():
+    head = torch.nn.Linear(2, 2)
+    model = torch.nn.Module()
+    model.lm_head = head
+    assert verify_cost._kernel_of(model, 5).startswith("torch")
+    head.fast = object()
+    assert verify_cost._kernel_of(model, 5) == "compiled (few-token kernel)"
+    assert "PyTorch's own past that" in verify_cost._kernel_of(model, verify_cost.MAX_ROWS + 1)
+
+
+def test_the_cpu_clock_is_refused_for_a_gpu_target(monkeypatch):
+    target = tiny(1)
+    monkeypatch.setattr(type(target), "device", property(lambda self: torch.device("cuda")))
+    with pytest.raises(ValueError, match="clock must be"):
+        measure_pass_costs(target, [1], clock="cpu")

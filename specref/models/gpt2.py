@@ -286,15 +286,17 @@ def _linear(conv: Conv1D, x: torch.Tensor) -> torch.Tensor:  # [N, in] -> [N, ou
     """``Conv1D.forward`` on rows: ``bias + x @ weight`` (the few-token kernel where `use_small_kernel` set one)."""
     p = conv._parameters
     fast = conv.__dict__.get("fast")
-    if fast is not None and _fast_applies(fast, p["weight"], x):
+    if fast is not None and _fast_applies(fast, p["weight"], p["bias"], x):
         return fast(x)
     return torch.addmm(p["bias"], x, p["weight"])
 
 
-def _fast_applies(fast: SmallLinear, weight: torch.Tensor, x: torch.Tensor) -> bool:
-    """A packed kernel serves a few float32 CPU rows of an unchanged weight, when no gradient is asked for."""
-    return (x.shape[0] <= MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu" and fast.fresh(weight)
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+def _fast_applies(fast: SmallLinear, weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> bool:
+    """A packed kernel serves a few float32 CPU rows of an unchanged weight and bias, when no gradient is asked for."""
+    return (x.shape[0] <= MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu"
+            and fast.fresh(weight, bias)
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                                  or (bias is not None and bias.requires_grad))))
 
 
 def _norm(ln: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:  # [N, C] -> [N, C]
@@ -398,6 +400,8 @@ class GPT2(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=std)
         if isinstance(module, Conv1D):
             nn.init.zeros_(module.bias)
+        if isinstance(module, nn.Linear) and not self.config.tie_word_embeddings:  # an untied LM head
+            nn.init.normal_(module.weight, mean=0.0, std=std)
         if isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
@@ -662,7 +666,7 @@ class GPT2(nn.Module):
         # lm_head as nn.Linear computes it, on [B, T or logits_to_keep, C]
         x_out = x[:, -logits_to_keep:] if logits_to_keep else x
         head, fast = self.lm_head.weight, self.lm_head.__dict__.get("fast")
-        if fast is not None and _fast_applies(fast, head, x_out.reshape(-1, C)):
+        if fast is not None and _fast_applies(fast, head, None, x_out.reshape(-1, C)):
             logits = fast(x_out.reshape(-1, C)).view(*x_out.shape[:-1], -1)
         else:
             logits = F.linear(x_out, head)
@@ -691,8 +695,9 @@ def use_small_kernel(model: GPT2) -> KernelPath:
     """Pack `model`'s weights for the few-token CPU kernel (`specref.models.kernels`); returns the path it runs.
 
     Passes over at most `kernels.MAX_ROWS` rows (batch x new tokens) of a float32 model on the CPU then read each
-    weight once; longer passes, other devices and dtypes, training passes and weights changed since
-    keep PyTorch's kernels. Moving, casting or reloading the model drops the packed copies (call again).
+    weight once; longer passes, other devices and dtypes, training passes and weights or biases changed since
+    keep PyTorch's kernels. The packed copies take as much memory as the weights. Moving, casting or
+    reloading the model drops them (call again); so does copying or pickling it.
     Where no kernel can be compiled, nothing changes and the path says why.
     """
     if not isinstance(model, GPT2):
@@ -702,6 +707,9 @@ def use_small_kernel(model: GPT2) -> KernelPath:
         return path
     if model.device.type != "cpu" or model.dtype != torch.float32:
         return KernelPath("torch", f"the model is {model.dtype} on {model.device}: the kernel serves float32 on the CPU")
+    if any(p.is_inference() for p in model.parameters()):
+        return KernelPath("torch", "the model's weights were made in inference mode, whose tensors keep no version "
+                                   "to tell a change: load it outside torch.inference_mode()")
     for module in model.modules():
         if isinstance(module, Conv1D):
             module.fast = SmallLinear(module.weight, module.bias)

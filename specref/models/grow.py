@@ -15,8 +15,8 @@ per-pass work, not the chapter's physics. `widen(model, r)` copies every hidden 
 * the LM head, untied from the embeddings, is ``wte`` repeated along its width and divided by r.
 
 Every hidden state is the original one copied r times and the logits are the original logits,
-up to float rounding (the sums run in another order). The cost: r^2 times the weights (r = 4:
-40 M parameters, 153 MiB in float32), read by every pass.
+up to float rounding (the sums run in another order). The cost: r^2 times the layers' weights (r = 4:
+42 M parameters, 161 MiB in float32), read by every pass.
 
 A `GrownGPT2` keeps the model it grew from (`base`): the drafts that read the target's features
 (Medusa, EAGLE, MTP heads) were trained on the base, so the grown target hands them its hidden

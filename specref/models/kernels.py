@@ -28,6 +28,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -96,22 +97,25 @@ def cache_dir() -> Path:
     return Path(base).expanduser() / "specref"
 
 
-def _compiler() -> str | None:
-    cc = os.environ.get("CC") or "cc"
-    return shutil.which(cc)
+def _compiler() -> list[str] | None:
+    """The C compiler's command ($CC may hold a wrapper and flags, e.g. "ccache gcc"), or None."""
+    words = shlex.split(os.environ.get("CC") or "cc")
+    path = shutil.which(words[0]) if words else None
+    return None if path is None else [path, *words[1:]]
 
 
-def _compile(cc: str, out: Path) -> str | None:
+def _compile(cc: list[str], out: Path) -> str | None:
     """Compile `_SOURCE` into the shared library `out`; None on success, else the compiler's complaint."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
+    # Built beside its final name, so the rename below never crosses file systems.
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         src = Path(tmp) / "small_linear.c"
         src.write_text(_SOURCE)
         built = Path(tmp) / out.name
         err = ""
         # -march=native for this CPU's vector width; some compilers (or CPUs) refuse it: then the default target.
         for arch in (["-march=native"], []):
-            proc = subprocess.run([cc, "-O3", *arch, "-fPIC", "-shared", "-o", str(built), str(src)],
+            proc = subprocess.run([*cc, "-O3", *arch, "-fPIC", "-shared", "-o", str(built), str(src)],
                                   capture_output=True, text=True, timeout=120)
             if proc.returncode == 0:
                 os.replace(built, out)  # atomic: a concurrent process sees the whole library or none
@@ -132,25 +136,25 @@ def _library() -> tuple[ctypes.CDLL | None, KernelPath]:
     if cc is None:
         return None, KernelPath("torch", "no C compiler found (set CC, or install gcc or clang)")
     try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+        version = subprocess.run([*cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
-        return None, KernelPath("torch", f"the C compiler {cc} does not run: {e}")
-    key = hashlib.sha256("\0".join([_SOURCE, version, platform.machine(), platform.processor(),
+        return None, KernelPath("torch", f"the C compiler {cc[0]} does not run: {e}")
+    key = hashlib.sha256("\0".join([_SOURCE, " ".join(cc), version, platform.machine(), platform.processor(),
                                     _cpu_flags()]).encode()).hexdigest()[:16]
-    path = cache_dir() / f"small_linear-{key}.so"
     try:
+        path = cache_dir() / f"small_linear-{key}.so"  # an unresolvable home folder raises RuntimeError
         if not path.is_file():
             err = _compile(cc, path)
             if err is not None:
                 return None, KernelPath("torch", f"the C compiler failed: {err}")
         lib = ctypes.CDLL(str(path))
-    except (OSError, subprocess.SubprocessError) as e:
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         return None, KernelPath("torch", f"could not build or load the kernel: {e}")
     fn = lib.small_linear
     fn.restype = None
     fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
                    ctypes.c_void_p, ctypes.c_void_p]
-    return lib, KernelPath("compiled", f"the few-token kernel, compiled once with {Path(cc).name} and cached")
+    return lib, KernelPath("compiled", f"the few-token kernel, compiled once with {Path(cc[0]).name} and cached")
 
 
 def _cpu_flags() -> str:
@@ -172,9 +176,12 @@ def kernel_path() -> KernelPath:
 class SmallLinear:
     """``bias + x @ weight`` for a few rows, the weight packed once into panels; see the module's docstring.
 
-    Built from a float32 CPU weight ``[K, N]`` (GPT-2's Conv1D layout) and bias ``[N]``. Calling it
-    on ``x [M, K]`` with M <= `MAX_ROWS` runs the compiled kernel; it never modifies its inputs.
-    The packed copy belongs to the weight as it was: `fresh` says whether the weight is unchanged since.
+    Built from a float32 CPU weight ``[K, N]`` (GPT-2's Conv1D layout) and bias ``[N]``, both copied.
+    Calling it on a float32 CPU ``x [M, K]`` runs the compiled kernel (the caller decides for which
+    M: `gpt2.use_small_kernel` serves passes of at most `MAX_ROWS` rows); it never modifies its inputs.
+    The packed copy belongs to the weight and bias as they were: `fresh` says whether they are the same
+    tensors, at the same addresses, not written since. A copy or a pickle of it is never fresh: a
+    process that loads one runs PyTorch's kernels until the model is packed again.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, transposed: bool = False) -> None:
@@ -182,30 +189,55 @@ class SmallLinear:
         lib, path = _library()
         if lib is None:
             raise RuntimeError(f"no compiled kernel here: {path.reason}")
-        if weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2:
-            raise ValueError(f"weight must be a float32 CPU matrix, got {weight.dtype} {tuple(weight.shape)} "
-                             f"on {weight.device}")
+        for name, t in (("weight", weight), ("bias", bias)):
+            if t is not None and (t.device.type != "cpu" or t.dtype != torch.float32 or t.is_inference()):
+                raise ValueError(f"{name} must be a float32 CPU tensor made outside inference mode, got {t.dtype} "
+                                 f"on {t.device}")
+        if weight.dim() != 2:
+            raise ValueError(f"weight must be a float32 CPU matrix, got shape {tuple(weight.shape)}")
         w = weight.detach().t() if transposed else weight.detach()  # [K, N]
         K, N = w.shape
+        if bias is not None and tuple(bias.shape) != (N,):
+            raise ValueError(f"bias must have shape [{N}], got {tuple(bias.shape)}")
         self.K, self.N = K, N
         pad = -N % PANEL  # N padded up to whole panels; the extra outputs are computed and dropped
-        b = torch.zeros(N) if bias is None else bias.detach().to(torch.float32)
+        b = torch.zeros(N, dtype=torch.float32, device="cpu") if bias is None else bias.detach().clone()
         if pad:
             w = torch.cat([w, w.new_zeros(K, pad)], 1)
             b = torch.cat([b, b.new_zeros(pad)])
-        self.packed = w.reshape(K, -1, PANEL).permute(1, 0, 2).contiguous()  # [N / 16, K, 16]
+        self.packed: torch.Tensor | None = w.reshape(K, -1, PANEL).permute(1, 0, 2).contiguous()  # [N / 16, K, 16]
         self.bias = b.contiguous()
-        self.source, self.version = weight, weight._version
+        self._stamp = (_stamp(weight), _stamp(bias))
 
-    def fresh(self, weight: torch.Tensor) -> bool:
-        """Whether `weight` is the tensor this was packed from, not written since."""
-        return weight is self.source and weight._version == self.version
+    def fresh(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+        """Whether `weight` and `bias` are the tensors this was packed from, where they were, not written since.
+
+        Writes through ``.data`` and ``torch.no_grad`` in-place writes bump the version and are seen; a
+        write that bypasses the version counter (``vector_to_parameters`` into ``.data``) is not.
+        """
+        return self.packed is not None and self._stamp == (_stamp(weight), _stamp(bias))
+
+    def __getstate__(self) -> dict:
+        """A copy holds no packed weights (it could be loaded where no kernel runs): it is never fresh."""
+        return {**self.__dict__, "packed": None, "bias": None, "_stamp": None}
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] float32 CPU -> [M, N]
+        if self.packed is None:
+            raise RuntimeError("this SmallLinear is a copy without its packed weights: pack the model again")
+        if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2 or x.shape[1] != self.K:
+            raise ValueError(f"x must be a float32 CPU tensor [M, {self.K}], got {x.dtype} {tuple(x.shape)} on "
+                             f"{x.device}")
         M = x.shape[0]
         x = x.contiguous()
         n_out = self.bias.shape[0]
-        y = torch.empty(M, n_out, dtype=torch.float32)
+        y = torch.empty(M, n_out, dtype=torch.float32, device="cpu")
         _library()[0].small_linear(x.data_ptr(), M, self.K, self.packed.data_ptr(), n_out, self.bias.data_ptr(),
                                    y.data_ptr())
         return y if n_out == self.N else y[:, : self.N].contiguous()
+
+
+def _stamp(t: torch.Tensor | None) -> tuple | None:
+    """What identifies a tensor's contents without reading them: the object, its storage address, its version."""
+    if t is None:
+        return None
+    return (id(t), t.data_ptr(), t.dtype, t.device, t._version)

@@ -79,7 +79,7 @@ def load_pair(
     return target, draft, tokenizer
 
 
-# How much wider the timing target is than the bundled one: 4 x 128 = 512 wide, 42 M parameters, 161 MB in
+# How much wider the timing target is than the bundled one: 4 x 128 = 512 wide, 42 M parameters, 161 MiB in
 # float32, far more than any CPU's cache, so every pass reads its weights from memory.
 GROWTH = 4
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from .._validate import as_int_tuple, check_int
+from ..models.gpt2 import unchecked
+from ..models.kernels import MAX_ROWS
 from .costs import repeat_times
 
 _CLOCK_NAMES = {"cpu": "this process's CPU time", "wall": "wall-clock time"}
@@ -107,9 +109,11 @@ def measure_pass_costs(
 
     Each repeat times every pass once, in the same order, each after rolling its cache back to
     `context` tokens (token ids drawn from `generator`, default seed 0: ids barely matter to a
-    pass's time). `clock` is "cpu" (the default on a CPU: a busy machine's waits for a core are
-    left out) or "wall" (the default elsewhere). `kernel` names the target's kernel path for the
-    record (default: read from `specref.models.kernels` for a CPU float32 target).
+    pass's time). Each pass is the unchecked one a decoding loop runs. `clock` is "cpu" (the default
+    on a CPU: a busy machine's waits for a core are left out; it sums all of torch's threads, so use it
+    with one thread) or "wall" (the default elsewhere, and the only clock for a GPU). `kernel` names the
+    target's kernel for the record (default: the few-token kernel where the target carries it and the
+    passes fit it, else PyTorch's own).
     """
     ks = as_int_tuple("ks", ks)
     if not ks or min(ks) < 1:
@@ -119,8 +123,8 @@ def measure_pass_costs(
     check_int("repeats", repeats, 1, "paired repeats")
     dev = target.device
     clock = clock or ("cpu" if dev.type == "cpu" else "wall")
-    if clock not in _CLOCK_NAMES:
-        raise ValueError(f"clock must be one of {sorted(_CLOCK_NAMES)}, got {clock!r}")
+    if clock not in _CLOCK_NAMES or (clock == "cpu" and dev.type != "cpu"):
+        raise ValueError(f"clock must be one of {sorted(_CLOCK_NAMES)} ('wall' on a {dev.type}), got {clock!r}")
     n_max = context + max(ks) + 1
     for name, model in (("target", target), ("draft", draft)):
         if model is not None and n_max > model.config.n_positions:
@@ -136,11 +140,11 @@ def measure_pass_costs(
         if id(model) not in caches:
             caches[id(model)] = model.new_cache(batch_size, max_len=n_max)
             model(ids[:, :context], cache=caches[id(model)])
-        cache = caches[id(model)]
+        cache, step = caches[id(model)], unchecked(model)
 
-        def run() -> None:
-            cache.truncate(context)
-            model(ids[:, context:context + n], cache=cache)
+        def run() -> None:  # the pass a decoding loop runs: unchecked, nothing read back
+            cache.truncate(context, check=False, bound=context)
+            step(ids[:, context:context + n], cache=cache)
         return run
 
     passes = {("t", 1): pass_over(target, 1), **{("t", k + 1): pass_over(target, k + 1) for k in ks}}
@@ -153,13 +157,17 @@ def measure_pass_costs(
         for key, fn in passes.items():
             times[key] += repeat_times(fn, dev, repeats=1, warmup=0, clock=clock)
     if kernel is None:
-        kernel = _kernel_of(target)
+        kernel = _kernel_of(target, batch_size * (max(ks) + 1))
     return PassCosts(ks=ks, one=tuple(times[("t", 1)]), verify={k: tuple(times[("t", k + 1)]) for k in ks},
                      draft=None if draft is None else tuple(times[("d", 1)]), context=context,
                      batch_size=batch_size, threads=torch.get_num_threads(), clock=clock, kernel=kernel)
 
 
-def _kernel_of(model: torch.nn.Module) -> str:
-    """'compiled' where the model's linear layers carry the few-token kernel, else 'torch' (PyTorch's own)."""
+def _kernel_of(model: torch.nn.Module, most_rows: int) -> str:
+    """Which kernel the timed passes ran: the few-token kernel serves passes of at most MAX_ROWS rows."""
     head = getattr(model, "lm_head", None)
-    return "compiled (few-token kernel)" if head is not None and "fast" in head.__dict__ else "torch (PyTorch's own)"
+    if head is None or "fast" not in head.__dict__:
+        return "torch (PyTorch's own)"
+    if most_rows <= MAX_ROWS:
+        return "compiled (few-token kernel)"
+    return f"compiled (few-token kernel) up to {MAX_ROWS} rows, PyTorch's own past that"
