@@ -3,7 +3,7 @@
 A package `__init__` keeps a plain dict literal `_LAZY = {name: "the.module.that.defines.it"}` and asks
 `lazy_names` for its `__getattr__` and `__dir__`. Importing the package then imports none of its modules:
 `import specref.checks.rng` loads what rng needs and nothing more. The grader reads `_LAZY` with `ast` to
-build the copy of specref a learner's graded kernel sees (specref_grading/kernel_tree.py).
+build the copy of specref a learner's graded kernel sees (specref_grading/trust/kernel_tree.py).
 """
 
 from __future__ import annotations

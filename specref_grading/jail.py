@@ -16,13 +16,14 @@ budget, a process count) where the host has writable cgroups, v1 or v2 (`join_cg
 It changes root into it, drops every capability from the bounding set, takes the run's fresh
 unprivileged uid and gid (no groups), sets no_new_privs and the resource limits, and starts the
 kernel as its child (it stays the namespace's init, reaping orphans, and leaves with the kernel's
-status, 128 + N for signal N): `python -I -c <specref_grading/protocol.py + KERNEL>`.
+status, 128 + N for signal N): `python -I -c <kernel_program(KERNEL)>` (specref_grading/trust/program.py: the
+trusted core's kernel-side modules, then KERNEL).
 The network namespace has only a loopback interface, which is down: no network.
 
 The kernel serves calls from the trusted process (specref_grading/trusted.py) over two pipes: `exec`
 runs a cell's source in the kernel's namespace (the solution's setup cells, the learner's answer
 cells and the exercise's other cells; never a test cell), `get` hands out a name the cells bound,
-and every object it hands out can be called back (specref_grading/protocol.py). It holds no key, no test,
+and every object it hands out can be called back (specref_grading/trust/calls.py). It holds no key, no test,
 no hidden seed and decides nothing: whatever it does to itself, the grade is decided elsewhere.
 """
 
@@ -36,9 +37,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
 
 KERNEL = r'''
 def _jail_main():
@@ -68,7 +66,7 @@ def _jail_main():
             raise NameError(f"name {name!r} is not defined")
         return ns[name]
 
-    def op_bind(values):  # what the trusted process serves the setup (specref_grading/kernel_tree.py)
+    def op_bind(values):  # what the trusted process serves the setup (specref_grading/trust/kernel_tree.py)
         if type(values) is not dict or any(type(k) is not str or not k.isidentifier() for k in values):
             raise TypeError("bind takes a dict of names")
         ns.update(values)
@@ -85,14 +83,10 @@ finally:
 '''
 
 
-def kernel_source() -> str:
-    return (HERE / "protocol.py").read_text(encoding="utf-8") + "\n" + KERNEL
-
-
 def read_only_paths(with_specref: bool = True) -> list[str]:
     """What the kernel may read: the system, the interpreter, the environment, the specref package.
 
-    `with_specref=False` leaves the package out: the exercise's copy of it (specref_grading/kernel_tree.py, no
+    `with_specref=False` leaves the package out: the exercise's copy of it (specref_grading/trust/kernel_tree.py, no
     answer key) is bound at its path instead (`launch`'s config "specref": [copy, package path]).
     """
     import importlib.util

@@ -319,11 +319,14 @@ def test_a_timeout_kills_every_process_of_the_submission(toy):
 
 
 def test_a_dead_kernel_is_reported_at_once(toy):
+    """A kernel the submission's own code kills is that submission's failure (exit 1, its cause in each test's
+    message), not "could not be graded" (exit 2, which --retry takes for a fault of the grader)."""
     nb = attacked(toy[2], "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
     t0 = time.monotonic()
     code, report, out = grade(nb, toy, "alice.ipynb", "--cell-timeout", "60")
     assert time.monotonic() - t0 < 30
-    assert code == 2 and report["total"] == 0, out
+    assert code == 1 and report["total"] == 0 and not report["error"], out
+    assert all(t["outcome"] == "failed" for t in report["tests"]), out
     assert "the kernel died while running answer cell 'double_answer' (signal 9)" in out
 
 

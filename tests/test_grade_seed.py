@@ -70,7 +70,8 @@ def _seeds_main_grades_with(monkeypatch, tmp_path, *args: str, times: int = 3) -
     path.write_text("{}")
     seen: list[int] = []
 
-    def fake_grade(notebook, solution, solutions_dir, cell_timeout, run_timeout, seed, memory_mb):
+    def fake_grade(notebook, solution, solutions_dir, cell_timeout, run_timeout, seed, memory_mb, unjailed):
+        assert unjailed is ("--unjailed" in args)  # an unjailed grading only when asked for
         seen.append(seed)
         return grade.Report(str(notebook), exercise="ex_toy", seed=seed)
 

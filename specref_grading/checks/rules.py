@@ -16,7 +16,7 @@ The inspection is a help for the learner in their own kernel, not a security bou
 at real Python functions and classes. In graded runs the checks receive proxies of the learner's
 functions, served from the learner's jailed kernel; a proxy is not a function, so the inspection skips
 it: there, the reference functions are simply absent from the specref the kernel sees
-(specref_grading/kernel_tree.py).
+(specref_grading/trust/kernel_tree.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import sys
 import types
 from collections.abc import Callable, Iterable
 
-_COURSE_OWN = ("specref.", "specref_grading.trusted", "specref_grading.protocol")  # modules whose code is the course's
+# modules whose code is the course's: the trusted process, its core (the handles on kernel objects: trust/remote.py)
+_COURSE_OWN = ("specref.", "specref_grading.trusted", "specref_grading.trust.")
 # The graders' shared helpers (calling, messages, number reading) answer no task. Every grader module holds
 # them under their public names, so a learner's `result.passed` reads a name such a module has too: never a use.
 _NEVER_AN_ANSWER = ("specref_grading.checks.report",)
