@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from specref import generate, load_draft, load_pair, lookahead_generate, speculative_generate, tree_generate
-from specref.decoding.record import counts_from_histogram
+from specref.decoding.positions import counts_from_histogram
 from specref.drafts import DynamicTree, ModelDraft, PromptLookupDraft, TreeModelDraft, TreeShape
 from specref.drafts.base import TreeDraft
 from specref.drafts.heads import load_bundled_heads

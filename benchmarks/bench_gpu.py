@@ -39,8 +39,9 @@ from specref.models.kvcache import KVCache, attended_slots
 from specref.models.pair import heldout_prompts, load_pair
 from specref.models.pretrained import TIMING_CONFIGS, random_gpt2, timing_pair
 from specref.perf.costmodel import PassModel
-from specref.perf.costs import memory_bandwidth, peak_matmul_flops, weight_bytes
+from specref.perf.costs import memory_bandwidth, peak_matmul_flops
 from specref.perf.machine import machine_name
+from specref.perf.roofline import weight_bytes
 from specref.timing import sync
 
 

@@ -17,10 +17,10 @@ import time
 
 import torch
 
+from specref.chain_verify import verify_chain
 from specref.checks.montecarlo import distribution_test, simulate
 from specref.checks.toy import MarkovChain, toy_pair
 from specref.perf.machine import machine_name
-from specref.rejection import verify_chain
 
 V, K, N_TOKENS, START = 6, 4, 3, 0
 

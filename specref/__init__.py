@@ -10,7 +10,8 @@ below; `tests/test_layering.py` holds the order and checks it):
 
 rules
     sampling            process_logits, sample, SamplingParams, TorchRNG       (nb 02)
-    rejection           acceptance_probability, residual, verify_chain*        (nb 02)
+    rejection           acceptance_probability, residual, verify_chain_greedy  (nb 02)
+    chain_verify        verify_chain: the rule on a chain of drafts             (nb 02)
     theory              tokens per step, speedup, optimal k, alpha estimate    (nb 03)
     trees               Tree, tree_attention_mask, tree_position_ids, verify_tree*  (nb 06)
     tree_shapes         TreeShape, DynamicTree, TreeGrower, grow_trees, build_tree (also drafts.shapes)  (nb 06)
@@ -30,8 +31,8 @@ drafts
     drafts.features     FeatureBuffer: the part that holds the target's hidden states (the observe hook)
     drafts.eagle        EagleDraft: one layer drafting the next feature (EAGLE-1/2/3)
     drafts.medusa       MedusaDraft: k heads on the last feature, chain or Medusa tree
-    drafts.early_exit   SelfDraft: the target's own first layers and LM head as the draft (no training)
-    drafts.train        MedusaTrainer, train_medusa: heads trained live on the frozen target, seeded
+    drafts.early_exit   SelfDraft: the target's own first layers and LM head as the draft (no training)  (nb 05)
+    drafts.train        MedusaTrainer, train_medusa: heads trained live on the frozen target, seeded  (nb 05)
     drafts.mtp          MTPDraft: DeepSeek-V3 MTP modules chained by depth, a cache each
     drafts.load         load_draft(name, target): every shipped draft, checked against the target
 decoding
@@ -39,7 +40,8 @@ decoding
     decoding.chain      generate, speculative_step, speculative_generate       (nb 04)
     decoding.tree       score_tree, keep_path, tree_step, tree_generate        (nb 06)
     decoding.lookahead  lookahead_generate: Jacobi n-grams, made and verified in one pass
-    decoding.record     record_generation, acceptance_by_position (via on_step)  (nb 05)
+    decoding.record     record_generation: each step's drafts and tokens (via on_step)  (nb 05)
+    decoding.positions  acceptance_by_position, counts_from_histogram          (nb 05)
     decoding.trace      trace_step: one step, recorded                         (nb 04)
 checks, perf
     checks.toy          Markov-chain models                                    (nb 02, 03)
@@ -49,22 +51,19 @@ checks, perf
     checks.montecarlo   vectorized sampler, distribution test                  (nb 02)
     checks.broken       broken drafts, targets, chain and tree rules: shipped bugs as negative controls  (nb 04, 08)
     checks.pitfalls     the check that catches each shipped bug; exact TV      (nb 08)
-    perf.costs, perf.measure   timing and the roofline                         (nb 01, 04)
+    perf.costs, perf.measure   timing a pass, the machine's peaks               (nb 01, 04)
+    perf.roofline       weight_bytes, forward_flops, arithmetic_intensity     (nb 01, 07)
     perf.verify_cost    measure_pass_costs: v(k) and c from paired isolated passes  (nb 01, 04, 05, 07)
-    perf.training_curve acceptance_counts, training_curve: tau and acceptance by position as training goes on
+    perf.tree_timing    measure_tree_pass_costs, time_tree_decoding: tree passes and trees timed  (nb 06)
+    perf.training_curve acceptance_counts, training_curve: tau and acceptance by position as training goes on  (nb 05)
     perf.costmodel      PassModel, CostModel, choose_k, batch_steps, crossover, the H100 example  (nb 07)
     perf.draft_costs    a draft's parameters and KV cache; its step on a modelled GPU  (nb 05)
-    perf.domains        code / comment / docstring labels, acceptance along a text  (nb 08; old path models.domains)
+    perf.domains        code / comment / docstring labels, acceptance along a text  (nb 08)
 course
-    course.plots, course.widgets, course.doctor  (the notebooks' views; the graders are the separate
+    course.plots, course.report, course.widgets, course.doctor  (the notebooks' views and the sentences their
+    timings print; the graders are the separate
     package specref_grading, which specref never imports)
 """
-
-import importlib
-import sys
-import warnings
-from importlib.machinery import ModuleSpec
-from types import ModuleType
 
 from ._lazy import lazy_names
 
@@ -121,7 +120,7 @@ _LAZY: dict[str, str] = {
     "tree_position_ids": "specref.trees",
     "TreeShape": "specref.tree_shapes",
     "TypicalAcceptance": "specref.typical",
-    "verify_chain": "specref.rejection",
+    "verify_chain": "specref.chain_verify",
     "verify_chain_greedy": "specref.rejection",
     "verify_chain_typical": "specref.typical",
     "verify_tree": "specref.trees",
@@ -131,33 +130,6 @@ _SUBPACKAGES = ("checks", "course", "decoding", "drafts", "models", "perf")
 
 
 __version__ = "0.1.0"
-
-
-def _keep_old_path(old: str, new: str, names: tuple[str, ...]) -> None:
-    """Keep `old`, the path of a module that moved up a floor to `new`, importable: `names`, each use warning.
-
-    The alias lives here, on the package floor, so the old floor imports nothing above it; `new` is imported
-    on the first use of one of its names, not before.
-    """
-    shim = ModuleType(old, f"Deprecated path: the module moved to {new}; import from there.")
-    shim.__spec__ = ModuleSpec(old, None)
-    shim.__all__ = list(names)  # type: ignore[attr-defined]
-
-    def __getattr__(name: str) -> object:
-        if name not in names:  # inspect and the import system probe dunders of every module: not a use
-            raise AttributeError(f"module {old!r} has no attribute {name!r} (it moved to {new})")
-        warnings.warn(f"{old} moved to {new}; import it from there", DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(new), name)
-
-    shim.__getattr__ = __getattr__  # type: ignore[method-assign]
-    shim.__dir__ = lambda: sorted(names)  # type: ignore[method-assign]
-    parent, _, leaf = old.rpartition(".")
-    sys.modules[old] = shim
-    setattr(importlib.import_module(parent), leaf, shim)
-
-
-_keep_old_path("specref.models.domains", "specref.perf.domains",
-               ("LABELS", "acceptance_along", "source_labels", "token_labels"))
 
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY, _SUBPACKAGES)

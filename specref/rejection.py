@@ -4,6 +4,8 @@ Draft x ~ q is accepted with probability min(1, p(x) / q(x)); on rejection a
 replacement is drawn from the residual max(0, p - q) / sum(max(0, p - q)).
 Then P(emit x) = min(p(x), q(x)) + (1 - beta) * residual(x) = p(x), where
 beta = sum_x min(p(x), q(x)) is the probability of accepting: the rule is exact.
+This module holds the rule's parts (beta, the residual, the input checks); `specref.chain_verify`
+applies it to a chain of drafts (`verify_chain`), and `verify_chain_greedy` is its one-hot case.
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from ._validate import check_generator, check_probs, check_tensor, check_tokens
-from .sampling import sample_unchecked
+from ._validate import check_probs, check_tensor, check_tokens
 
 # A chain verification rule: rule(draft_tokens [B, k], q [B, k, V], p [B, k+1, V], generator=None, u=None)
 # -> (tokens [B, k+1], n_accepted [B]), like `verify_chain`; the checks take one (or a broken one) as input.
@@ -89,89 +90,12 @@ def check_chain(draft_tokens: object, q: object | None, p: object, probs: bool) 
     return k, V
 
 
-def verify_chain(
-    draft_tokens: torch.Tensor,  # [k] or [B, k]
-    q: torch.Tensor,  # [k, V] or [B, k, V]: the draft distribution each draft was sampled from
-    p: torch.Tensor,  # [k+1, V] or [B, k+1, V]: target distributions after context + drafts
-    generator: torch.Generator | None = None,
-    u: torch.Tensor | None = None,  # [k+1] or [B, k+1] uniforms in [0, 1), instead of drawing them
-) -> tuple[torch.Tensor, torch.Tensor | int]:
-    """One speculative step: accept drafts left to right with probability min(1, p/q).
-
-    On the first rejection emit a sample of residual(p_i, q_i) and stop; if all k are
-    accepted emit a bonus sample of p_{k+1}. Returns (tokens, n_accepted): unbatched,
-    tokens has length n_accepted + 1; batched, tokens is [B, k+1] padded with -1 and
-    n_accepted is [B]. Random numbers: k + 1 uniforms per row, from `generator`, or
-    given as `u` (exact enumeration drives the rule this way).
-    """
-    k, V = check_chain(draft_tokens, q, p, probs=True)
-    batched = draft_tokens.dim() == 2
-    if u is not None:
-        _check_uniforms(u, tuple(draft_tokens.shape[:-1]) + (k + 1,))
-    else:
-        check_generator(generator, p.device)
-    if not batched:
-        draft_tokens, q, p = draft_tokens[None], q[None], p[None]
-        u = None if u is None else u[None]
-    tokens, n_accepted = verify_chain_unchecked(draft_tokens.long(), q, p, generator, u)
-    return _unbatch(tokens, n_accepted, batched)
-
-
 def _unbatch(tokens: torch.Tensor, n_accepted: torch.Tensor, batched: bool) -> tuple[torch.Tensor, torch.Tensor | int]:
     """Batched results as they are; for one unbatched row, its tokens without padding and an int."""
     if batched:
         return tokens, n_accepted
     n = int(n_accepted[0])
     return tokens[0, : n + 1], n
-
-
-def verify_chain_unchecked(
-    draft_tokens: torch.Tensor,  # [B, k] long
-    q: torch.Tensor,  # [B, k, V]
-    p: torch.Tensor,  # [B, k+1, V]
-    generator: torch.Generator | None,
-    u: torch.Tensor | None,  # [B, k+1] or None
-    check_support: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, k+1] padded with -1, n_accepted [B]
-    """`verify_chain`'s rule on batched inputs whose shapes and values were already checked.
-
-    The decoding loop calls this directly: its p comes from a checked `process_logits`
-    and its q from a draft it has checked, so the per-step input checks would only
-    repeat work. Everyone else calls `verify_chain`. ``check_support`` refuses a draft token
-    that q gives probability 0 (one read back); the loop clears it for the package's own drafts,
-    which sample their tokens from q.
-    """
-    B, k = draft_tokens.shape
-    dtype = torch.promote_types(p.dtype, q.dtype)
-    p, q = p.to(dtype), q.to(dtype)
-
-    px = p[:, :k].gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, k]
-    qx = q.gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, k]
-    if check_support and (qx <= 0).any():
-        raise ValueError("q gives probability 0 to a draft token: a draft must be sampled from q (q(draft) > 0)")
-
-    if u is None:
-        u = torch.rand((B, k + 1), generator=generator, dtype=dtype, device=p.device)
-    else:
-        u = u.to(device=p.device, dtype=dtype)
-    # u < min(1, px/qx) written without a division: u * qx < px.
-    accepted = u[:, :k] * qx < px  # [B, k]
-    n_accepted = accepted.long().cumprod(-1).sum(-1)  # [B] length of the accepted prefix
-
-    # The final token: residual at the first rejection, or the bonus from p_{k+1}.
-    at = n_accepted.clamp(max=max(k - 1, 0))
-    rows = torch.arange(B, device=p.device)
-    if k > 0:
-        res = residual_unchecked(p[rows, at], q[rows, at])  # [B, V]
-        final_dist = torch.where((n_accepted < k)[:, None], res, p[:, k])
-    else:
-        final_dist = p[:, 0]
-    final = sample_unchecked(final_dist, u=u[:, k])  # [B]
-
-    positions = torch.arange(k + 1, device=p.device)
-    padded = torch.cat([draft_tokens, torch.full((B, 1), -1, device=p.device, dtype=torch.long)], -1)
-    tokens = torch.where(positions < n_accepted[:, None], padded, torch.full_like(padded, -1))
-    return tokens.scatter(-1, n_accepted[:, None], final[:, None]), n_accepted
 
 
 def _check_uniforms(u: object, shape: tuple[int, ...]) -> None:

@@ -9,7 +9,7 @@ the paper takes it greedily (the argmax), which is the default here, and
 
 q never enters the rule, so the output is not the target's distribution: a draft
 the target finds "typical enough" is always kept, where the exact rule
-(`specref.rejection.verify_chain`) rejects it with probability 1 - p(x)/q(x) whenever
+(`specref.chain_verify.verify_chain`) rejects it with probability 1 - p(x)/q(x) whenever
 q(x) > p(x); a draft below the threshold is always dropped, however likely; and the
 token after the prefix is never drawn from the residual. At temperature 0 (one-hot p, H = 0)
 the rule is the greedy rule: only the argmax passes, and the argmax follows.
@@ -98,7 +98,7 @@ def verify_chain_typical(
 
     Then one token from p at the stop: its argmax (the paper, default) or a sample
     (`next_token="sample"`, one uniform per row from `generator`). Same return as
-    `specref.rejection.verify_chain` on batched input: out holds the accepted drafts,
+    `specref.chain_verify.verify_chain` on batched input: out holds the accepted drafts,
     then that token, then -1. No q: the rule never looks at the draft's distribution.
     """
     check_thresholds(epsilon, delta, next_token)

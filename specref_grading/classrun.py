@@ -76,8 +76,9 @@ from specref_grading.report import (
     printable,
     status_text,
 )
+from specref_grading.trust.reading import parse_submission
+from specref_grading.trust.wall import MEMORY_MB
 from specref_grading.version import grader_version
-from specref_grading.wall import MEMORY_MB
 
 STATE_VERSION = 1
 TRANSIENT = {"timeout", "died"}  # outcomes --retry regrades even when nothing changed
@@ -187,9 +188,8 @@ def sha256(data: bytes) -> str:
 def solution_version(data: bytes, solutions_dir: Path) -> str:
     """The solution this submission is graded against (by its exercise id) and the hash of its bytes."""
     try:
-        sub = json.loads(data)
-        path = find_solution(sub, solutions_dir) if isinstance(sub, dict) else None
-    except (ValueError, RecursionError, MemoryError, GradeError):
+        path = find_solution(parse_submission(data, "the submission"), solutions_dir)  # parsed in a limited process
+    except GradeError:
         path = None
     if path is None:  # ungradable as it is; regraded if the set of solutions changes
         names = ",".join(p.name for p in sorted(solutions_dir.glob("*.ipynb")))

@@ -51,7 +51,8 @@ from specref_grading.notebook import GradeError, exercise_id, find_solution, rea
 from specref_grading.plan import Plan, build_plan, hidden_seed
 from specref_grading.processes import UNJAILED_NOTE, can_jail, prepare_trusted_uid, root_refusal
 from specref_grading.report import EXIT_UNGRADABLE, Report, TestResult, printable
-from specref_grading.wall import MEMORY_MB, RunOutcome, run_cells
+from specref_grading.trust.reading import read_submission
+from specref_grading.trust.wall import MEMORY_MB, RunOutcome, run_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 CELL_TIMEOUT_S = 180
@@ -124,7 +125,7 @@ def grade(notebook: Path, solution: Path | None = None, solutions_dir: Path | No
         return report
     prepare_trusted_uid()  # as root: the trusted process runs as a fresh uid too, where one can run the interpreter
     try:
-        submission = read_notebook(notebook)
+        submission = read_submission(notebook)  # parsed in a limited process, never here
         solution = solution or find_solution(submission, solutions_dir or ROOT / "solutions")
         sol = read_notebook(solution)
         plan = build_plan(sol, submission, Path(solution).name, seed)

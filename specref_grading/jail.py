@@ -1,6 +1,6 @@
 """The jailed kernel: where a submission's code runs, and how it is locked in.
 
-specref_grading/wall.py starts, as root,
+specref_grading/trust/wall.py starts, as root,
 
     unshare --mount --net --pid --ipc --uts --fork --kill-child --propagation private -- \\
         python -I -m specref_grading.jail launch CONFIG
@@ -20,7 +20,7 @@ status, 128 + N for signal N): `python -I -c <kernel_program(KERNEL)>` (specref_
 trusted core's kernel-side modules, then KERNEL).
 The network namespace has only a loopback interface, which is down: no network.
 
-The kernel serves calls from the trusted process (specref_grading/trusted.py) over two pipes: `exec`
+The kernel serves calls from the trusted process (specref_grading/trust/trusted.py) over two pipes: `exec`
 runs a cell's source in the kernel's namespace (the solution's setup cells, the learner's answer
 cells and the exercise's other cells; never a test cell), `get` hands out a name the cells bound,
 and every object it hands out can be called back (specref_grading/trust/calls.py). It holds no key, no test,
@@ -386,7 +386,7 @@ def arm_parent_death() -> bool:
     """Ask Linux to SIGKILL this process when its parent dies (PR_SET_PDEATHSIG); False where it cannot.
 
     The jail's init calls it after its change of uid (which clears the setting); our death ends the
-    namespace, the kernel with it. specref_grading/wall.py's die_with_parent calls it in every child.
+    namespace, the kernel with it. specref_grading/trust/wall.py's die_with_parent calls it in every child.
     """
     try:
         return ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0) == 0  # 1 = PR_SET_PDEATHSIG

@@ -25,16 +25,9 @@ from specref_grading.notebook import (
     source,
     stamp,
 )
-from specref_grading.scan import (
-    UNREADABLE,
-    binds_unknown,
-    helper_names,
-    imported_specref_names,
-    names_bound,
-    names_used,
-    scan,
-)
+from specref_grading.scan import helper_names, imported_specref_names, names_bound, names_used
 from specref_grading.trust import kernel_tree
+from specref_grading.trust.reading import read_answers
 
 DEFAULT_HIDDEN_SEED = 1  # what the solutions' setup cells set HIDDEN_SEED to (a test keeps them equal)
 
@@ -114,10 +107,27 @@ def with_seed(source: str, seed: int) -> str:
     return f"HIDDEN_SEED = {seed}\n{source}" if "HIDDEN_SEED" in names_used(source) else source
 
 
+def _answer_text(sub_cells: list[dict], ref: dict, gid: str, i: int, solution_name: str,
+                 notes: list[str]) -> tuple[dict | None, str]:
+    """(the submission's cell answering `ref`, or None; the text graded: its source, or the solution's stub), the
+    text refused above MAX_ANSWER_CHARS before anything parses it (GradeError: the notebook could not be graded)."""
+    got = _find_answer(sub_cells, ref, gid, notes)
+    try:
+        stub = strip_regions(source(ref), ref.get("cell_type", "code"), f"{solution_name}: cell {i}")
+    except MarkerError as e:
+        raise GradeError(f"the solution is broken: {e}") from e
+    text = source(got) if got is not None else stub
+    if len(text) > MAX_ANSWER_CHARS:  # before any parse: the parser takes ~200 bytes per byte of source
+        raise GradeError(f"answer cell {gid!r} is {len(text)} characters long, more than the "
+                         f"{MAX_ANSWER_CHARS} an answer may be: it was not read")
+    return got, text
+
+
 def build_plan(solution: dict, submission: dict, solution_name: str = "solution",
                seed: int = DEFAULT_HIDDEN_SEED) -> Plan:
     """What runs, from the solution; from the submission only its answers' text, each refused above
-    MAX_ANSWER_CHARS before it is parsed (GradeError: the notebook could not be graded)."""
+    MAX_ANSWER_CHARS before it is parsed, and parsed only in a limited process (`trust.reading.read_answers`);
+    GradeError: the notebook could not be graded."""
     sol_cells, sub_cells = solution["cells"], submission["cells"]
     notes: list[str] = []
     eid, ver = stamp(submission)
@@ -142,21 +152,24 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
     bound: dict[int, set[str]] = {}
     unknown: set[int] = set()  # answers that may bind any name (exec, globals(), ...): see binds_unknown
     uses: dict[int, set[str]] = {}
+    # The answers' code, read in one limited process: each with the specref names it may use without a note (its
+    # solution's, the exercise's helpers and what the given cells before it show).
+    texts: dict[str, str] = {}
+    allowed: dict[str, set[str]] = {}
+    for i, ref in enumerate(sol_cells):
+        if is_answer(ref) and ref.get("cell_type") == "code":
+            _, texts[str(i)] = _answer_text(sub_cells, ref, nbgrader(ref).get("grade_id", f"cell-{i}"), i,
+                                            solution_name, [])
+            shown = set().union(*(names_used(src) for j, src in given if j < i)) & specref_names
+            allowed[str(i)] = (names_used(source(ref)) & specref_names) | helpers | shown
+    facts = read_answers(texts, specref_names, allowed)
     for i, ref in enumerate(sol_cells):
         meta = nbgrader(ref)
         gid = meta.get("grade_id", f"cell-{i}")
         if is_answer(ref):
-            got = _find_answer(sub_cells, ref, gid, notes)
+            got, text = _answer_text(sub_cells, ref, gid, i, solution_name, notes)
             if got is not None:
                 used_ids.add(id(got))
-            try:
-                stub = strip_regions(source(ref), ref.get("cell_type", "code"), f"{solution_name}: cell {i}")
-            except MarkerError as e:
-                raise GradeError(f"the solution is broken: {e}") from e
-            text = source(got) if got is not None else stub
-            if len(text) > MAX_ANSWER_CHARS:  # before any parse: the parser takes ~200 bytes per byte of source
-                raise GradeError(f"answer cell {gid!r} is {len(text)} characters long, more than the "
-                                 f"{MAX_ANSWER_CHARS} an answer may be: it was not read")
             if got is None:
                 notes.append(f"answer cell {gid!r} is missing from the notebook: it was graded as unanswered")
             if ref.get("cell_type") != "code" or meta.get("grade"):
@@ -166,19 +179,15 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
                     manual.append((gid, float(meta.get("points", 0) or 0), text))
                 if ref.get("cell_type") != "code":
                     continue
-            try:
-                shown = set().union(*(names_used(src) for j, src in given if j < i)) & specref_names
-                findings = scan(text, specref_names, (names_used(source(ref)) & specref_names) | helpers | shown)
-            except SyntaxError as e:
-                syntax[i] = f"syntax error in answer cell {gid!r}, line {e.lineno}: {e.msg}"
-                findings = []
-            except UNREADABLE as e:  # null bytes, or nested too deeply for the parser (RecursionError, MemoryError)
-                syntax[i] = f"answer cell {gid!r} cannot be read as Python: {str(e) or 'it is nested too deeply'}"
-                findings = []
+            fact = facts[str(i)]
+            if fact["syntax"] is not None:
+                line, msg = fact["syntax"]
+                syntax[i] = (f"syntax error in answer cell {gid!r}, line {line}: {msg}" if line is not None else
+                             f"answer cell {gid!r} cannot be read as Python: {msg}")
             # Notes only: across the wall an answer changes nothing but its own kernel (module docstring).
-            notes.extend(f"answer cell {gid!r}, line {f.line}: {f.text}" for f in findings)
-            bound[i], uses[i] = names_bound(text), names_used(text)
-            if binds_unknown(text):
+            notes.extend(f"answer cell {gid!r}, line {line}: {note}" for line, note in fact["findings"])
+            bound[i], uses[i] = set(fact["bound"]), set(fact["used"])
+            if fact["unknown"]:
                 unknown.add(i)
             cells.append({"n": i, "role": "answer", "grade_id": gid, "source": text})
         elif is_test(ref):

@@ -22,16 +22,13 @@ from specref_grading import jail
 
 MARKER_ENV = "SPECREF_GRADING_RUN"
 
-# The trusted process (specref_grading/trusted.py: the solution's setup and test cells) is limited per run like
+# The trusted process (specref_grading/trust/trusted.py: the solution's setup and test cells) is limited per run like
 # the kernel: a CPU-time rlimit, a memory rlimit and, as root where the host has writable cgroups, a cgroup of its
 # own (one CPU, TRUSTED_MEMORY_MB, a process count). The limits leave a wide margin over the largest honest grading
-# (ex04, which loads the GPT-2 pair there: about 1.8x its peak memory, 13x its CPU time); the peaks of every
-# exercise are measured in benchmarks/README.md ("Grading a class").
+# (ex04, which loads the GPT-2 pair there); benchmarks/README.md ("Grading a class") measures every exercise's peaks.
+# Workers are sized by the caps, never by honest peaks (`submission_cap_mb`): a submission may use all of its caps.
 TRUSTED_MEMORY_MB = 6144
-TRUSTED_CPU_S = 300
-# One submission's measured peak, kernel and trusted process together (ex04's: 3 312 MB + 383 MB). Workers are
-# sized by the caps, not by this (`submission_cap_mb`): a submission may use all of its caps.
-SUBMISSION_PEAK_MB = 3700
+TRUSTED_CPU_S = 300  # the whole run; above trust.wall.TEST_CPU_S, the cap of one test
 # The least memory a kernel is given when its cap is derived from the jobs asked for (classrun.sized):
 # an honest kernel peaks at a few hundred MB (ex04), the checks' models live in the trusted process.
 KERNEL_MIN_MB = 1024

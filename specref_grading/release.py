@@ -206,8 +206,8 @@ def resolve_graded(names: list[str], exercises: list[str]) -> tuple[str, ...]:
 def strip_keys(graded: tuple[str, ...], keys: dict[str, tuple[str, ...]], into: Path,
                root: Path = ROOT) -> kernel_tree.Selection:
     """Write into `into`/specref the package without the answer keys of the `graded` exercises, built as the
-    kernel's copy is (every module of the package is a root; a key's module, or its name cut from its module,
-    and whatever needs them at import time left out); the selection it wrote."""
+    kernel's copy is (every module of the package is a root; each key's module and whatever needs one at import
+    time left out, every other module the package's own file); the selection it wrote."""
     reading = kernel_tree.Reading(root / "specref")
     forbidden = tuple(sorted({k for e in graded for k in keys[e]}))
     selection = kernel_tree.select(reading, tuple(sorted(reading.modules)), forbidden)
@@ -222,37 +222,19 @@ def strip_keys(graded: tuple[str, ...], keys: dict[str, tuple[str, ...]], into: 
     return selection
 
 
-def _binds(tree: ast.Module, name: str) -> bool:
-    """Whether a module's top level defines `name` (a def, a class, an assignment) or maps it (a lazy map's key)."""
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
-            return True
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, ast.AnnAssign) else []
-        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-            return True
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict) and any(
-                isinstance(k, ast.Constant) and k.value == name for k in node.value.keys):
-            return True
-    return False
-
-
 def keys_present(package: Path, keys: tuple[str, ...]) -> list[str]:
-    """The answer keys (dotted specref names: modules, or names in a module) that the package folder `package`
-    holds, read back from its files alone: a module's file, or a module defining or mapping the name."""
-    modules: dict[str, Path] = {}
-    for path in package.rglob("*.py"):
-        parts = list(path.relative_to(package.parent).with_suffix("").parts)
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    found = []
-    for key in keys:
-        if key in modules or any(m.startswith(key + ".") for m in modules):
-            found.append(key)
+    """The answer keys (dotted specref modules: FORBIDDEN names modules only) that the package folder `package`
+    holds, read back from its files alone: the module's source or compiled file, or a module under it."""
+    modules: set[str] = set()
+    for path in package.rglob("*.py*"):
+        if path.suffix not in (".py", ".pyc"):
             continue
-        owner, _, name = key.rpartition(".")
-        if owner in modules and _binds(ast.parse(modules[owner].read_text(encoding="utf-8")), name):
-            found.append(key)
-    return found
+        rel = path.relative_to(package.parent)
+        parts = list(rel.parent.parts if rel.parent.name != "__pycache__" else rel.parent.parent.parts)
+        stem = path.name.split(".")[0]
+        parts += [] if stem == "__init__" else [stem]
+        modules.add(".".join(parts))
+    return [key for key in keys if key in modules or any(m.startswith(key + ".") for m in modules)]
 
 
 def _imports(sources: list[str]) -> list[str]:

@@ -1,6 +1,6 @@
 """Read an answer cell before it runs: notes for the instructor, never a gate on points.
 
-The answers run in a jailed kernel of their own, apart from the tests (the wall: specref_grading/wall.py), so
+The answers run in a jailed kernel of their own, apart from the tests (the wall: specref_grading/trust/wall.py), so
 nothing an answer does there can change a grade: a read-only ``.data``, a ``global`` counter, a class that
 derives from ``typing.NamedTuple`` or ``object``, the word "specref" in a docstring change only the learner's
 own kernel. What this module finds is therefore written into the report's notes, for the instructor's eyes

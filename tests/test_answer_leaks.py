@@ -75,6 +75,14 @@ def test_a_number_answered_earlier_is_flagged(tmp_path, cell):
     assert _leaks(_course(tmp_path, [cell])) == {("2.18", "notebooks/03_speed.ipynb")}
 
 
+def test_a_timing_cell_prints_this_machines_figures_and_is_not_read(tmp_path):
+    """A cell marked NBVAL_IGNORE_OUTPUT prints this run's timings: the same literal in its source is still read."""
+    timed = _code("# NBVAL_IGNORE_OUTPUT\nprint(speedup)", "measured 2.18x plain decoding\n")
+    assert _leaks(_course(tmp_path / "timed", [timed])) == set()
+    stated = _code("# NBVAL_IGNORE_OUTPUT\nE = 2.18  # the answer, in the source", "")
+    assert _leaks(_course(tmp_path / "stated", [stated])) == {("2.18", "notebooks/03_speed.ipynb")}
+
+
 def test_a_token_list_answered_earlier_is_flagged(tmp_path):
     """02[18] as it once was: the greedy case of question 2, printed before the question."""
     printed = "context 0: drafts [3, 4, 1, 5]  target argmax [3, 4, 0, 5, 5]  emits [3, 4, 0]\n"

@@ -184,7 +184,7 @@ def test_bench_gpu_roofline_reads_the_weights_and_the_kv_cache_at_the_bandwidth(
 
     from specref.models import GPT2Config
     from specref.models.pretrained import random_gpt2
-    from specref.perf.costs import weight_bytes
+    from specref.perf.roofline import weight_bytes
 
     model = random_gpt2(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2), "cpu",
                         torch.bfloat16)

@@ -22,12 +22,12 @@ import torch
 from model_factory import TINY_VOCAB, exact_first_two, noisy_copy, small_gpt2
 from model_factory import tiny_pair as tiny_pair_models
 
+from specref.chain_verify import verify_chain
 from specref.checks.montecarlo import distribution_test
 from specref.decoding.chain import generate, speculative_generate
 from specref.decoding.tree import tree_generate
 from specref.models.graphs import CapturedPasses, CudaGraph
 from specref.models.pair import load_pair
-from specref.rejection import verify_chain
 from specref.sampling import SamplingParams, sample
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -85,19 +85,8 @@ def test_domain_view_means_and_the_plot_draws_them():
         domain_view({"code": [0.5]}, {"code": []})
 
 
-def test_the_old_path_specref_models_domains_still_imports_the_same_functions_and_warns():
-    import specref.models.domains as old  # an alias the package keeps; no file on the models floor
-
-    for name in ("acceptance_along", "source_labels", "token_labels", "LABELS"):
-        with pytest.warns(DeprecationWarning, match="specref.perf.domains"):
-            assert getattr(old, name) is getattr(domains, name)
-    with pytest.warns(DeprecationWarning, match="specref.perf.domains"):
-        from specref.models.domains import acceptance_along, token_labels
-    assert (acceptance_along, token_labels) == (domains.acceptance_along, domains.token_labels)
-    with pytest.raises(AttributeError, match="specref.perf.domains"):
-        old.no_such_name  # noqa: B018 (the attribute access is what raises)
-    assert dir(old) == sorted(old.__all__) == ["LABELS", "acceptance_along", "source_labels", "token_labels"]
-    star: dict[str, object] = {}
-    with pytest.warns(DeprecationWarning):
-        exec("from specref.models.domains import *", star)
-    assert star["token_labels"] is domains.token_labels
+def test_the_module_lives_on_the_perf_floor_only():
+    """No alias under another path: a 0.1.0 package keeps no deprecated names."""
+    with pytest.raises(ModuleNotFoundError):
+        import specref.models.domains  # noqa: F401
+    assert domains.__name__ == "specref.perf.domains"

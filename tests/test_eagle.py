@@ -1,7 +1,9 @@
-"""EagleDraft: lossless through the one verifier (chains and trees), its state after rollback is a recompute's.
+"""EagleDraft: q is training's unroll, sampled trees are lossless, its state after rollback is a recompute's.
 
 Random EagleLayers on small random targets (no training needed), and the shipped layers on the
-bundled pair when they exist.
+bundled pair. What every draft must do (the proposal's form, greedy and sampled chains equal to the
+target's output, state after rollback) is tests/test_draft_contract.py's, for EAGLE-1, EAGLE-3 and the
+ablation without the token.
 """
 
 from __future__ import annotations
@@ -10,16 +12,14 @@ import dataclasses
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from model_factory import exact_first_two, sample_first_two, small_gpt2, tiny_pair
+from model_factory import exact_first_two, small_gpt2, tiny_pair
 
 from specref.checks.montecarlo import distribution_test
 from specref.decoding.chain import generate, speculative_generate, speculative_step
 from specref.decoding.loop import Sequences, SpecStats, prefill
 from specref.decoding.tree import TreeSpecStats, tree_generate, tree_step
-from specref.drafts.base import draw
 from specref.drafts.eagle import EagleDraft
 from specref.drafts.heads import EagleLayer, HeadsConfig
 
@@ -57,45 +57,6 @@ def layers():
     return {name: _layer(32, seed=i + 1, **kw) for i, (name, kw) in enumerate(LAYERS.items())}
 
 
-@pytest.fixture(scope="module")
-def greedy_runs(target):
-    """Plain greedy continuations of a B=1 and a B=4 batch (computed once)."""
-    batches = [torch.tensor([[1, 2, 3]]), torch.randint(0, V, (4, 5), generator=torch.Generator().manual_seed(0))]
-    return [(ids, generate(target, ids, N_NEW, temperature=0)) for ids in batches]
-
-
-@pytest.mark.parametrize("k", range(1, 9))
-def test_greedy_chain_equals_greedy_target(target, layers, greedy_runs, k):
-    name = list(LAYERS)[k % 3]  # every config runs at several k
-    accepted = 0
-    for ids, expected in greedy_runs:
-        got, stats = speculative_generate(target, EagleDraft(target, layers[name]), ids, k=k, max_new_tokens=N_NEW,
-                                          temperature=0)
-        assert torch.equal(got, expected), f"{name}, B={ids.shape[0]}, k={k}"
-        accepted += stats.accepted
-        assert stats.acceptance_rate < 1
-    assert accepted > 0, "no draft was ever accepted: the accept path did not run"
-
-
-@pytest.mark.parametrize("spec,name", [(DynamicTree(8, max_depth=4, top_k=3, beam=2), "eagle1"),
-                                       (TreeShape((3, 2, 1)), "eagle3")], ids=repr)
-def test_greedy_tree_equals_greedy_target(target, layers, greedy_runs, spec, name):
-    for ids, expected in greedy_runs:
-        got, stats = tree_generate(target, EagleDraft(target, layers[name]), ids, spec, max_new_tokens=N_NEW,
-                                   temperature=0)
-        assert torch.equal(got, expected), f"{name}, B={ids.shape[0]}, {spec}"
-        assert 0 < stats.acceptance_rate < 1
-
-
-def test_a_one_token_prompt_is_served(target, layers):
-    ids = torch.tensor([[7], [3]])
-    expected = generate(target, ids, 12, temperature=0)
-    assert torch.equal(speculative_generate(target, EagleDraft(target, layers["eagle1"]), ids, k=3,
-                                            max_new_tokens=12, temperature=0)[0], expected)
-    assert torch.equal(tree_generate(target, EagleDraft(target, layers["eagle1"]), ids, (2, 2), max_new_tokens=12,
-                                     temperature=0)[0], expected)
-
-
 # -- the draft feeds the layer what training fed it -----------------------------------------------
 
 
@@ -127,9 +88,8 @@ def test_chain_and_tree_q_equal_the_training_unroll(target, layers, name):
         torch.testing.assert_close(tree.q[v], want, atol=1e-10, rtol=0, msg=f"node {v}")
 
 
-# -- sampling: the first two tokens follow the target's exact distribution ----------------------
+# -- sampled trees: the first two tokens follow the target's exact distribution ------------------
 
-N_RUNS = 10_000  # the negative control below is flagged at this size with p ~ 0
 PROMPT = [1, 2]
 
 
@@ -137,38 +97,6 @@ PROMPT = [1, 2]
 def tiny():
     target, _ = tiny_pair()  # 6 tokens: every first-two-token outcome is enumerable
     return target, _layer(16, (1,), seed=7, scale=8.0)
-
-
-class _UnprocessedQEagle(EagleDraft):
-    """Negative control: draws its drafts from the processed q but reports softmax(logits), unprocessed."""
-
-    def __init__(self, target, layer):
-        super().__init__(target, layer, sampler=self.unprocessed)
-
-    @staticmethod
-    def unprocessed(logits, params, generator):
-        x, _ = draw(logits, params, generator)
-        return x, torch.softmax(logits, -1)
-
-
-def _sample_first_two(target, draft, k, params, seed) -> np.ndarray:  # [V, V] counts
-    return sample_first_two(target, draft, PROMPT, k, params, seed, N_RUNS)
-
-
-@pytest.mark.parametrize("k,params", [(2, SamplingParams(1.0)), (1, SamplingParams(0.7, top_k=3))], ids=str)
-def test_sampled_first_two_tokens_follow_the_target(tiny, k, params):
-    target, layer = tiny
-    exact = exact_first_two(target, PROMPT, params)
-    assert distribution_test(exact, counts=_sample_first_two(target, EagleDraft(target, layer), k, params,
-                                                             seed=40 + k)).passed
-
-
-def test_negative_control_an_unprocessed_q_is_flagged(tiny):
-    target, layer = tiny
-    params = SamplingParams(0.7, top_k=3)
-    exact = exact_first_two(target, PROMPT, params)
-    counts = _sample_first_two(target, _UnprocessedQEagle(target, layer), 1, params, seed=41)
-    assert distribution_test(exact, counts=counts).p_value < 1e-6
 
 
 N_TREE_RUNS = 1000  # the tree rule runs per row in Python; the negative control below is flagged at this size
@@ -257,30 +185,18 @@ def test_after_each_rollback_the_state_equals_a_recompute(target, layers, spec, 
 # -- the shipped layers -------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def bundled():
+def test_the_shipped_layers_accept_on_the_bundled_pair_and_refuse_what_they_do_not_fit():
+    """A lost layer file fails here: the layers are part of the course (specref/assets/heads/)."""
     from specref.models.pair import load_pair
 
     target, _, tokenizer = load_pair(dtype=torch.float64)
-    try:
-        drafts = {name: EagleDraft.bundled(target, name) for name in ("eagle1", "eagle3")}
-    except FileNotFoundError:
-        pytest.skip("the EAGLE layers are not shipped yet (tools/training/train_heads.py)")
-    return target, tokenizer, drafts
-
-
-def test_the_shipped_layers_are_lossless_and_accept_on_the_bundled_pair(bundled):
-    target, tokenizer, drafts = bundled
     ids = torch.tensor([tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n")])
-    expected = generate(target, ids, 16, temperature=0)
-    got, stats = speculative_generate(target, drafts["eagle1"], ids, k=4, max_new_tokens=16, temperature=0)
-    assert torch.equal(got, expected)
-    # Position 1 accepted in at least 1 step in 10; a random layer's would be ~1 / vocabulary (the goals of
-    # a trained one are benchmarks/bench_drafts.py's business).
-    assert 1 - stats.accepted_hist[0] / stats.accepted_hist.sum() > 0.1, stats.as_dict()
-    got, _ = tree_generate(target, drafts["eagle3"], ids, DynamicTree(12, max_depth=4), max_new_tokens=16,
-                           temperature=0)
-    assert torch.equal(got, expected)
+    for name in ("eagle1", "eagle3"):
+        _, stats = speculative_generate(target, EagleDraft.bundled(target, name), ids, k=4, max_new_tokens=16,
+                                        temperature=0)
+        # Position 1 accepted in at least 1 step in 10; a random layer's would be ~1 / vocabulary (the goals of
+        # a trained one are benchmarks/bench_drafts.py's business).
+        assert 1 - stats.accepted_hist[0] / stats.accepted_hist.sum() > 0.1, (name, stats.as_dict())
     with pytest.raises(ValueError, match="not an EAGLE layer"):
         EagleDraft.bundled(target, "medusa")
     with pytest.raises(ValueError, match="trained on a target with n_embd"):
@@ -316,10 +232,6 @@ def test_a_layer_built_for_another_target_is_refused(target, layers):
     with pytest.raises(ValueError, match="float64.*float32.*one device and dtype"):
         EagleDraft(target, layers["eagle1"].float())
     layers["eagle1"].double()
-    other = small_gpt2(vocab=V + 1, n_embd=32, n_layer=2, seed=0)  # same width, another vocabulary
-    with pytest.raises(ValueError, match="vocabularies differ"):
-        speculative_generate(other, EagleDraft(target, layers["eagle1"]), torch.tensor([[1, 2]]), k=2,
-                             max_new_tokens=3)
     with pytest.raises(TypeError, match="EagleLayer"):
         EagleDraft(target, target)
     with pytest.raises(TypeError, match="GPT-2 model"):

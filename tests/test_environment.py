@@ -27,7 +27,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from specref import rejection
+from specref import chain_verify, rejection
 from specref.checks import montecarlo
 from specref.course import doctor
 from specref.course.doctor import FAIL, OK, WARN, pinned_versions
@@ -308,7 +308,7 @@ def test_self_check_passes_with_the_real_rule():
 
 
 def test_self_check_fails_when_the_rule_skips_the_residual(monkeypatch):
-    monkeypatch.setattr(rejection, "verify_chain", montecarlo.verify_skip_residual)
+    monkeypatch.setattr(chain_verify, "verify_chain", montecarlo.verify_skip_residual)
     check = doctor.self_check()
     assert check.status == FAIL and "not exact" in check.detail
 
@@ -322,7 +322,7 @@ def test_self_check_fails_when_the_residual_is_wrong(monkeypatch):
 def test_exit_code_is_nonzero_iff_a_check_fails(monkeypatch, capsys):
     monkeypatch.setattr(doctor, "CHECKS", (doctor.check_python, doctor.self_check))
     assert doctor.main([]) == 0
-    monkeypatch.setattr(rejection, "verify_chain", montecarlo.verify_always_accept)
+    monkeypatch.setattr(chain_verify, "verify_chain", montecarlo.verify_always_accept)
     assert doctor.main([]) == 1
     assert "NOT READY: self-check failed" in capsys.readouterr().out
 

@@ -12,6 +12,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from specref.chain_verify import verify_chain
 from specref.checks.exact import (
     accepted_count_distribution,
     chain_step_distribution,
@@ -22,7 +23,6 @@ from specref.checks.exact import (
 )
 from specref.checks.montecarlo import verify_always_accept, verify_skip_residual
 from specref.checks.toy import MarkovChain, MisreportedDraft, mixture, random_chain, toy_pair
-from specref.rejection import verify_chain
 
 F64 = torch.float64
 TOL = 1e-12

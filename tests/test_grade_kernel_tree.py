@@ -1,7 +1,7 @@
 """The learner's kernel holds no answer key: its specref is an allow-list copy made for the exercise.
 
 specref_grading/trust/kernel_tree.py builds the copy: what the exercise's kernel code imports and its
-import-time closure, without a forbidden module, a forbidden name, or what needs them; the jail binds it where
+import-time closure, whole modules, without a forbidden module or what needs one; the jail binds it where
 specref lies; what the setup gives the learner that the copy lacks is served from the trusted process.
 """
 
@@ -38,12 +38,15 @@ def _forbidden(solution: Path) -> tuple[str, ...]:
 def _package(tmp_path: Path) -> Path:
     pkg = tmp_path / "src" / "specref"
     (pkg / "sub").mkdir(parents=True)
-    (pkg / "__init__.py").write_text('_LAZY: dict[str, str] = {"answer": "specref.rules", "helper": "specref.rules"}\n'
-                                     '__all__ = ["answer", "helper"]\n')
-    (pkg / "rules.py").write_text("def answer():\n    return 42\n\n\ndef uses_answer():\n    return answer() + 1\n\n\n"
-                                  "def helper():\n    return 7\n")
+    shutil.copyfile(kernel_tree.specref_dir() / "_lazy.py", pkg / "_lazy.py")  # the package's own lazy names
+    (pkg / "__init__.py").write_text('from ._lazy import lazy_names\n\n'
+                                     '_LAZY: dict[str, str] = {"answer": "specref.answer_key", "helper": "specref.rules"}\n'
+                                     '__all__ = ["answer", "helper"]\n'
+                                     '__getattr__, __dir__ = lazy_names(__name__, _LAZY)\n')
+    (pkg / "answer_key.py").write_text("def answer():\n    return 42\n")
+    (pkg / "rules.py").write_text("def helper():\n    return 7\n")
     (pkg / "needs.py").write_text("from specref import answer\n\nX = answer()\n")
-    (pkg / "lazy_needs.py").write_text("def f():\n    from .rules import answer\n\n    return answer()\n")
+    (pkg / "lazy_needs.py").write_text("def f():\n    from .answer_key import answer\n\n    return answer()\n")
     (pkg / "keeps.py").write_text("from .rules import helper\n")
     (pkg / "unrelated.py").write_text("SECRET = 1\n")
     (pkg / "sub" / "__init__.py").write_text("")
@@ -54,49 +57,64 @@ def _package(tmp_path: Path) -> Path:
     return pkg
 
 
-ALL = ("specref.keeps", "specref.lazy_needs", "specref.needs", "specref.rules", "specref.sub.deep",
-       "specref.unrelated")
+ALL = ("specref.answer_key", "specref.keeps", "specref.lazy_needs", "specref.needs", "specref.rules",
+       "specref.sub.deep", "specref.unrelated")
 
 
-def _write(pkg: Path, dest: Path, roots, forbidden) -> None:
-    kernel_tree.write_tree(kernel_tree.select(kernel_tree.Reading(pkg), roots, forbidden), dest)
+def _write(pkg: Path, dest: Path, roots, forbidden) -> kernel_tree.Selection:
+    selection = kernel_tree.select(kernel_tree.Reading(pkg), roots, forbidden)
+    kernel_tree.write_tree(selection, dest)
+    return selection
+
+
+def _python_files(tree: Path) -> set[str]:
+    return {p.relative_to(tree).as_posix() for p in tree.rglob("*.py")}
 
 
 def test_the_copy_holds_only_what_the_setup_imports_and_its_import_time_closure(tmp_path):
     pkg = _package(tmp_path)
     dest = tmp_path / "out" / "specref"
     _write(pkg, dest, kernel_tree.roots_for(kernel_tree.Reading(pkg), ["import specref.keeps"]), ())
-    assert sorted(p.name for p in dest.glob("*.py")) == ["__init__.py", "keeps.py", "rules.py"]
-    assert not (dest / "unrelated.py").exists() and not (dest / "lazy_needs.py").exists()  # not imported
-    assert (dest / "sub" / "__init__.py").exists() and not (dest / "sub" / "deep.py").exists()
+    assert _python_files(dest) == {"__init__.py", "_lazy.py", "keeps.py", "rules.py", "sub/__init__.py"}
     assert (dest / "assets" / "model.bin").read_bytes() == b"\1" * 8  # a folder of data, no package, comes whole
     assert (dest / "data.bin").read_bytes() == b"\0" * 16  # what is not Python comes whole
-    assert (dest / "rules.py").read_text() == (pkg / "rules.py").read_text()  # a module comes whole
+    for rel in _python_files(dest):  # a module comes whole: the package's own file
+        assert (dest / rel).read_bytes() == (pkg / rel).read_bytes(), rel
 
 
-def test_the_builder_cuts_a_forbidden_function_and_what_needs_it(tmp_path):
+def test_a_forbidden_module_is_absent_with_what_needs_it_at_import_time(tmp_path):
     pkg = _package(tmp_path)
     dest = tmp_path / "out" / "specref"
-    _write(pkg, dest, ALL, ("specref.rules.answer",))
-    rules = (dest / "rules.py").read_text()
-    assert "def answer" not in rules and "def uses_answer" not in rules  # cut, and the helper calling it
-    assert not (dest / "needs.py").exists() and not (dest / "sub" / "deep.py").exists()  # import-time users, to a fixpoint
-    assert '"answer"' not in (dest / "__init__.py").read_text() and "'answer'" not in (dest / "__init__.py").read_text()
-    assert (dest / "data.bin").read_bytes() == b"\0" * 16
+    _write(pkg, dest, ALL, ("specref.answer_key",))
+    assert not (dest / "answer_key.py").exists() and not list(dest.rglob("answer_key*.pyc"))
+    assert not (dest / "needs.py").exists() and not (dest / "sub" / "deep.py").exists()  # to a fixpoint
+    assert (dest / "keeps.py").exists() and (dest / "lazy_needs.py").exists()  # an import in a function is not import-time
+    assert (dest / "__init__.py").read_bytes() == (pkg / "__init__.py").read_bytes()  # its lazy map unchanged
 
 
-def test_the_builder_keeps_what_is_not_forbidden(tmp_path):  # the negative control
+PROBE_LAZY = ("import sys\nsys.path.insert(0, sys.argv[1])\nimport specref\nfrom specref.rules import helper\n"
+              "import specref.keeps\nprint(helper(), hasattr(specref, 'answer'))\ntry:\n"
+              "    from specref import answer\n    print(answer())\nexcept ImportError:\n    print('gone')\n")
+
+
+@pytest.mark.parametrize("forbidden, seen", [(("specref.answer_key",), ["7", "False", "gone"]),
+                                             ((), ["7", "True", "42"])])  # the negative control
+def test_a_lazy_name_whose_module_the_copy_lacks_is_not_there(tmp_path, forbidden, seen):
     pkg = _package(tmp_path)
     dest = tmp_path / "out" / "specref"
-    _write(pkg, dest, ALL, ("specref.rules.answer",))
-    assert "def helper" in (dest / "rules.py").read_text()
-    assert (dest / "keeps.py").exists() and (dest / "lazy_needs.py").exists()  # an import inside a function is not import-time
-    assert "helper" in (dest / "__init__.py").read_text()
-    probe = ("import sys\nsys.path.insert(0, sys.argv[1])\nfrom specref.rules import helper\nimport specref.keeps\n"
-             "print(helper())\ntry:\n    from specref.rules import answer\nexcept ImportError:\n    print('gone')\n")
-    out = subprocess.run([sys.executable, "-I", "-c", probe, str(dest.parent)], capture_output=True, text=True,
+    _write(pkg, dest, ALL, forbidden)
+    out = subprocess.run([sys.executable, "-I", "-c", PROBE_LAZY, str(dest.parent)], capture_output=True, text=True,
                          check=False)
-    assert out.stdout.split() == ["7", "gone"], out.stderr
+    assert out.stdout.split() == seen, out.stderr
+
+
+def test_a_forbidden_function_is_an_authoring_error(tmp_path):
+    """FORBIDDEN names modules only: a reference answer lives in a module of its own, and nothing is cut out of a
+    module."""
+    pkg = _package(tmp_path)
+    with pytest.raises(kernel_tree.AuthoringError, match="specref.rules.helper is not a module"):
+        kernel_tree.select(kernel_tree.Reading(pkg), ALL, ("specref.rules.helper",))
+    kernel_tree.select(kernel_tree.Reading(pkg), ALL, ("specref.rules", "specref_grading.checks.x"))  # modules: fine
 
 
 def test_a_whole_forbidden_module_is_absent(tmp_path):
@@ -109,10 +127,99 @@ def test_a_whole_forbidden_module_is_absent(tmp_path):
 
 def test_a_build_goes_into_the_runs_folder_readable_and_compiled(tmp_path):
     pkg = _package(tmp_path)
-    tree = kernel_tree.build(("specref.rules.answer",), ("specref.keeps",), into=tmp_path / "run", root=pkg)
+    tree = kernel_tree.build(("specref.answer_key",), ("specref.keeps",), into=tmp_path / "run", root=pkg)
     assert tree == tmp_path / "run" / "specref" and (tree / "keeps.py").is_file()
     assert list((tree / "__pycache__").glob("keeps.*.pyc"))
     assert all(p.stat().st_mode & 0o777 in (0o644, 0o755) for p in tree.rglob("*"))
+
+
+def _closure(reading: kernel_tree.Reading, roots) -> set[str]:
+    """The import-time closure of `roots` and the package __init__s, read here independently of `select`."""
+    wanted, seen = list(roots) + [n for n, m in reading.modules.items() if m.is_pkg], set()
+    while wanted:
+        name = wanted.pop()
+        if name in reading.modules and name not in seen:
+            seen.add(name)
+            wanted += [d if isinstance(d, str) else d[0] for d in reading.dependencies(reading.modules[name])]
+    return seen
+
+
+def _module_files(names) -> set[str]:
+    return {"/".join(n.split(".")[1:] + ["__init__.py"]) if kernel_tree.shared_reading().modules[n].is_pkg
+            else "/".join(n.split(".")[1:]) + ".py" for n in names}
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.stem)
+def test_the_written_copy_holds_no_module_outside_the_allow_list(solution, tmp_path):
+    """The kernel's tree, as written: its modules are the exercise's roots and their import-time closure, the
+    package's own files byte for byte, and none of them is, or lies under, a forbidden module."""
+    plan = _plan(solution)
+    roots = next(c for c in plan.cells if c["role"] == "setup")["roots"]
+    reading = kernel_tree.shared_reading()
+    tree = kernel_tree.build(plan.forbidden, roots, into=tmp_path)
+    files = _python_files(tree)
+    assert files <= _module_files(_closure(reading, roots)), files - _module_files(_closure(reading, roots))
+    for rel in files:
+        assert (tree / rel).read_bytes() == (reading.root / rel).read_bytes(), rel
+    for name in plan.forbidden:  # each reference module is absent, its compiled file too
+        if name.startswith("specref."):
+            rel = "/".join(name.split(".")[1:])
+            assert not (tree / f"{rel}.py").exists() and not (tree / rel).exists(), name
+            assert not list((tree / rel).parent.glob(f"__pycache__/{(tree / rel).name}.*.pyc")), name
+    assert "__init__.py" in files and "_lazy.py" in files
+
+
+# An editable install's finder maps every specref module to this checkout, whatever sys.path says: the probe
+# removes it, as the jail (the copy bound at the package's own path) and a non-editable install do.
+NO_EDITABLE = "sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, '__module__', '').startswith('__editable')]\n"
+NAME_PROBE = """
+import importlib, sys
+sys.path.insert(0, sys.argv[1])
+""" + NO_EDITABLE + """
+for arg in sys.argv[2:]:
+    module, name = arg.split(":")
+    try:
+        exec(f"from {module} import {name}")
+        print(arg, "imports", hasattr(importlib.import_module(module), name))
+    except ImportError:
+        try:
+            print(arg, "absent", hasattr(importlib.import_module(module), name))
+        except ImportError:
+            print(arg, "absent", False)
+"""
+
+
+@pytest.mark.parametrize("exercise, gone, there", [
+    ("ex06_trees", ["specref:verify_chain", "specref.chain_verify:verify_chain", "specref:tree_attention_mask",
+                    "specref:verify_tree"], ["specref:residual", "specref.tree_shapes:Tree"]),
+    ("ex01_roofline", ["specref.perf.roofline:weight_bytes", "specref:CostModel", "specref.perf:costmodel"],
+     ["specref.perf.machine:MACHINES", "specref:load_pair", "specref.perf.costs:forward_time"]),
+    ("ex05_prompt_lookup", ["specref.decoding.positions:acceptance_by_position", "specref:PromptLookupDraft"],
+     ["specref.decoding.record:RecordedStep", "specref:generate"]),
+])
+def test_the_reference_is_not_a_name_of_the_kernels_specref(exercise, gone, there, tmp_path):
+    """In the copy as the kernel imports it, the reference's names are not there (ImportError, hasattr False)
+    and the names the exercise gives are; the real package has both (the negative control)."""
+    plan = _plan(ROOT / "solutions" / f"{exercise}.ipynb")
+    tree = kernel_tree.build(plan.forbidden, next(c for c in plan.cells if c["role"] == "setup")["roots"],
+                             into=tmp_path)
+    for where, absent in ((tree.parent, gone), (kernel_tree.specref_dir().parent, [])):
+        out = subprocess.run([sys.executable, "-I", "-c", NAME_PROBE, str(where), *gone, *there],
+                             capture_output=True, text=True, timeout=300, check=False)
+        assert out.returncode == 0, out.stderr
+        lines = set(out.stdout.splitlines())
+        for arg in gone + there:
+            assert (f"{arg} absent False" if arg in absent else f"{arg} imports True") in lines, (where, out.stdout)
+
+
+def test_a_setup_that_uses_what_the_copy_lacks_is_an_authoring_error():
+    cells = [{"n": 0, "role": "setup", "source": "from specref.trees import Tree, tree_attention_mask\n"
+                                                 "MASK = tree_attention_mask(Tree([-1], [0]))\n"},
+             {"n": 1, "role": "checks", "source": "from specref_grading.checks.trees import check_tree_mask\n"}]
+    with pytest.raises(kernel_tree.AuthoringError, match="cell 0: the setup uses tree_attention_mask"):
+        kernel_tree.prepare(cells, {"tree_attention_mask"})
+    cells[0]["source"] = "from specref.trees import Tree, tree_attention_mask\n"  # imported only: a demo may use it
+    assert "specref.trees" in kernel_tree.prepare(cells, {"tree_attention_mask"})
 
 
 @pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.stem)
@@ -185,13 +292,21 @@ def test_allowed_is_read_as_the_check_modules_write_it():
         ["from specref_grading.checks.speedup import toy_reference"])
 
 
-def test_the_check_modules_constants_are_read_without_importing_them(tmp_path):
+def test_the_check_modules_constants_are_literals_read_without_running_them(tmp_path):
     mod = tmp_path / "m.py"
-    mod.write_text("import os\nFORBIDDEN = tuple(f'a.{n}' for n in ('x', 'y')) + ('b',)\n"
-                   "ALLOWED = __import__('os').getcwd()\n")
+    mod.write_text("import os\nFORBIDDEN = ('a.x', 'a.y',\n             'b')\nALLOWED = __import__('os').getcwd()\n"
+                   "MADE = tuple(f'a.{n}' for n in ('x', 'y'))\n")
     assert kernel_tree._constant(mod, "FORBIDDEN") == ("a.x", "a.y", "b")
-    with pytest.raises(NameError):  # no builtin but tuple: a constant, never code that does something
-        kernel_tree._constant(mod, "ALLOWED")
+    for name in ("ALLOWED", "MADE"):  # code, even code that makes strings, is never run: the author is told
+        with pytest.raises(kernel_tree.AuthoringError, match=f"{name} must be a literal tuple of strings"):
+            kernel_tree._constant(mod, name)
+
+
+def test_every_check_modules_forbidden_names_modules_only():
+    reading = kernel_tree.shared_reading()
+    for path in sorted((ROOT / "specref_grading" / "checks").glob("*.py")):
+        for name in kernel_tree._constant(path, "FORBIDDEN"):
+            assert name in reading.modules or name.split(".")[0] == "specref_grading", (path.name, name)
 
 
 def _plan(solution: Path):
@@ -233,7 +348,7 @@ def test_the_demos_comparing_with_the_reference_are_not_run():
 
 
 def test_the_wall_does_not_run_a_demo_and_reuses_the_plans_selection(monkeypatch):
-    from specref_grading import wall
+    from specref_grading.trust import wall
     sent: list[dict] = []
     built: list[tuple] = []
     monkeypatch.setattr(wall, "_collect", lambda proc, plan, *a, **k: sent.extend(json.loads(plan)["cells"])
@@ -263,8 +378,7 @@ def _imported(module: str) -> list[str]:
 
 def test_importing_one_module_imports_only_what_it_needs():
     assert _imported("specref.checks.rng") == ["specref", "specref._lazy", "specref._validate", "specref.checks",
-                                               "specref.checks.rng", "specref.models", "specref.models.domains",
-                                               "specref.sampling"]
+                                               "specref.checks.rng", "specref.sampling"]
     assert "specref.drafts.prompt_lookup" not in _imported("specref.drafts.load")  # ex05's answer key
 
 
@@ -324,11 +438,11 @@ def _probe_submission(solution: Path, tmp_path: Path, names: list[str], marks: l
 def test_the_probe_finds_the_answer_key_where_it_is_reachable():
     # The negative control of the jailed probe below: run here, outside any jail, it finds the grader's modules,
     # a forbidden function and the checks' source, so its empty findings in the jail mean something.
-    code = ("NAMES = ['specref_grading.checks.rules', 'specref.rejection.verify_chain', 'specref.nothing_such']\n"
+    code = ("NAMES = ['specref_grading.checks.rules', 'specref.chain_verify.verify_chain', 'specref.nothing_such']\n"
             "MARKS = ['def check_']\n" + PROBE + "\nprint(repr(answer_probe()))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd="/")
     found = eval(out.stdout.strip().splitlines()[-1])
-    assert "specref_grading.checks.rules" in found and "specref.rejection.verify_chain" in found, found
+    assert "specref_grading.checks.rules" in found and "specref.chain_verify.verify_chain" in found, found
     assert "specref.nothing_such" not in found
     assert any(f.endswith(": def check_") and "/specref_grading/checks/" in f for f in found), found
 
@@ -375,11 +489,13 @@ def _with_answer(solution: Path, tmp_path: Path, gid: str, code: str) -> Path:
      "from specref.rejection import verify_chain\n\ndef speculative_step(*a, **k):\n    return verify_chain(*a, **k)\n"),
     ("ex02_accept_reject", "ex02_step_answer", "ex02_step_check",
      "import importlib\nspeculative_step = importlib.import_module('specref.rejection').verify_chain\n"),
+    ("ex02_accept_reject", "ex02_step_answer", "ex02_step_check",  # the rule's own module
+     "from specref.chain_verify import verify_chain\n\ndef speculative_step(*a, **k):\n    return verify_chain(*a, **k)\n"),
     ("ex02_accept_reject", "ex02_step_answer", "ex02_step_check",  # through any module's namespace
      "import torch.overrides as o\nspeculative_step = o.sys.modules['specref'].verify_chain\n"),
     ("ex02_accept_reject", "ex02_residual_answer", "ex02_residual_check",  # another exercise's helper
-     "import torch\nfrom specref.checks.samplers import _residual\n\ndef residual(p, q):\n"
-     "    return torch.tensor(_residual(p.tolist(), q.tolist()), dtype=p.dtype)\n"),
+     "import torch\nfrom specref.checks.samplers import _residual\n\ndef replacement(p, q, a):\n"
+     "    return torch.tensor(_residual(p.tolist(), (q * a).tolist()), dtype=p.dtype)\n"),
     ("ex03_speedup", "ex03_bestk_answer", "ex03_bestk_check",
      "from specref.theory import optimal_k\n\ndef best_k(alpha, c, v):\n    return optimal_k(alpha, c, 10**4)\n"),
     ("ex03_speedup", "ex03_bestk_answer", "ex03_bestk_check",

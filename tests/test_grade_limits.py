@@ -1,5 +1,5 @@
 """The grader's limits: a jail that works from /tmp, cgroups v1 and v2, a trusted process bounded per run (CPU,
-memory, cgroup, calls per test, items per message), workers sized by memory, and what an unjailed run says.
+memory, cgroup, its CPU time per test, items per message), workers sized by memory, and what an unjailed run says.
 
 A toy exercise built here (pure Python, no torch: each kernel starts in a fraction of a second) carries the
 attacks; its own test cell also reads the trusted process's limits from inside it.
@@ -7,6 +7,7 @@ attacks; its own test cell also reads the trusted process's limits from inside i
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -23,9 +24,9 @@ from pathlib import Path
 import pytest
 from test_grade_security import _code, _meta
 
-from specref_grading import classrun, jail, processes, trusted, wall
+from specref_grading import classrun, jail, processes
 from specref_grading import grade as grader
-from specref_grading.trust import calls, errors, values, wire
+from specref_grading.trust import calls, errors, trusted, values, wall, wire
 from specref_grading.trust.trusted_policy import TrustedPolicy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -312,8 +313,9 @@ def test_a_value_of_too_many_items_is_refused_by_its_sender():
     assert peer.encode([[i] for i in range(1000)], values.Frame())  # a learner's few thousand values pass
 
 
-def test_the_call_cap_stops_a_loop_over_a_handle():
-    """A value whose len() is 10**12, looped over item by item: the calls across the wall stop at the cap."""
+def test_the_cpu_cap_stops_a_loop_over_a_handle():
+    """A value whose len() is 10**12, looped over item by item: the calls across the wall stop once this process has
+    spent its CPU cap (`Peer.cpu_limit`), whatever their number."""
     class Endless:
         def __len__(self):
             return 10**12
@@ -326,12 +328,14 @@ def test_the_call_cap_stops_a_loop_over_a_handle():
     threading.Thread(target=kernel.serve_forever, daemon=True).start()
     peer = calls.Peer(k2t_r, t2k_w, "trusted", timeout=30, policy=TrustedPolicy())
     xs = peer.request("get", "xs")
-    peer.call_limit = peer.calls + peer.served + 2000
+    peer.cpu_limit = time.process_time() + 0.5
     n = 0
-    with pytest.raises(errors.CallLimit):
+    with pytest.raises(errors.WorkLimit):
         for i in range(len(xs)):
             n += xs[i]
-    assert peer.calls == 2001 + 1 and peer.broken
+    assert time.process_time() >= peer.cpu_limit and peer.calls > 10 and peer.broken
+    with pytest.raises(errors.ChannelClosed):  # a broken channel stays broken
+        xs[0]
     os.close(t2k_w)
 
 
@@ -366,18 +370,86 @@ def test_a_huge_nested_list_from_the_learner_is_refused_quickly_and_costs_the_gr
 
 
 @pytest.mark.grader
-def test_a_handle_looped_over_forever_is_stopped_by_the_call_cap(tmp_path, monkeypatch):
-    """seq() returns an object of len() 10**12 whose items are all 0; the check loops over it item by item.
-    Stopped at trusted.MAX_CALLS_PER_TEST calls (a few hundred thousand round trips: within 300 s even on a
-    loaded 2-core host; about 30 s on an idle one), the test fails and says why; the others still pass."""
+def test_a_handle_looped_over_forever_is_stopped_by_the_cpu_cap(tmp_path, monkeypatch):
+    """seq() returns an object of len() 10**12 whose items are all 0; the check loops over it item by item. Stopped
+    once the checks' process has spent its CPU cap on the test (lowered here to 3 s from wall.TEST_CPU_S, to keep the
+    test short), the test fails and says why; the others still pass."""
+    monkeypatch.setattr(wall, "TEST_CPU_S", 3.0)
     endless = toy(seq_answer="class Endless:\n    def __len__(self):\n        return 10**12\n"
                              "    def __getitem__(self, i):\n        return 0\n\n"
                              "def seq(n):\n    return Endless()")
-    report, _, secs = _grade_toy(tmp_path, endless, monkeypatch)
+    report, events, secs = _grade_toy(tmp_path, endless, monkeypatch)
     outcome, message = _outcomes(report)["seq_check"]
-    assert outcome == "failed" and f"more than {trusted.MAX_CALLS_PER_TEST} calls" in message, message
+    assert outcome == "failed" and "more than 3 s of the checks' CPU time" in message, message
+    assert re.search(r"in \d+ calls between the checks and the submission's code", message), message
     assert _outcomes(report)["double_check"][0] == "passed" and _outcomes(report)["limits_check"][0] == "passed"
+    stop = next(e for e in events if e.get("ev") == "stop")
+    assert stop["cpu_s"] >= 3.0, stop
     assert secs < 300, secs
+
+
+def test_the_cpu_cap_of_a_test_fits_in_its_time_and_under_the_runs_cpu_limit():
+    """A flood costs this side at most about half of each round trip's work: the cap must be met before the test
+    cell's wall-clock limit (grade.CELL_TIMEOUT_S x wall.WALL_TEST_FACTOR), and before the whole run's RLIMIT_CPU."""
+    assert 2 * wall.TEST_CPU_S <= grader.CELL_TIMEOUT_S * wall.WALL_TEST_FACTOR
+    assert wall.TEST_CPU_S < processes.TRUSTED_CPU_S
+
+
+@pytest.mark.grader
+def test_an_honest_exhaustive_best_k_keeps_its_points_under_the_cpu_cap():
+    """ex03's best_k by exhaustive search to a proven bound (tests/model_factory.py) calls v(k) close to a million
+    times across the wall, visible and hidden cases: far more than any count of calls a cap could allow a flood. It
+    passes under the default cap on the checks' CPU time, which is what the test prints."""
+    from model_factory import best_k_exhaustive
+    from test_grade_notes import _answer_cell, _solution
+
+    from specref_grading.plan import build_plan
+    sol = _solution("ex03_speedup")
+    sub = json.loads(json.dumps(sol))
+    _answer_cell(sub, "ex03_bestk_answer")["source"] = inspect.getsource(best_k_exhaustive).replace(
+        "best_k_exhaustive", "best_k")
+    plan = build_plan(sol, sub, "ex03_speedup.ipynb", seed=1)
+    plan.tests = [t for t in plan.tests if t.grade_id == "ex03_bestk_check"]
+    events: list[dict] = []
+    real = wall._event
+
+    def spy(line: bytes):
+        ev = real(line)
+        if ev is not None:
+            events.append(ev)
+        return ev
+    t0 = time.monotonic()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(wall, "_event", spy)
+        [result] = grader.grade_plan(plan)
+    got = next(e for e in events if e.get("ev") in ("result", "stop") and e.get("n") == plan.tests[0].n)
+    print(f"ex03 exhaustive best_k: {got.get('calls')} calls, {got.get('test_cpu_s')} s of the checks' CPU time "
+          f"(cap {wall.TEST_CPU_S} s), {time.monotonic() - t0:.0f} s in all")
+    assert result.outcome == "passed" and result.score == result.points == 3, result
+    assert got["calls"] > 500_000, got  # the count a call cap would have had to allow
+
+
+def test_what_follows_a_long_test_gets_its_own_time_limit(tmp_path):
+    """A test that runs past one cell's limit within its own (WALL_TEST_FACTOR cell limits) is followed by cells
+    timed from its end, not from its start."""
+    r, w = os.pipe()
+    cells = [{"n": 1, "role": "test", "grade_id": "long"}, {"n": 2, "role": "test", "grade_id": "next"}]
+
+    def events():
+        for ev, pause in ((b'{"ev": "start", "n": 1}', 0.0), (b'{"ev": "result", "n": 1, "outcome": "passed"}', 1.5),
+                          (b'{"ev": "start", "n": 2}', 0.3), (b'{"ev": "result", "n": 2, "outcome": "passed"}', 0.1),
+                          (b'{"ev": "done"}', 0.0)):
+            time.sleep(pause)
+            os.write(w, ev + b"\n")
+        os.close(w)
+    threading.Thread(target=events, daemon=True).start()
+    proc = subprocess.Popen(["true"], stdin=subprocess.PIPE)
+    try:
+        run = wall._collect(proc, b"{}", r, cells, 1.0, time.monotonic() + 60, tmp_path / "log")
+    finally:
+        os.close(r)
+        proc.wait()
+    assert run.stop is None and {n: o.outcome for n, o in run.results.items()} == {1: "passed", 2: "passed"}, run
 
 
 def test_a_cpu_limit_stops_the_trusted_process_with_a_clear_message(monkeypatch):
@@ -386,7 +458,7 @@ def test_a_cpu_limit_stops_the_trusted_process_with_a_clear_message(monkeypatch)
     monkeypatch.setattr(trusted, "emit", emitted.append)
 
     class Busy:
-        timeout, calls, served, call_limit = 1.0, 0, 0, None
+        timeout, calls, served, cpu_limit = 1.0, 0, 0, None
 
         def request(self, op, *args):
             raise NameError(args[0])
@@ -515,7 +587,7 @@ print("FORGED", forged)
 
 _UNJAILED_RUN = r'''
 import ctypes, json, sys, threading, time
-from specref_grading import wall
+from specref_grading.trust import wall
 from specref_grading.plan import build_plan
 from specref_grading import processes
 libc = ctypes.CDLL(None)

@@ -26,7 +26,7 @@ from specref_grading import grade as G
 from specref_grading.plan import build_plan
 from specref_grading.report import EXIT_FULL, Report
 from specref_grading.scan import scan
-from specref_grading.wall import KernelRun, RunOutcome
+from specref_grading.trust.wall import KernelRun, RunOutcome
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = ROOT / "solutions"

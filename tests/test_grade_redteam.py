@@ -304,7 +304,7 @@ def test_escape_sequences_in_the_learners_text_cannot_redraw_the_report(toy):
 def test_an_endless_line_on_the_result_channel_cannot_grow_the_graders_memory():
     """The channel keeps at most max_bytes of an unfinished line; a longer one is dropped, counted once, and skipped
     to its end, and the events around it still arrive."""
-    from specref_grading import wall as grade
+    from specref_grading.trust import wall as grade
 
     lines, rest, skipping, over = grade._split_events(b"", b'{"a"}\n{"b', False, max_bytes=8)
     assert (lines, rest, skipping, over) == ([b'{"a"}'], b'{"b', False, 0)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from specref_grading import classrun, jail, processes, wall
+from specref_grading import classrun, jail, processes
+from specref_grading.trust import wall
 
 PROC_V1 = "4:memory:/batch/job7\n2:cpu,cpuacct:/batch/job7\n8:pids:/batch/job7\n0::/\n"
 PROC_V2 = "0::/grading.slice/instructor.scope\n"

@@ -8,9 +8,10 @@ import json
 import pytest
 
 from specref_grading import grade as grader
-from specref_grading import processes, wall
+from specref_grading import processes
 from specref_grading.report import EXIT_FAILED
-from specref_grading.wall import RunOutcome
+from specref_grading.trust import wall
+from specref_grading.trust.wall import RunOutcome
 
 
 def _cell(cid, source, gid=None, points=0, answer=False):

@@ -1,5 +1,6 @@
 """Reading a submission: only regular files, capped in size, and every failure to read one is "could not be
-graded" with its reason, never a traceback or a hang; an answer is size-capped before the grader parses it."""
+graded" with its reason, never a traceback or a hang; an answer is size-capped before anything parses it, and the
+learner's JSON and Python are parsed only in a limited process (specref_grading/trust/reading.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from specref_grading import grade as grader
 from specref_grading import notebook, plan, scan
 from specref_grading.notebook import GradeError
+from specref_grading.trust import reading
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,7 +102,7 @@ def _answer_solution() -> dict:
 
 
 def test_an_answer_over_the_cap_is_refused_before_any_parse(monkeypatch):
-    """A 2.3 MB answer took the grader's parser to 421 MB: an answer longer than MAX_ANSWER_CHARS is never parsed."""
+    """The parser needs ~200 bytes per byte of source: an answer longer than MAX_ANSWER_CHARS is never parsed."""
     sol = _answer_solution()
     sub = json.loads(json.dumps(sol))
     sub["cells"][1]["source"] = "x = [" + "1," * (notebook.MAX_ANSWER_CHARS // 2 + 10) + "]"
@@ -116,3 +118,96 @@ def test_an_answer_over_the_cap_is_refused_before_any_parse(monkeypatch):
     assert all(n <= notebook.MAX_ANSWER_CHARS for n in parsed), max(parsed)
     ok = json.loads(json.dumps(sol))
     plan.build_plan(sol, ok, "ex_toy.ipynb")  # an honest answer is parsed as before
+
+
+# -- parsed only in a limited process ---------------------------------------------------------------------------
+
+
+def _with_answer(text: str) -> tuple[dict, dict]:
+    sol = _answer_solution()
+    sub = json.loads(json.dumps(sol))
+    sub["cells"][1]["source"] = text
+    return sol, sub
+
+
+def test_the_grading_process_never_parses_the_learners_text(monkeypatch):
+    """build_plan and the submission's reading parse nothing the learner wrote here: the answers' Python and the
+    notebook's JSON are read in the limited process, whose findings still reach the plan."""
+    marker = "learner_marker_name"
+    sol, sub = _with_answer(f"def f():\n    {marker} = getattr(object, 'mro')\n    return 1")
+    parsed: list[str] = []
+    real_parse, real_loads = scan.ast.parse, json.loads
+    monkeypatch.setattr(scan.ast, "parse", lambda source, *a, **k: parsed.append(source) or real_parse(source, *a, **k))
+    monkeypatch.setattr(json, "loads", lambda s, *a, **k: parsed.append(s) or real_loads(s, *a, **k))
+    got = plan.build_plan(sol, sub, "ex_toy.ipynb")
+    assert any("uses getattr" in n for n in got.notes), got.notes  # the reading process's finding
+    data = json.dumps(sub).encode()
+    assert reading.parse_submission(data, "sub.ipynb")["cells"][1]["source"] == sub["cells"][1]["source"]
+    texts = [x if isinstance(x, str) else bytes(x).decode("utf-8", "replace") for x in parsed]
+    # what comes back is the reading process's own flat reply: plain data, never the learner's JSON or Python
+    leaked = [x[:80] for x in texts if marker in x and not x.startswith('{"ok": ')]
+    assert leaked == [], leaked
+    assert any(marker in x for x in texts)  # the reply was seen: the spy works
+
+
+@pytest.mark.parametrize("text", ["x = " + "-" * 100_000 + "1", "x = " + "-" * 3000 + "1", "x" + ".a" * 60_000,
+                                  "x = " + "+".join(["a"] * 60_000), "def f(:\n", "x = 1\0"])
+def test_an_answer_nested_too_deeply_or_unreadable_is_a_note_on_its_tests(text):
+    """What the parser or the scanner's walk cannot take (MemoryError, RecursionError, null bytes, bad syntax) is
+    that answer's failure, named on its tests; the notebook is still graded."""
+    sol, sub = _with_answer(text)
+    got = plan.build_plan(sol, sub, "ex_toy.ipynb")
+    assert list(got.syntax) == [1], got.syntax
+    assert "answer cell 'a'" in got.syntax[1] and ("syntax error" in got.syntax[1] or "cannot be read" in got.syntax[1])
+
+
+def test_the_reading_process_limits_itself_and_a_reader_past_its_time_is_a_reason(monkeypatch):
+    code = ("import resource\nfrom specref_grading.trust import reading\nreading._limit_self()\n"
+            "print(resource.getrlimit(resource.RLIMIT_AS)[0] >> 20, resource.getrlimit(resource.RLIMIT_CPU)[0])")
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert out.split() == [str(reading.READ_MEMORY_MB), str(reading.READ_CPU_S)], out
+    monkeypatch.setattr(reading, "READ_TIMEOUT_S", 0.001)
+    with pytest.raises(GradeError, match="could not be read: reading it took more than"):
+        reading.read_answers({"1": "x = 1"}, set(), {})
+
+
+def test_the_submission_comes_back_slim_and_checked(tmp_path):
+    """Only what grading reads comes back: no outputs' data, no nested metadata; a 5000-digit integer or nesting
+    too deep in the JSON is a reason, from the reading process."""
+    meta = {"nbgrader": {"grade_id": "a", "solution": True, "deep": {"x": [1] * 10}}, "other": {"y": 1}}
+    nb = _nb([{"cell_type": "code", "metadata": meta, "source": ["a\n", "b"], "execution_count": 3,
+               "outputs": [{"output_type": "error", "traceback": ["x" * 1000]}, "junk"]}], specref={"exercise": "e"})
+    got = reading.parse_submission(json.dumps(nb).encode(), "sub.ipynb")
+    assert got == {"cells": [{"cell_type": "code", "source": "a\nb", "execution_count": 3,
+                              "metadata": {"nbgrader": {"grade_id": "a", "solution": True}},
+                              "outputs": [{"output_type": "error"}, {}]}], "metadata": {"specref": {"exercise": "e"}}}
+    big = json.dumps(nb).replace('"e"}', '"e", "n": ' + "9" * 5000 + "}").encode()
+    for data, why in ((big, "cannot be read as a notebook"), (b"[" * 100_000, "nested too deeply"),
+                      (b"\xff{", "not UTF-8")):
+        with pytest.raises(GradeError, match=why):
+            reading.parse_submission(data, "sub.ipynb")
+    path = tmp_path / "huge.ipynb"
+    path.write_bytes(big)
+    with pytest.raises(GradeError, match="cannot be read as a notebook"):
+        reading.read_submission(path)
+
+
+def test_as_root_the_reading_process_is_a_fresh_unprivileged_uid(monkeypatch):
+    """Where a fresh uid can run the interpreter (processes.can_drop), the parser never runs as root."""
+    seen: list[list[str]] = []
+
+    def fake_run(cmd, **kwargs):
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, b'{"ok": {"1": {}}}', b"")
+    monkeypatch.setattr(reading, "can_drop", lambda: True)
+    monkeypatch.setattr(reading.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(reading.subprocess, "run", fake_run)
+    reading.read_answers({"1": "x = 1"}, set(), {})
+    cmd = seen[0]
+    assert cmd[0] == "setpriv" and "--no-new-privs" in cmd and cmd[cmd.index(sys.executable):][:4] == [
+        sys.executable, "-I", "-m", "specref_grading.trust.reading"], cmd
+    uid = int(next(a for a in cmd if a.startswith("--reuid=")).split("=")[1])
+    assert uid >= 200_000, cmd
+    monkeypatch.setattr(reading, "can_drop", lambda: False)  # no such uid: the grader's own, as the trusted process
+    reading.read_answers({"1": "x = 1"}, set(), {})
+    assert seen[1][0] == sys.executable, seen[1]

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from specref_grading import classrun, processes, wall
+from specref_grading import classrun, processes
 from specref_grading import grade as grader
 from specref_grading.report import Report
+from specref_grading.trust import wall
 
 REPO = Path(__file__).resolve().parents[1]
 AS_ROOT = os.geteuid() == 0
@@ -76,13 +77,14 @@ def test_the_command_lines_refuse_without_unjailed(tmp_path):
     """Run where no jail can be made (can_jail patched off in a child interpreter): exit 2 with the reason."""
     sol = tmp_path / "ex_toy.ipynb"
     sol.write_text(json.dumps(toy()))
-    code = ("import sys\nfrom specref_grading import grade, wall\ngrade.can_jail = wall.can_jail = lambda: False\n"
+    code = ("import sys\nfrom specref_grading import grade\nfrom specref_grading.trust import wall\n"
+            "grade.can_jail = wall.can_jail = lambda: False\n"
             "sys.exit(grade.main([sys.argv[1], '--solution', sys.argv[1], '--seed', '1']))")
     proc = subprocess.run([sys.executable, "-I", "-c", code, str(sol)], capture_output=True, text=True, timeout=300,
                           cwd=REPO)
     assert proc.returncode == grader.EXIT_UNGRADABLE and "--unjailed" in proc.stdout, proc.stdout + proc.stderr
     (tmp_path / "class").mkdir()
-    code = ("import sys\nfrom specref_grading import classrun, grade, wall\n"
+    code = ("import sys\nfrom specref_grading import classrun, grade\nfrom specref_grading.trust import wall\n"
             "grade.can_jail = wall.can_jail = lambda: False\nsys.exit(classrun.main(['grade', sys.argv[1]]))")
     proc = subprocess.run([sys.executable, "-I", "-c", code, str(tmp_path / "class")], capture_output=True,
                           text=True, timeout=300, cwd=REPO)

@@ -1,4 +1,4 @@
-"""The grader (specref_grading) against a learner who wants marks without solving (issue 11).
+"""The grader (specref_grading) against a learner who wants marks without solving.
 
 Every test grades a small toy exercise built here (pure Python, no torch: each kernel
 starts in a fraction of a second). Each class of attack is tried on the UNSOLVED stub:
@@ -7,8 +7,8 @@ trusted process (the wall), so an attack gains nothing there; what the scanner n
 answer is a note in the report, never a gate on points. The honest solution must still get full marks.
 
 The grader runs as a CLI (``python -m specref_grading.grade ... --json``), as an instructor runs it.
-GRADE_PY=path/to/another/grade.py runs the same tests against another grader (e.g. the one
-of commit 108d398, which fails them).
+GRADE_PY=path/to/another/grade.py runs the same tests against another grader (one without the wall
+fails them).
 """
 
 from __future__ import annotations
@@ -430,8 +430,8 @@ def test_using_specref_in_an_answer_is_noted_for_that_cell_only(toy):
 
 
 
-# The answer binds double() where a reading of top-level statements does not see it (issue 31, REPRO 1): the
-# grader once charged the answer to no test. The plan must still see which answers each test depends on (it names
+# The answer binds double() where a reading of top-level statements does not see it, and a grader that reads only
+# those charges the answer to no test. The plan must still see which answers each test depends on (it names
 # an earlier answer's syntax error with the test); a guarded import of specref (never run) is only a note.
 HIDDEN_BINDINGS = {
     "def-in-if": ("if True:\n    def double(x):\n        if x is None:\n            import specref\n"

@@ -44,7 +44,7 @@ def test_every_file_of_the_grading_package_changes_the_key(tree):
     # the wall, the jail, the kernel's specref, the protocol, the trusted process, the plan, the checks and the
     # exercise generator: every one decides some grade
     files = _files(tree, "specref_grading")
-    assert {"specref_grading/trusted.py", "specref_grading/protocol.py", "specref_grading/jail.py",
+    assert {"specref_grading/trust/trusted.py", "specref_grading/trust/wall.py", "specref_grading/jail.py",
             "specref_grading/trust/calls.py", "specref_grading/trust/kernel_tree.py",
             "specref_grading/exercises.py", "specref_grading/checks/accept_reject.py"} <= set(files)
     assert [f for f in files if not _changes_the_key(tree, f)] == []

@@ -1,8 +1,8 @@
-"""The grading wall (issue 31): answers run in a jailed kernel, the tests in a trusted process.
+"""The grading wall: answers run in a jailed kernel, the tests in a trusted process.
 
-Each attack below is a submission that forged full marks, read a file it must not read, or learned the
-hidden seed on the grader before the wall (checked by running this file with GRADE_PY pointing at the
-grader of that time, see the report of the change); on today's grader it gains nothing. The toy exercise
+Each attack below is a submission that forges full marks, reads a file it must not read, or learns the
+hidden seed on a grader without the wall (run this file with GRADE_PY pointing at such a grader to see
+it succeed); on this grader it gains nothing. The toy exercise
 (tests/test_grade_security.py) keeps these fast: no torch in its setup.
 """
 
@@ -18,10 +18,11 @@ import pytest
 from test_grade_security import AS_ROOT, answer, attacked, grade, make_exercise, solved, toy, toy_solution  # noqa: F401
 
 from specref_grading import grade as grader
-from specref_grading import jail, processes, wall
+from specref_grading import jail, processes
 from specref_grading import plan as grade_plan
 from specref_grading import report as grade_report
 from specref_grading.scan import scan
+from specref_grading.trust import wall
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -189,8 +189,7 @@ def test_the_trusted_side_still_hands_out_the_courses_callables():
     lam = _cell_function("check = lambda x: x\nclass Recorder:\n    def __call__(self, x):\n        return x\n"
                          "rec = Recorder()", "check")
     rec = _cell_function("class Recorder:\n    def __call__(self, x):\n        return x\nrec = Recorder()", "rec")
-    served = os.system
-    peer.policy.serve([served])
+    served = peer.policy.serve({"system": os.system})["system"]  # declared: out as its wrapper, never itself
     ok = [exact_distribution, SAMPLERS["A"], rng, rng.uniform, rng.categorical, KVCache.truncate.__get__(
           object.__new__(KVCache)), torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).forward, lam, rec, rec.__call__,
           served]
@@ -201,7 +200,7 @@ def test_the_trusted_side_still_hands_out_the_courses_callables():
 def test_a_function_of_the_trusted_process_itself_is_never_handed_out():
     """trusted.py runs as __main__ too: only functions compiled from the solution's cells count as the checks'."""
     emit = _cell_function("def emit(event):\n    pass", "emit")
-    emit.__code__ = emit.__code__.replace(co_filename="/work/specref_grading/trusted.py")
+    emit.__code__ = emit.__code__.replace(co_filename="/work/specref_grading/trust/trusted.py")
     peer = Peer(*os.pipe(), "trusted", policy=TrustedPolicy())
     with pytest.raises(TypeError, match="passes no"):
         peer.encode(emit, Frame())

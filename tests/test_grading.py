@@ -10,9 +10,9 @@ import torch
 from model_factory import best_k
 from scipy import stats
 
+from specref.chain_verify import verify_chain  # ex03's Task 4 loop calls it (the exercise's setup imports it)
 from specref.checks.exact import step_distribution_formula
 from specref.checks.rng import TorchRNG, exact_distribution
-from specref.rejection import verify_chain  # ex03's Task 4 loop calls it (the exercise's setup imports it)
 from specref_grading.checks import accept_reject
 from specref_grading.checks import speedup as speedup_grading
 
@@ -89,11 +89,22 @@ def step_multiplied(draft_tokens, q, p, rng):
     return out + [len(cdf) - 1]
 
 
-def emit_parts(p, q):
-    """P(emit x) in its two parts, as a learner writes them: drafted and kept, rejected and replaced."""
-    accepted = torch.minimum(p, q)
-    excess = (p - q).clamp(min=0)
-    return accepted, excess  # (1 - beta) * residual = max(0, p - q)
+def emit_parts(p, q, a):
+    """P(emit x) in its two parts for the rule that keeps a drafted x with probability a(x), as a learner writes
+    them: drafted and kept, rejected and replaced; a rule no replacement can make lossless is refused."""
+    accepted = q * a
+    if bool((accepted > p + 1e-9).any()):
+        raise ValueError(f"a = {a.tolist()} keeps a token more often than p allows")
+    return accepted, (p - accepted).clamp(min=0)
+
+
+def replacement(p, q, a):
+    """The distribution a rejection of the rule a draws from (ex02 Task 2), p when the rule never rejects."""
+    _, missing = emit_parts(p, q, a)
+    return missing / missing.sum() if missing.sum() > 1e-12 else p.clone()
+
+
+WORKED_BETA, WORKED_RES = 0.65, torch.tensor([6 / 7, 0.0, 1 / 7], dtype=torch.float64)  # ex02's worked rule, by hand
 
 
 # --------------------------------------------------------------------------------------
@@ -302,8 +313,8 @@ def test_sampling_with_torch_rng_follows_the_enumerated_distribution_and_a_broke
 
 
 def test_correct_answers_pass_every_grader(capsys):
-    accept_reject.check_worked_example(0.7, torch.tensor([1.0, 0.0, 0.0]), emit_parts)
-    accept_reject.check_residual(residual)
+    accept_reject.check_worked_example(WORKED_BETA, WORKED_RES, emit_parts)
+    accept_reject.check_residual(replacement)
     accept_reject.check_accept_reject_step(step)
     accept_reject.check_accept_reject_step(step_multiplied, n_cases=20, seed=5)
     speedup_grading.check_accepted_counts(simulate_accepted)
@@ -314,7 +325,7 @@ def test_correct_answers_pass_every_grader(capsys):
 
 def test_graders_leave_the_global_random_state_alone():
     before = (torch.random.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
-    accept_reject.check_residual(residual, n_cases=10)
+    accept_reject.check_residual(replacement, n_cases=10)
     accept_reject.check_accept_reject_step(step, n_cases=10)
     after = (torch.random.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
     assert torch.equal(before[0], after[0]) and np.array_equal(before[1], after[1]) and before[2] == after[2]
@@ -337,37 +348,43 @@ def test_an_unsolved_stub_reaches_the_learner_as_not_implemented():
 
 
 def _emit_parts_from(accepted, replaced):
-    return lambda p, q: (accepted(p, q), replaced(p, q))
+    return lambda p, q, a: (accepted(p, q, a), replaced(p, q, a))
 
 
-def _beta(p, q):
-    return torch.minimum(p, q).sum()
+def _never_refuses(p, q, a):
+    accepted = q * a
+    return accepted, p - accepted
 
 
-def _rule_residual(p, q):
-    return residual(p, q)
+def _chapter_parts(p, q, a):
+    return torch.minimum(p, q), (p - q).clamp(min=0)
+
+
+def _normalised_missing(p, q, a):
+    m = (p - q * a).clamp(min=0)
+    return m / m.sum()
 
 
 @pytest.mark.parametrize(
     "beta, res, parts, message",
     [
-        (0.3, [1, 0, 0], emit_parts, "TV"),
-        (1.3, [1, 0, 0], emit_parts, "at most 1"),
-        (0.7, [0.3, 0, 0], emit_parts, "divide it by its sum"),
-        (0.7, [0.5, -0.5, 0], emit_parts, "clamp"),
-        (0.7, [0, 1, 0], emit_parts, "swapped"),
-        (None, [1, 0, 0], emit_parts, "single number"),
-        (0.7, [1, 0, 0], lambda p, q: p, "a pair"),
+        (0.7, WORKED_RES, emit_parts, "chapter's rule's"),
+        (1.3, WORKED_RES, emit_parts, "at most 1"),
+        (2 / 3, WORKED_RES, emit_parts, "not uniformly nor from p"),
+        (WORKED_BETA, [0.3, 0, 0.05], emit_parts, "a distribution sums to 1"),
+        (WORKED_BETA, [1, 0, 0], emit_parts, "chapter's residual"),
+        (WORKED_BETA, [0.6, 0.3, 0.1], emit_parts, "you returned p"),
+        (None, WORKED_RES, emit_parts, "single number"),
+        (WORKED_BETA, WORKED_RES, lambda p, q, a: p, "a pair"),
         # Typing in p, the known answer, is not enough: the parts must be computed.
-        (0.7, [1, 0, 0], _emit_parts_from(lambda p, q: p, lambda p, q: torch.zeros_like(p)), "total P"),
-        (0.7, [1, 0, 0], _emit_parts_from(lambda p, q: q, lambda p, q: (p - q).clamp(min=0)), "drafted"),
-        (0.7, [1, 0, 0], _emit_parts_from(lambda p, q: q * (p / q).clamp(max=1), lambda p, q: (p - q).clamp(min=0)),
-         "never occurs"),
-        (0.7, [1, 0, 0], _emit_parts_from(torch.minimum, _rule_residual), "weight the residual"),
-        (0.7, [1, 0, 0], _emit_parts_from(torch.minimum, lambda p, q: (1 - _beta(p, q)) * p), "not from p"),
-        (0.7, [1, 0, 0], _emit_parts_from(
-            torch.minimum, lambda p, q: (1 - _beta(p, q)) * (p - q).clamp(min=0) / (p - q).clamp(min=0).sum()),
-         "zero mass"),
+        (WORKED_BETA, WORKED_RES, _emit_parts_from(lambda p, q, a: p, lambda p, q, a: torch.zeros_like(p)), "total P"),
+        (WORKED_BETA, WORKED_RES, _emit_parts_from(lambda p, q, a: q, lambda p, q, a: p - q), "only some of the time"),
+        (WORKED_BETA, WORKED_RES, _chapter_parts, "chapter's rule keeps"),
+        (WORKED_BETA, WORKED_RES, _never_refuses, "Raise ValueError"),
+        (WORKED_BETA, WORKED_RES, lambda p, q, a: (_ for _ in ()).throw(ValueError("no")), "can be made lossless"),
+        (WORKED_BETA, WORKED_RES, _emit_parts_from(lambda p, q, a: q * a, lambda p, q, a: p - q * a), "Raise ValueError"),
+        (WORKED_BETA, WORKED_RES, _emit_parts_from(lambda p, q, a: emit_parts(p, q, a)[0], _normalised_missing),
+         "never rejects a draft here|weight the replacement"),
     ],
 )
 def test_worked_example_rejects_wrong_beta_residual_or_emit_parts(beta, res, parts, message):
@@ -375,40 +392,42 @@ def test_worked_example_rejects_wrong_beta_residual_or_emit_parts(beta, res, par
         accept_reject.check_worked_example(beta, res, parts)
 
 
-def _unnormalized(p, q):
-    return (p - q).clamp(min=0)
+def test_the_worked_rules_cases_include_lossy_rules_and_rules_that_never_reject():
+    cases = accept_reject._rule_cases(np.random.default_rng(7), 40)
+    lossy = [c for c in cases if not accept_reject._feasible(*c[1:])]
+    never_rejects = [c for c in cases if accept_reject._feasible(*c[1:]) and float((c[1] - c[2] * c[3]).sum()) < 1e-9]
+    assert 5 <= len(lossy) <= 30 and never_rejects
 
 
-def _unclamped(p, q):
-    d = p - q
+def _unnormalized(p, q, a):
+    return emit_parts(p, q, a)[1]
+
+
+def _divides_by_zero(p, q, a):
+    d = emit_parts(p, q, a)[1]
     return d / d.sum()
 
 
-def _divides_by_zero(p, q):
-    d = (p - q).clamp(min=0)
-    return d / d.sum()
+def _chapter_residual(p, q, a):
+    emit_parts(p, q, a)
+    return residual(p, q)
 
 
-def _swapped(p, q):
-    d = (q - p).clamp(min=0)
-    return d / d.sum() if d.sum() > 0 else p
-
-
-def _in_place(p, q):
-    p.sub_(q).clamp_(min=0)
+def _in_place(p, q, a):
+    p.sub_(q * a).clamp_(min=0)
     return p / p.sum() if p.sum() > 0 else q
 
 
 @pytest.mark.parametrize(
     "wrong, message",
     [
-        (_unnormalized, "divide it by its sum"),
-        (_unclamped, "NaN/inf|clamp"),
-        (_divides_by_zero, "p == q here"),
-        (_swapped, "swapped"),
-        (lambda p, q: p, "you returned p"),
-        (lambda p, q: residual(p, q).float(), "float64"),
-        (lambda p, q: residual(p, q)[:-1], "shape"),
+        (_unnormalized, "a distribution sums to 1"),
+        (_divides_by_zero, "keeps every draft here"),
+        (_chapter_residual, "chapter's residual"),
+        (lambda p, q, a: emit_parts(p, q, a) and p, "you returned p"),
+        (lambda p, q, a: _normalised_missing(p, q, a).nan_to_num(1.0), "Raise ValueError|a distribution"),
+        (lambda p, q, a: replacement(p, q, a).float(), "float64"),
+        (lambda p, q, a: replacement(p, q, a)[:-1], "shape"),
         (_in_place, "in place"),
     ],
 )
@@ -816,32 +835,32 @@ def _message(check, *args) -> str:
     return str(e.value)
 
 
-@pytest.mark.parametrize("beta", [0, 0.3, 1.3, 0.5])
+@pytest.mark.parametrize("beta", [0, 0.3, 0.7, 1.3, 0.5])
 def test_a_wrong_hand_computed_beta_does_not_show_the_right_one_nor_the_formula(beta):
-    msg = _message(accept_reject.check_worked_example, beta, [1, 0, 0], emit_parts)
+    msg = _message(accept_reject.check_worked_example, beta, WORKED_RES, emit_parts)
     assert "beta is wrong" in msg and f"got beta = {beta:.4g}" in msg
-    for leak in ("0.7", "min(p", "sum_x"):
+    for leak in ("0.65", "q(x) a(x)", "q * a", "sum_x"):
         assert leak not in msg, msg
 
 
-@pytest.mark.parametrize("res", [[0, 0, 0], [0.5, 0.5, 0], [0.3, 0, 0], [0, 1, 0], [0.6, 0.3, 0.1]])
+@pytest.mark.parametrize("res", [[0, 0, 0], [0.5, 0.5, 0], [0.3, 0, 0.05], [1, 0, 0], [0.6, 0.3, 0.1]])
 def test_a_wrong_hand_computed_residual_does_not_show_the_right_one_nor_the_formula(res):
-    msg = _message(accept_reject.check_worked_example, 0.7, res, emit_parts)
-    assert "the residual is wrong" in msg
-    for leak in ("[1, 0, 0]", "max(0, p", "expected"):
+    msg = _message(accept_reject.check_worked_example, WORKED_BETA, res, emit_parts)
+    assert "res is wrong" in msg
+    for leak in ("0.857", "0.143", "6/7", "p - q", "q(x) a(x)", "expected"):
         assert leak not in msg, msg
 
 
 def test_a_wrong_emit_parts_shows_its_output_not_the_expected_parts_nor_their_formulas():
-    msg = _message(accept_reject.check_worked_example, 0.7, [1, 0, 0],
-                   _emit_parts_from(lambda p, q: 0.5 * (p + q), lambda p, q: torch.zeros_like(p)))
+    msg = _message(accept_reject.check_worked_example, WORKED_BETA, WORKED_RES,
+                   _emit_parts_from(lambda p, q, a: 0.5 * (p + q), lambda p, q, a: torch.zeros_like(p)))
     assert "got accepted = " in msg
-    for leak in ("expected", "min(p", "min(1, p", "max(0, p"):
+    for leak in ("expected", "q * a", "q(x) a(x)", "p - q"):
         assert leak not in msg, msg
-    msg = _message(accept_reject.check_worked_example, 0.7, [1, 0, 0],
-                   _emit_parts_from(torch.minimum, lambda p, q: 0.5 * p))
+    msg = _message(accept_reject.check_worked_example, WORKED_BETA, WORKED_RES,
+                   _emit_parts_from(lambda p, q, a: emit_parts(p, q, a)[0], lambda p, q, a: 0.5 * p))
     assert "got replaced = " in msg and "lossless" in msg
-    for leak in ("expected", "(1 - beta) * residual", "max(0, p"):
+    for leak in ("expected", "q * a", "q(x) a(x)", "p - q"):
         assert leak not in msg, msg
 
 

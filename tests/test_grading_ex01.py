@@ -154,11 +154,11 @@ def test_wrong_memory_bound_batches_fail_visible_and_hidden(name):
 
 
 def test_answers_that_call_specref_perf_score_zero_and_say_why():
-    cheat = learner("from specref.perf.costs import weight_bytes\n\n"
+    cheat = learner("from specref.perf.roofline import weight_bytes\n\n"
                     "def pass_bytes(model, B, T, S):\n"
                     "    return weight_bytes(model) + 2 * model.config.n_embd * model.config.n_layer * 4 * B * S\n",
                     "pass_bytes")
-    with pytest.raises(AssertionError, match=r"Task 1: your pass_bytes uses specref\.perf\.costs\.weight_bytes"):
+    with pytest.raises(AssertionError, match=r"Task 1: your pass_bytes uses specref\.perf\.roofline\.weight_bytes"):
         R.check_bytes_and_flops(cheat, pass_flops)
     cheat2 = learner("import specref.perf.costmodel as cm\n\n"
                      "def memory_bound_batch(model, machine, k, S):\n"
@@ -191,7 +191,7 @@ def test_the_reference_counts_agree_with_the_model_and_notebook_01():
     # With no cache and one token, the bytes are specref.perf's weight_bytes; the FLOPs differ from its
     # 2 x parameters by exactly the weights that multiply nothing (position embedding, biases, norms) and the
     # attention of a token to itself.
-    from specref.perf.costs import forward_flops, weight_bytes
+    from specref.perf.roofline import forward_flops, weight_bytes
     for model in R._visible_models() + R._unseen_models(2, 4):
         assert R.reference_bytes(model, 3, 2, 0) == weight_bytes(model)
         not_matrices = sum(p.numel() for n, p in model.named_parameters()

@@ -279,3 +279,193 @@ def _reject_every_draft(target, draft, seq, target_cache, draft_cache, k, temper
 def test_a_step_that_rejects_every_draft_fails_the_sampling_check():
     with pytest.raises(AssertionError, match="rarely accept a draft"):
         G.check_first_two_tokens(_reject_every_draft, sampling=dict(G.SAMPLING, n=200))
+
+
+# -- Task 4: the timed run's counts and the prediction (no point depends on a timing) ----------------------------
+
+TIMED_PROMPTS = heldout_prompts(n=6, n_tokens=24)[4:]  # the exercise's timed run, as its setup cell states it
+TIMED_NEW, TIMED_KS = 24, (2, 4)
+
+
+def make_count_steps(*bugs: str):
+    """count_steps as the solution writes it (around the reference step), with `bugs` in."""
+
+    def count_steps(target, draft, prompts, k, max_new_tokens):
+        tokens = steps = 0
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for prompt in prompts:
+                target_cache, draft_cache = target.new_cache(1), draft.new_cache(1)
+                target(torch.tensor([prompt[:-1]]), cache=target_cache)
+                draft(torch.tensor([prompt[:-1]]), cache=draft_cache)
+                steps += "prompt_pass_as_step" in bugs
+                seq = list(prompt)
+                while len(seq) - len(prompt) < max_new_tokens:
+                    emitted = STEP(target, draft, seq, target_cache, draft_cache, k, 0.0, None, generator)
+                    seq += emitted[: max_new_tokens - (len(seq) - len(prompt))]
+                    steps += 1
+                tokens += len(seq) - len(prompt)
+        return (tokens, steps + ("one_step_more" in bugs))
+
+    return count_steps
+
+
+COUNT = make_count_steps()
+
+
+def _timed_counts() -> dict[int, tuple[int, int]]:
+    return {k: G.greedy_count(TIMED_PROMPTS, k, TIMED_NEW)[:2] for k in TIMED_KS}
+
+
+def test_the_solution_times_the_run_these_tests_hold_to_the_count_margin():
+    import json
+    from pathlib import Path
+    nb = json.loads((Path(__file__).resolve().parents[1] / "solutions" / "ex04_gpt2_pair.ipynb").read_text())
+    setup = "".join(next(c["source"] for c in nb["cells"] if "".join(c["source"]).startswith("import copy")))
+    assert "TIMED_PROMPTS = heldout_prompts(n=6, n_tokens=24)[4:]" in setup
+    assert "TIMED_NEW, TIMED_KS = 24, (2, 4)" in setup
+
+
+def test_the_timed_run_clears_the_count_margin_by_far_more_than_float32_moves_the_logits():
+    """The check compares float32 counts with float64 ones: every decision of the run is COUNT_MARGIN from a tie,
+    and float32 (the grown target, the bundled draft) moves these logits by less than a quarter of that."""
+    from specref import load_grown_pair
+    for k in TIMED_KS:
+        assert G.greedy_count(TIMED_PROMPTS, k, TIMED_NEW)[2] > G.COUNT_MARGIN
+    target64, draft64 = G._pair64()
+    grown, draft32, _, _ = load_grown_pair()
+    worst = 0.0
+    with torch.no_grad():
+        for prompt in TIMED_PROMPTS:
+            seq = torch.tensor([prompt + G._target_greedy(prompt, TIMED_NEW)[0]])
+            for m32, m64 in ((grown, target64), (draft32, draft64)):
+                worst = max(worst, float((m32(seq).double() - m64(seq)).abs().max()))
+    assert worst < G.COUNT_MARGIN / 4, worst
+
+
+def test_counts_of_the_timed_run_on_the_grown_float32_pair_pass_the_check(capsys):
+    from specref import load_grown_pair
+    grown, draft32, _, _ = load_grown_pair()
+    counts = {k: COUNT(grown, draft32, TIMED_PROMPTS, k, TIMED_NEW) for k in TIMED_KS}
+    G.check_timed_counts(COUNT, counts, TIMED_PROMPTS, TIMED_NEW, TIMED_KS)
+    assert "your timed run's counts equal the grader's count" in capsys.readouterr().out
+
+
+def test_the_hidden_count_check_passes_the_reference():
+    G.check_step_counts(COUNT, seed=1)
+
+
+@pytest.mark.parametrize("bug, message", [("prompt_pass_as_step", "expected .* steps"),
+                                          ("one_step_more", "expected .* steps")])
+def test_the_count_check_flags_a_miscounted_step(bug, message):
+    with pytest.raises(AssertionError, match=message):
+        G.check_timed_counts(make_count_steps(bug), _timed_counts(), TIMED_PROMPTS, TIMED_NEW, TIMED_KS)
+
+
+def test_the_count_check_flags_plain_decoding_counted_as_steps():
+    def plain(target, draft, prompts, k, max_new_tokens):
+        tokens = 0
+        with torch.no_grad():
+            for prompt in prompts:
+                cache, seq = target.new_cache(1), list(prompt)
+                logits = target(torch.tensor([seq]), cache=cache)[0, -1]
+                for _ in range(max_new_tokens):
+                    seq.append(int(logits.argmax()))
+                    logits = target(torch.tensor([seq[-1:]]), cache=cache)[0, -1]
+                tokens += max_new_tokens
+        return tokens, tokens
+
+    with pytest.raises(AssertionError, match="the target was called"):
+        G.check_timed_counts(plain, _timed_counts(), TIMED_PROMPTS, TIMED_NEW, TIMED_KS)
+
+
+@pytest.mark.parametrize("reported", [
+    "off_by_one", "swapped", "one_k_missing", "a_ratio"], ids=str)
+def test_the_count_check_flags_timed_counts_that_are_not_the_run(reported):
+    right = _timed_counts()
+    counts = {"off_by_one": {k: (t, s + 1) for k, (t, s) in right.items()},
+              "swapped": dict(zip(TIMED_KS, reversed(list(right.values())))),
+              "one_k_missing": {TIMED_KS[0]: right[TIMED_KS[0]]},
+              "a_ratio": {k: t / s for k, (t, s) in right.items()}}[reported]
+    with pytest.raises(AssertionError, match="counts of your timed run"):
+        G.check_timed_counts(COUNT, counts, TIMED_PROMPTS, TIMED_NEW, TIMED_KS)
+
+
+def test_timed_counts_are_read_by_value():
+    right = _timed_counts()
+    as_tensors = {k: torch.tensor(v) for k, v in right.items()}
+    as_list = [list(right[k]) for k in TIMED_KS]  # aligned with ks
+    for counts in (as_tensors, as_list, {float(k): (float(t), float(s)) for k, (t, s) in right.items()}):
+        G.check_timed_counts(COUNT, counts, TIMED_PROMPTS, TIMED_NEW, TIMED_KS)
+
+
+def test_a_count_that_calls_specrefs_loop_scores_zero():
+    from specref.decoding.chain import speculative_generate
+
+    def count(target, draft, prompts, k, max_new_tokens):
+        return speculative_generate(target, draft, torch.tensor([prompts[0]]), k=k, max_new_tokens=max_new_tokens)
+
+    with pytest.raises(AssertionError, match="asks you to write yourself"):
+        G.check_timed_counts(count, _timed_counts(), TIMED_PROMPTS, TIMED_NEW, TIMED_KS)
+
+
+V_REPEATS = {2: [1.04, 0.98, 1.31, 1.02, 1.10], 4: [1.01, 1.07, 1.60, 0.99, 1.05]}  # skewed: mean != median
+C_REPEATS = [0.061, 0.083, 0.066, 0.070, 0.064]
+COUNTS = {2: (48, 17), 4: (48, 13)}
+
+
+def _prediction(counts=COUNTS, v=V_REPEATS, c=C_REPEATS, centre=None):
+    import statistics
+    centre = centre or statistics.median
+    return {k: (t / s) / (centre(v[k]) + centre(c) * k) for k, (t, s) in counts.items()}
+
+
+def test_the_prediction_check_passes_the_learners_own_arithmetic_in_float64_and_float32(capsys):
+    G.check_prediction(COUNTS, V_REPEATS, C_REPEATS, _prediction(), TIMED_KS)
+    # the same arithmetic in float32 tensors: within the rounding PREDICTION_RTOL allows for
+    v32 = {k: torch.tensor(v, dtype=torch.float32) for k, v in V_REPEATS.items()}
+    c32 = torch.tensor(C_REPEATS, dtype=torch.float32)
+    p32 = {k: (torch.tensor(float(t), dtype=torch.float32) / s) / (v32[k].sort().values[2] + c32.sort().values[2] * k)
+           for k, (t, s) in COUNTS.items()}
+    G.check_prediction(COUNTS, v32, c32, p32, TIMED_KS)
+    assert capsys.readouterr().out.count("passed") == 2
+
+
+@pytest.mark.parametrize("wrong", ["mean", "c_times_k_plus_1", "no_draft_cost", "alpha_formula", "off_1e-5"])
+def test_the_prediction_check_flags_a_prediction_not_made_from_the_reported_values(wrong):
+    import statistics
+    if wrong == "mean":
+        pred = _prediction(centre=statistics.mean)
+    elif wrong == "c_times_k_plus_1":
+        pred = {k: (t / s) / (statistics.median(V_REPEATS[k]) + statistics.median(C_REPEATS) * (k + 1))
+                for k, (t, s) in COUNTS.items()}
+    elif wrong == "no_draft_cost":
+        pred = {k: (t / s) / statistics.median(V_REPEATS[k]) for k, (t, s) in COUNTS.items()}
+    elif wrong == "alpha_formula":  # E(alpha, k) at an alpha from the counts instead of the counted tokens per step
+        alpha = {k: (t / s - 1) / k for k, (t, s) in COUNTS.items()}
+        pred = {k: ((1 - a ** (k + 1)) / (1 - a)) / (statistics.median(V_REPEATS[k]) + statistics.median(C_REPEATS) * k)
+                for k, a in alpha.items()}
+    else:
+        pred = {k: x * (1 + 1e-5) for k, x in _prediction().items()}
+    with pytest.raises(AssertionError, match="you predicted"):
+        G.check_prediction(COUNTS, V_REPEATS, C_REPEATS, pred, TIMED_KS)
+
+
+def test_the_prediction_check_asks_for_an_odd_number_of_repeats_and_every_k():
+    even = {k: v[:4] for k, v in V_REPEATS.items()}
+    with pytest.raises(AssertionError, match="odd number"):
+        G.check_prediction(COUNTS, even, C_REPEATS, _prediction(), TIMED_KS)
+    with pytest.raises(AssertionError, match="odd number"):
+        G.check_prediction(COUNTS, V_REPEATS, C_REPEATS[:4], _prediction(), TIMED_KS)
+    with pytest.raises(AssertionError, match="maps each k"):
+        G.check_prediction(COUNTS, V_REPEATS, C_REPEATS, {2: _prediction()[2]}, TIMED_KS)
+
+
+def test_an_unsolved_count_reaches_the_learner_as_not_implemented():
+    def stub(*args):
+        raise NotImplementedError("Task 4: write count_steps (see the task above)")
+
+    with pytest.raises(NotImplementedError, match="Task 4 is not done yet"):
+        G.check_timed_counts(stub, None, TIMED_PROMPTS, TIMED_NEW, TIMED_KS)
+    with pytest.raises(NotImplementedError, match="Task 4 is not done yet"):
+        G.check_step_counts(stub, seed=1)

@@ -1,8 +1,7 @@
 """Bad input to the public API gets a clear ValueError/TypeError naming the argument: never a NaN, a hang,
 garbage, or a bare error from deep inside; and loading a model leaves the global RNG alone.
 
-Each test here was written against a case found by fuzzing the API (see the audit's report); it fails
-on the code before the fix.
+Each test here is a case found by fuzzing the API: a call that a missing or weakened check lets through.
 """
 
 from __future__ import annotations

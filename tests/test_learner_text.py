@@ -148,3 +148,62 @@ def test_linter_flags_the_old_files(path: str, tmp_path: Path) -> None:
     kinds = {p.kind for p in problems}
     expected = {"a date", "'host'"} | ({"'written on'"} if path.endswith(".md") else {"a goal line"})
     assert expected <= kinds, kinds
+
+
+# -- code: comments and docstrings of every .py file carry no history -----------------------------------------
+
+
+def test_code_has_no_development_history() -> None:
+    files = learner_text.code_files()
+    problems = [p for f in files for p in learner_text.lint_python(f)]
+    assert not problems, "\n".join(map(str, problems))
+
+
+def test_code_files_are_every_code_folder_but_historys_home() -> None:
+    rel = {p.relative_to(REPO).as_posix() for p in learner_text.code_files()}
+    for expected in ("specref/drafts/base.py", "specref_grading/grade.py", "tests/test_draft_contract.py",
+                     "tools/upkeep/house.py", "benchmarks/bench_drafts.py"):
+        assert expected in rel, expected
+    assert not any(r.startswith("benchmarks/history/") for r in rel)
+    assert not set(learner_text.CODE_EXEMPT) & rel
+
+
+DATED = '''"""Speedup as measured 2026-12-01 on the grown target."""
+
+
+def f(x):
+    """Twice x, as issue 46 asked."""
+    return 2 * x  # the fix of Dec 3, see PR #12
+'''
+
+CLEAN = '''"""One read back to the host per step; the first run of the loop compiles the kernel."""
+
+
+def f(x):
+    """Twice x; printed as "met" or "NOT met" live by a benchmark."""
+    when = "2026-12-01"  # a string in code, not a comment or a docstring
+    return 2 * x
+'''
+
+
+def test_a_dated_docstring_or_comment_is_flagged_and_code_is_not(tmp_path: Path) -> None:
+    """Negative control: a date and an issue number in a module docstring, a function docstring and a comment."""
+    path = tmp_path / "dated.py"
+    path.write_text(DATED)
+    found = {(p.where.rsplit(":", 1)[1], p.kind) for p in learner_text.lint_python(path, repo=tmp_path)}
+    assert found == {("1", "a date"), ("5", "an issue number"), ("6", "a date"), ("6", "an issue number")}, found
+    path.write_text(CLEAN)  # "host", a loop's first run, a goal verdict, a date in a string: not history in code
+    assert learner_text.lint_python(path, repo=tmp_path) == []
+
+
+def test_history_lives_only_in_benchmarks_history(tmp_path: Path) -> None:
+    """A dated .py under benchmarks/history/ is left alone; the same file beside it is flagged."""
+    for folder in ("benchmarks/history", "benchmarks", "specref", "tests"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "dated.py").write_text(DATED)
+    files = learner_text.code_files(tmp_path)
+    assert {p.relative_to(tmp_path).as_posix() for p in files} == {"benchmarks/dated.py", "specref/dated.py",
+                                                                    "tests/dated.py"}
+    flagged = {p.where.split(":")[0] for f in files for p in learner_text.lint_python(f, repo=tmp_path)}
+    assert flagged == {"benchmarks/dated.py", "specref/dated.py", "tests/dated.py"}
+    assert learner_text.main([str(tmp_path / "benchmarks" / "dated.py")]) == 1

@@ -7,8 +7,9 @@ import torch
 from model_factory import noisy_copy, small_gpt2
 
 from specref.decoding.chain import speculative_generate
-from specref.perf.costs import arithmetic_intensity, forward_time, weight_bytes
+from specref.perf.costs import forward_time
 from specref.perf.measure import SpeculativeRun, plain_time, speculative_run
+from specref.perf.roofline import arithmetic_intensity, weight_bytes
 from specref.theory import expected_tokens_per_step
 
 

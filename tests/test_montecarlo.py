@@ -15,6 +15,7 @@ import pytest
 import scipy.stats
 import torch
 
+from specref.chain_verify import verify_chain
 from specref.checks.exact import accepted_count_distribution, chain_step_distribution
 from specref.checks.montecarlo import (
     BROKEN_RULES,
@@ -27,7 +28,7 @@ from specref.checks.montecarlo import (
     tv_bound,
 )
 from specref.checks.toy import MarkovChain, MisreportedDraft, toy_pair
-from specref.rejection import acceptance_probability, residual, verify_chain
+from specref.rejection import acceptance_probability, residual
 
 F64 = torch.float64
 K, N_TOKENS, START = 4, 3, 0

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
+from specref.chain_verify import verify_chain
 from specref.checks import broken as B
 from specref.checks import pitfalls as P
 from specref.checks.montecarlo import distribution_test, simulate
 from specref.checks.toy import MarkovChain, MisreportedDraft, toy_pair
 from specref.drafts import ModelDraft
 from specref.models import heldout_prompts, load_pair
-from specref.rejection import verify_chain
 from specref.sampling import SamplingParams
 
 RUNS = 20_000  # every sampled check, correct and broken alike

@@ -145,3 +145,61 @@ def test_a_changing_environment_counts_with_both_pytest_results(monkeypatch, cap
     assert row.split()[2:] == ["torch", "passed" if not units else "FAILED", *([] if not units else ["(1)"]),
                                "passed" if not notebooks else "FAILED", *([] if not notebooks else ["(1)"])]
     assert (f"{1 - want} of 1 environments that change results here passed") in out
+
+
+def _by_library(env: dict[str, str]) -> portable.Fingerprint:
+    """Sandybridge changes numpy's fingerprint, MKL_CBWR torch's; both set change both."""
+    return portable.Fingerprint("other" if env.get("MKL_CBWR") else "native",
+                                "other" if env.get("OPENBLAS_CORETYPE") == "Sandybridge" else "native")
+
+
+def _record_runs(monkeypatch) -> list[str]:
+    names = []
+
+    def run(cmd, env, **k):
+        names.append(env[portable.INSIDE_ENV])
+        assert ("MKL_CBWR" in env) == ("mkl-compatible" in env[portable.INSIDE_ENV])
+        assert ("OPENBLAS_CORETYPE" in env) == ("openblas-sandybridge" in env[portable.INSIDE_ENV])
+        return _Done(0)
+    monkeypatch.setattr(portable.subprocess, "run", run)
+    return names
+
+
+ONLY_TWO = ["--jobs", "1", "--only", "openblas-sandybridge", "--only", "mkl-compatible"]
+
+
+def test_a_numpy_and_a_torch_environment_share_one_run(monkeypatch, capsys):
+    _fake_fingerprints(monkeypatch, _by_library)
+    names = _record_runs(monkeypatch)
+    assert portable.main([*ONLY_TWO, "--", "notebooks"]) == 0
+    assert names == ["openblas-sandybridge+mkl-compatible"] * 2  # the unit tests, then the notebooks
+    out = capsys.readouterr().out
+    assert "2 of 2 environments that change results here passed" in out and "in 1 test runs" in out
+    assert "(in one run with mkl-compatible)" in out and "(in one run with openblas-sandybridge)" in out
+
+
+def test_a_pair_whose_combination_changes_only_one_library_runs_apart(monkeypatch, capsys):
+    def masked(env):  # set together, the torch variable hides the numpy one: no longer a test of both
+        fp = _by_library(env)
+        return portable.Fingerprint(fp.torch, "native") if env.get("MKL_CBWR") else fp
+    _fake_fingerprints(monkeypatch, masked)
+    names = _record_runs(monkeypatch)
+    assert portable.main([*ONLY_TWO, "--", "notebooks"]) == 0
+    assert sorted(names) == ["mkl-compatible"] * 2 + ["openblas-sandybridge"] * 2
+    assert "in 2 test runs" in capsys.readouterr().out
+
+
+def test_separately_gives_each_environment_its_own_run(monkeypatch):
+    _fake_fingerprints(monkeypatch, _by_library)
+    names = _record_runs(monkeypatch)
+    assert portable.main([*ONLY_TWO, "--separately", "--", "notebooks"]) == 0
+    assert sorted(names) == ["mkl-compatible"] * 2 + ["openblas-sandybridge"] * 2
+
+
+def test_a_failure_in_a_shared_run_fails_both_environments(monkeypatch, capsys):
+    _fake_fingerprints(monkeypatch, _by_library)
+    monkeypatch.setattr(portable.subprocess, "run", lambda cmd, env, **k: _Done(1 if "tests" in cmd else 0))
+    assert portable.main([*ONLY_TWO, "--", "notebooks"]) == 1
+    out = capsys.readouterr().out
+    assert "0 of 2 environments that change results here passed" in out
+    assert "---- openblas-sandybridge + mkl-compatible" in out

@@ -1,17 +1,17 @@
-"""Prompt lookup as a draft: its proposals follow the stated rule, and speculative decoding with it stays exact."""
+"""Prompt lookup as a draft: its proposals follow the stated rule, and speculative decoding with it stays exact
+when it declines to propose (on_miss="skip"). What every draft must do (the proposal's form, greedy and sampled
+output equal to the target's, proposals after a rollback) is tests/test_draft_contract.py's."""
 
 from __future__ import annotations
 
 import random
 
-import numpy as np
 import pytest
 import torch
-from model_factory import TINY_VOCAB, exact_first_two, sample_first_two, small_gpt2, tiny_pair
+from model_factory import exact_first_two, sample_first_two, small_gpt2, tiny_pair
 
 from specref.checks.montecarlo import distribution_test
-from specref.decoding.chain import generate, speculative_generate, speculative_step
-from specref.decoding.loop import Sequences, SpecStats, prefill
+from specref.decoding.chain import generate, speculative_generate
 from specref.drafts import PromptLookupDraft
 from specref.models.pair import load_pair
 from specref.sampling import SamplingParams
@@ -132,15 +132,6 @@ def greedy_runs(target):
 
 
 @pytest.mark.parametrize("k", range(1, 9))
-def test_greedy_speculative_equals_greedy_target(target, greedy_runs, k):
-    draft = PromptLookupDraft.for_target(target)
-    for ids, expected in greedy_runs:
-        got, stats = speculative_generate(target, draft, ids, k=k, max_new_tokens=80, temperature=0)
-        assert torch.equal(got, expected), f"B={ids.shape[0]}, k={k}"
-        assert 0 < stats.acceptance_rate < 1, "drafts should be partly right, so both paths run"
-
-
-@pytest.mark.parametrize("k", range(1, 9))
 def test_greedy_speculative_with_skip_equals_greedy_target(target, greedy_runs, k):
     # min_ngram = 2 misses often on these streams, so steps that propose and steps that skip both run.
     draft = PromptLookupDraft.for_target(target, min_ngram=2, on_miss="skip")
@@ -153,52 +144,22 @@ def test_greedy_speculative_with_skip_equals_greedy_target(target, greedy_runs, 
 @pytest.fixture(scope="module")
 def bundled_copy_run():
     """The bundled target (float64: the k+1-token pass and the 1-token pass must not round a near-tie apart)
-    on a prompt that repeats a snippet: plain greedy, and speculative with prompt lookup."""
+    on a prompt that repeats a snippet, speculative with prompt lookup."""
     target, _, tokenizer = load_pair(dtype=torch.float64)
     snippet = "    def __init__(self, name, value):\n        self.name = name\n        self.value = value\n"
     ids = torch.tensor([tokenizer.encode(snippet * 2)])
-    expected = generate(target, ids, 32, temperature=0)
     got, stats = speculative_generate(target, PromptLookupDraft.for_target(target), ids, k=8, max_new_tokens=32,
                                       temperature=0)
-    return expected, got, stats
-
-
-def test_greedy_speculative_equals_greedy_target_on_the_bundled_pair(bundled_copy_run):
-    expected, got, _ = bundled_copy_run
-    assert torch.equal(got, expected)
+    return got, stats
 
 
 def test_a_repeated_prompt_gets_many_tokens_per_step(bundled_copy_run):
     # Text that repeats itself is where copying pays: several accepted drafts per target pass.
-    _, _, stats = bundled_copy_run
+    _, stats = bundled_copy_run
     assert stats.tokens_per_step > 2.5, stats.as_dict()
 
 
 N_RUNS = 30_000
-
-
-def _sample_first_two(target, draft, prompt, k, params, seed) -> np.ndarray:  # [V, V] counts
-    ids = torch.tensor([prompt] * N_RUNS)
-    out, _ = speculative_generate(target, draft, ids, k=k, max_new_tokens=2, temperature=params.temperature,
-                                  top_k=params.top_k, generator=torch.Generator().manual_seed(seed))
-    pairs = out[:, len(prompt):].numpy()
-    return np.bincount(pairs[:, 0] * TINY_VOCAB + pairs[:, 1], minlength=TINY_VOCAB**2).reshape(TINY_VOCAB, TINY_VOCAB)
-
-
-# Each prompt makes lookup propose a token the target gives some, but not much, probability:
-# [1, 2, 3, 1, 2] proposes 3 (p = 0.14), [3, 3, 4, 3] proposes 4 (p = 0.10), and
-# [0, 4, 5, 0, 4] proposes 5, which top_k=4 removes from p, so it is always rejected.
-SAMPLED = [([1, 2, 3, 1, 2], 1, SamplingParams(1.0)), ([3, 3, 4, 3], 2, SamplingParams(1.0)),
-           ([0, 4, 5, 0, 4], 3, SamplingParams(0.7, top_k=4))]
-
-
-@pytest.mark.parametrize("prompt,k,params", SAMPLED)
-def test_sampled_first_two_tokens_follow_the_target(prompt, k, params):
-    target, _ = tiny_pair()
-    exact = exact_first_two(target, prompt, params)
-    counts = _sample_first_two(target, PromptLookupDraft.for_target(target), prompt, k, params, seed=30 + k)
-    assert distribution_test(exact, counts=counts).passed
-
 
 # [1, 2, 3] misses, so the first step skips and x1 is the target's own draw; the second step
 # proposes in the rows where x1 is 1, 2 or 3 (which then match) and repeats x1 in the others.
@@ -228,37 +189,6 @@ class _SmoothedQDraft(PromptLookupDraft):
     def propose(self, tokens, lengths, k, params, generator=None):
         drafts, q = super().propose(tokens, lengths, k, params, generator)
         return drafts, 0.5 * q + 0.5 / self.vocab_size
-
-
-def test_negative_control_a_q_other_than_the_drafts_is_flagged():
-    target, _ = tiny_pair()
-    prompt, k, params = SAMPLED[0]
-    exact = exact_first_two(target, prompt, params)
-    counts = _sample_first_two(target, _SmoothedQDraft.for_target(target), prompt, k, params, seed=30 + k)
-    assert distribution_test(exact, counts=counts).p_value < 1e-6
-
-
-# -- rollback -------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_after_a_rollback_proposals_equal_a_fresh_drafts(target, temperature):
-    # Stateless: after every step (rejections included) the draft proposes what a new one would on the same buffer.
-    ids = torch.tensor([[1, 2, 3, 1, 2, 3], [9, 8, 9, 8, 7, 7]])
-    seqs, cache = Sequences(ids, 40), target.new_cache(2)
-    draft = PromptLookupDraft.for_target(target)
-    draft.begin(2)
-    prefill(target, ids, cache, SpecStats(k=1))
-    g, params, rejected = torch.Generator().manual_seed(0), SamplingParams(temperature), 0
-    while not seqs.done:
-        step = speculative_step(target, draft, seqs, cache, 4, params, g)
-        rejected += sum(n < step.drafts.shape[1] for n in step.n_accepted)
-        fresh = PromptLookupDraft.for_target(target)
-        fresh.begin(2)
-        for a, b in zip(draft.propose(seqs.tokens, seqs.lengths, 4, params),
-                        fresh.propose(seqs.tokens, seqs.lengths, 4, params)):
-            assert torch.equal(a, b)
-    assert rejected > 0, "no draft was rejected: nothing was rolled back"
 
 
 # -- bad input ------------------------------------------------------------------------------------
@@ -322,6 +252,3 @@ def test_a_bad_rollback_is_rejected():
         draft.rollback(torch.tensor([3]))
 
 
-def test_a_draft_for_another_vocabulary_is_rejected(target):
-    with pytest.raises(ValueError, match="vocabularies differ"):
-        speculative_generate(target, PromptLookupDraft(65), torch.tensor([[1, 2]]), k=2, max_new_tokens=3)

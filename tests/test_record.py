@@ -8,7 +8,8 @@ from model_factory import noisy_copy, small_gpt2
 
 from specref import PromptLookupDraft, generate, load_draft, load_pair
 from specref.course.widgets import draft_steps_widget, format_steps
-from specref.decoding.record import RecordedStep, acceptance_by_position, counts_from_histogram, record_generation
+from specref.decoding.positions import acceptance_by_position, counts_from_histogram
+from specref.decoding.record import RecordedStep, record_generation
 from specref.decoding.trace import trace_step
 from specref.drafts import ModelDraft
 from specref.models.pair import heldout_prompts

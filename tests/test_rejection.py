@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specref.rejection import acceptance_probability, residual, verify_chain, verify_chain_greedy
+from specref.chain_verify import verify_chain
+from specref.rejection import acceptance_probability, residual, verify_chain_greedy
 from specref.sampling import sample
 
 F64 = torch.float64

@@ -10,11 +10,12 @@ import pytest
 import torch
 from model_factory import TINY_VOCAB, exact_first_two, small_gpt2, tiny_pair
 
+from specref.chain_verify import verify_chain
 from specref.checks.exact import generation_distribution
 from specref.checks.montecarlo import distribution_test, simulate
 from specref.checks.toy import toy_pair
 from specref.decoding.chain import generate, speculative_generate
-from specref.rejection import verify_chain, verify_chain_greedy
+from specref.rejection import verify_chain_greedy
 from specref.sampling import SamplingParams
 from specref.typical import TypicalAcceptance, verify_chain_typical
 

@@ -19,9 +19,10 @@ from collections.abc import Callable
 
 import torch
 
+from ..chain_verify import verify_chain
 from ..drafts import ModelDraft
 from ..drafts.base import draw
-from ..rejection import ChainRule, check_chain, residual, verify_chain
+from ..rejection import ChainRule, check_chain, residual
 from ..sampling import SamplingParams, as_rng, sample
 from ..trees import ROOT, Tree, TreeResult, verify_tree
 
@@ -114,7 +115,7 @@ class StaleCacheTarget(torch.nn.Module):
         return out
 
 
-# Broken chain rules (the signature of `specref.rejection.verify_chain` on batched input).
+# Broken chain rules (the signature of `specref.chain_verify.verify_chain` on batched input).
 
 
 def _uniforms(

@@ -26,7 +26,8 @@ import itertools
 import torch
 
 from .._validate import check_int, check_probs
-from ..rejection import ChainRule, residual, verify_chain
+from ..chain_verify import verify_chain
+from ..rejection import ChainRule, residual
 from .toy import MarkovChain, MisreportedDraft, check_cells
 
 # Evaluations per rule call: bounds memory (each row holds [2k+1, V] float64).

@@ -21,7 +21,8 @@ import scipy.stats
 import torch
 
 from .._validate import check_int
-from ..rejection import ChainRule, verify_chain
+from ..chain_verify import verify_chain
+from ..rejection import ChainRule
 from .broken import (  # noqa: F401 - the broken chain rules, importable from here as before
     BROKEN_RULES,
     verify_always_accept,

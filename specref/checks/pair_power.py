@@ -15,8 +15,8 @@ import math
 
 import torch
 
+from ..chain_verify import verify_chain
 from ..models import heldout_prompts, load_pair
-from ..rejection import verify_chain
 from ..sampling import process_logits
 from .exact import enumerate_step
 from .montecarlo import ALPHA, tv_bound, verify_skip_residual

@@ -19,8 +19,9 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from .._validate import check_int
+from ..chain_verify import verify_chain
 from ..decoding.chain import generate, speculative_generate
-from ..rejection import ChainRule, residual, verify_chain
+from ..rejection import ChainRule, residual
 from ..sampling import SamplingParams, sample
 from .exact import enumerate_step, generation_distribution, merge, step_distribution_formula
 from .montecarlo import ALPHA, DistributionTest, distribution_test

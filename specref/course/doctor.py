@@ -183,7 +183,7 @@ def self_check() -> Check:
     try:
         import torch
 
-        from .. import rejection
+        from .. import chain_verify, rejection
         from ..checks import exact
 
         # The worked case: p = (0.6, 0.3, 0.1), q = (0.3, 0.6, 0.1) -> beta 0.7, residual (1, 0, 0).
@@ -200,7 +200,7 @@ def self_check() -> Check:
         q = torch.rand(2, 4, generator=g, dtype=torch.float64) + 0.05
         p, q = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
         # Looked up at call time, so the check tests the rule the notebooks will call.
-        got = exact.step_distribution(p, q, rule=rejection.verify_chain)
+        got = exact.step_distribution(p, q, rule=chain_verify.verify_chain)
         want = exact.step_distribution_formula(p, q)
         err = max(abs(got.get(s, 0.0) - want.get(s, 0.0)) for s in set(got) | set(want))
         first = torch.zeros(4, dtype=torch.float64)

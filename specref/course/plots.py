@@ -250,8 +250,8 @@ def plot_jensen(alphas: ArrayLike, weights: ArrayLike | None, k: int, ax=None):
 
 
 def roofline_view(
-    weight_bytes: float,  # bytes of weights one pass reads (specref.perf.costs.weight_bytes)
-    flops_per_token: float,  # FLOPs one pass spends per token scored (specref.perf.costs.forward_flops(model, 1))
+    weight_bytes: float,  # bytes of weights one pass reads (specref.perf.roofline.weight_bytes)
+    flops_per_token: float,  # FLOPs one pass spends per token scored (specref.perf.roofline.forward_flops(model, 1))
     bandwidth: float,  # bytes/s (specref.perf.costs.memory_bandwidth)
     peak_flops: float,  # FLOP/s (specref.perf.costs.peak_matmul_flops)
     token_counts: ArrayLike,  # [n] tokens scored per pass
@@ -541,5 +541,63 @@ def plot_crossover(view: dict, ax=None):
     ax.set_xlabel("batch size B")
     ax.set_ylabel("predicted speedup E / (v + c k)")
     ax.legend(fontsize=6, ncol=2)
+    ax.grid(alpha=0.3)
+    return ax
+
+
+def plot_pass_grid(grid: Sequence[dict], fit, context: int, ax=None, unit: float = 1e-3):
+    """Measured target passes against rows per pass B x T (median, range of the repeats), one colour per T, with the
+    fitted model's line for each T.
+
+    `grid` holds `specref.perf.live.pass_rows`' rows (`batch_size`, `n_tokens`, `seconds`, `low`, `high`); `fit` is
+    the `specref.perf.PassModel` fitted to them, evaluated at `context` cached tokens. Returns the Axes.
+    """
+    if not grid:
+        raise ValueError("grid must hold at least one measured pass")
+    ax = _axes(ax)
+    Bs = np.arange(1, max(r["batch_size"] for r in grid) + 1)
+    for i, T in enumerate(sorted({r["n_tokens"] for r in grid})):
+        rows = [r for r in grid if r["n_tokens"] == T]
+        bars = np.array([[r["seconds"] - r["low"], r["high"] - r["seconds"]] for r in rows]).T / unit  # [2, n]
+        ax.errorbar([r["batch_size"] * T for r in rows], [r["seconds"] / unit for r in rows], yerr=bars, fmt="o",
+                    ms=4, color=f"C{i}", label=f"T = {T} new token(s) per row")
+        ax.plot(Bs * T, np.asarray(fit(Bs, T, context)) / unit, "-", lw=1, color=f"C{i}")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("rows per pass, B x T")
+    ax.set_ylabel("ms per target pass")
+    ax.set_title(f"one target pass: median, range of the repeats; lines: the {fit.form} fit", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return ax
+
+
+def plot_runs_against_model(model, alpha: float, ks: Sequence[int], batch_sizes: Sequence[int],
+                            measured: Mapping[int, Sequence[float]], predicted: Mapping[int, float], k_measured: int,
+                            ax=None):
+    """The model's predicted speedup E / (v + c k) against the batch size for each k (lines), with decoding runs
+    timed at `k_measured`: each batch size's repeats (`measured`: B -> the repeats' speedups; median and range drawn)
+    and the model's prediction for that run as counted (`predicted`: B -> speedup, a cross). Returns the Axes.
+    """
+    Bs = [int(B) for B in batch_sizes]
+    if not Bs or not ks:
+        raise ValueError("batch_sizes and ks must each hold at least one entry")
+    if set(predicted) != set(measured):
+        raise ValueError(f"measured and predicted must cover the same batch sizes, got {sorted(measured)} and "
+                         f"{sorted(predicted)}")
+    ax = _axes(ax)
+    for i, k in enumerate(ks):
+        ax.plot(Bs, [model.predict_speedup(alpha, int(k), B) for B in Bs], "-", color=f"C{i}",
+                label=f"model, k = {k}")
+    colour = f"C{list(ks).index(k_measured)}" if k_measured in ks else "k"
+    for n, (B, repeats) in enumerate(sorted(measured.items())):
+        mid = float(np.median(repeats))
+        ax.errorbar([B], [mid], yerr=[[mid - min(repeats)], [max(repeats) - mid]], fmt="o", color=colour,
+                    label=f"measured, k = {k_measured}" if n == 0 else None)
+        ax.plot([B], [predicted[B]], "x", color=colour, ms=8, label="model, for the run as counted" if n == 0 else None)
+    ax.axhline(1, color="k", lw=0.8)
+    ax.set_xticks(Bs, [str(B) for B in Bs])
+    ax.set_xlabel("batch size B")
+    ax.set_ylabel("speedup over plain decoding")
+    ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     return ax

@@ -17,10 +17,11 @@ from functools import partial
 import torch
 
 from .._validate import check_int
+from ..chain_verify import verify_chain_unchecked
 from ..drafts import Draft, as_draft
 from ..models.gpt2 import unchecked
 from ..models.kvcache import KVCache
-from ..rejection import verify_chain_greedy_unchecked, verify_chain_unchecked
+from ..rejection import verify_chain_greedy_unchecked
 from ..sampling import SamplingParams, sample_unchecked
 from ..typical import TypicalAcceptance, as_acceptance
 from .loop import (

@@ -7,14 +7,16 @@ docstring from its opening quotes to the end). `token_labels` gives each BPE tok
 label of its first non-blank character. `acceptance_along` scores a text teacher-forced:
 at every position, beta = sum_x min(p(x), q(x)), the probability that one draft from q
 is accepted there (`specref.rejection.acceptance_probability`), and whether the two argmaxes
-agree (greedy acceptance).
+agree (greedy acceptance). `acceptance_by_kind` gathers both over many texts by label, with `PROSE`, a
+paragraph of English written for the course (not Python, not a text the bundled pair can have seen), as "prose".
 """
 
 from __future__ import annotations
 
 import io
 import tokenize
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -22,6 +24,20 @@ from ..rejection import acceptance_probability
 from ..sampling import SamplingParams
 
 LABELS = ("code", "comment", "docstring")
+PROSE = " ".join("""
+Early on a winter morning the baker lights the oven and lets it warm while the dough rests under a cloth. The
+bakery is quiet at that hour. Flour hangs in the air, the radio plays softly, and the first customers will not
+arrive for another two hours. She shapes the loaves by hand, folding each one twice and turning it until the
+surface is smooth and tight. Her grandfather taught her this when she was a child, standing on a wooden box to
+reach the table, and she still counts the folds under her breath the way he did. When the oven is hot enough she
+slides the loaves in on a long paddle, throws a cup of water onto the floor of the oven and closes the door
+quickly, so that the steam stays inside and the crust can rise before it hardens. Twenty minutes later the smell
+reaches the street. A man walking his dog stops at the window, reads the sign on the door, and decides to come
+back later. By the time the sun is up the shelves are full, the coffee machine is running, and the baker sits
+down for the first time, tired but content, with a slice of warm bread and a little butter. Tomorrow she will do
+it all again, and the day after that, because people in the village expect their bread, and because she would
+not know what else to do with her mornings.
+""".split())
 _SKIP = {tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.COMMENT, tokenize.ENCODING}
 
 
@@ -99,3 +115,35 @@ def acceptance_along(
     else:
         beta = acceptance_probability(params.probs(lt), params.probs(ld))
     return beta, lt.argmax(-1) == ld.argmax(-1)
+
+
+def acceptance_by_kind(
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    texts: Sequence[str],
+    encode: Callable[[str], list[int]],
+    decode: Callable[[int], str],
+    params: SamplingParams,
+    prose: str | None = None,
+    window: int = 128,
+) -> tuple[dict[str, list[float]], dict[str, list[bool]]]:
+    """`acceptance_along` over Python `texts`, each position labelled by the token it predicts (`token_labels`),
+    and over `prose` in windows of `window` tokens under "prose": (beta by label, greedy agreement by label)."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1 token, got {window}")
+    beta_by: dict[str, list[float]] = defaultdict(list)
+    agree_by: dict[str, list[bool]] = defaultdict(list)
+    for text in texts:
+        ids = encode(text)
+        kinds = token_labels(text, ids, decode)
+        beta, agree = acceptance_along(target, draft, ids, params)
+        for kind, b, a in zip(kinds[1:], beta.tolist(), agree.tolist()):  # position i predicts token i + 1
+            beta_by[kind].append(b)
+            agree_by[kind].append(a)
+    if prose is not None:
+        ids = encode(prose)
+        for start in range(0, len(ids) - 1, window):
+            beta, agree = acceptance_along(target, draft, ids[start:start + window + 1], params)
+            beta_by["prose"] += beta.tolist()
+            agree_by["prose"] += agree.tolist()
+    return dict(beta_by), dict(agree_by)

@@ -5,7 +5,8 @@ weights (the two share a state-dict layout; tests/test_gpt2.py checks the logits
 wraps a model's forward to count target passes on either side, because transformers reports no
 such count. `hf_generate` runs HF's greedy assisted generation (a draft model, or prompt lookup)
 and `specref_generate` runs specref's greedy speculative decoding; both return the new tokens
-and the count, so tokens per target pass are compared like for like.
+and the count, so tokens per target pass are compared like for like. `time_libraries` times both on
+the pair with its target grown until its weights stream from memory.
 
 Pass counting. specref spends one pass on the prompt (every token but the last) that emits
 nothing, then one pass per step; HF folds the prompt into its first verification pass. So a
@@ -229,3 +230,35 @@ def time_repeats(run: Callable[[], Run], repeats: int) -> list[float]:
     """Seconds of `repeats` calls of `run` (one untimed warm-up first)."""
     run()
     return [run().seconds for _ in range(repeats)]
+
+
+KERNEL_LABELS = ("HF, PyTorch's kernels", "specref, PyTorch's kernels", "specref, few-token kernel")
+
+
+def time_libraries(target: GPT2, draft: GPT2, prompt: list[int], max_new_tokens: int, *, k: int = 4,
+                   repeats: int = 3, factor: int = 4) -> tuple[dict[str, tuple[int, list[float]]], object]:
+    """Both libraries' greedy speculative decoding at a constant k, timed on float32 copies of the pair with the
+    target grown `factor` times wider (`specref.models.grow.widen`: the same function, so the same steps).
+
+    Each row is (steps, seconds of each of `repeats` timed runs after one untimed warm-up): HF and specref on
+    PyTorch's kernels, then specref on the few-token kernel (`use_small_kernel`) where one compiles. Returns the
+    rows by `KERNEL_LABELS` and the kernel report (its `name` and `reason`).
+    """
+    import copy
+
+    from ..models.gpt2 import use_small_kernel
+    from ..models.grow import widen
+
+    grown = widen(copy.deepcopy(target).float(), factor)  # [the same logits], weights that stream from memory
+    draft32 = copy.deepcopy(draft).float()
+    hf_grown, hf_draft = to_hf(grown), to_hf(draft32)
+
+    def timed(run: Callable[[], Run]) -> tuple[int, list[float]]:
+        return run().steps, [run().seconds for _ in range(repeats)]  # the warm-up's steps, then the repeats
+
+    rows = {KERNEL_LABELS[0]: timed(lambda: hf_generate(hf_grown, prompt, max_new_tokens, draft=hf_draft, k=k)),
+            KERNEL_LABELS[1]: timed(lambda: specref_generate(grown, prompt, max_new_tokens, draft=draft32, k=k))}
+    kernel = use_small_kernel(grown)  # attaches the few-token kernel where one compiles; else leaves grown as it was
+    if kernel.name == "compiled":
+        rows[KERNEL_LABELS[2]] = timed(lambda: specref_generate(grown, prompt, max_new_tokens, draft=draft32, k=k))
+    return rows, kernel

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from specref.chain_verify import verify_chain
 from specref.checks.exact import enumerate_step, merge
 from specref.checks.rng import _SYMBOLIC_HINT, exact_distribution
 from specref.rejection import residual as _ref_residual
-from specref.rejection import verify_chain
 
 from .report import (
     TOL,
@@ -39,7 +39,6 @@ from .report import (
     as_ints,
     as_items,
     as_vector,
-    call_learner,
     close,
     failure,
     fmt,
@@ -53,140 +52,219 @@ from .rules import graded
 # whatever name they go: ex08's samplers (specref.checks.samplers: a residual and an accept/reject step of their
 # own, private helpers included) and the lectures' views (specref.course.plots and .widgets: beta, min(p, q) and
 # the residual of a worked case) compute the same answers.
-FORBIDDEN = ("specref.rejection", "specref.checks.exact", "specref.checks.montecarlo", "specref.checks.broken",
-             "specref.checks.pitfalls", "specref.checks.samplers", "specref.course.plots", "specref.course.widgets",
-             "specref.typical", "specref.trees", "specref_grading")
-ALLOWED = tuple(f"specref_grading.checks.accept_reject.{n}" for n in
-                ("check_worked_example", "check_residual", "check_accept_reject_step"))
+FORBIDDEN = ("specref.rejection", "specref.chain_verify", "specref.checks.exact", "specref.checks.montecarlo",
+             "specref.checks.broken", "specref.checks.pitfalls", "specref.checks.samplers", "specref.course.plots",
+             "specref.course.widgets", "specref.typical", "specref.trees", "specref_grading")
+ALLOWED = ("specref_grading.checks.accept_reject.check_worked_example",
+           "specref_grading.checks.accept_reject.check_residual",
+           "specref_grading.checks.accept_reject.check_accept_reject_step")
 
 
 # --------------------------------------------------------------------------------------
-# Exercise 2.1: beta and the residual of the worked case
+# Exercise 2.1: where each emitted token comes from, for any acceptance rule
 # --------------------------------------------------------------------------------------
 
 WORKED_P = (0.6, 0.3, 0.1)
 WORKED_Q = (0.3, 0.6, 0.1)
+WORKED_A = (1.0, 0.5, 0.5)  # a rule that keeps a drafted a always, a drafted b or c half the time
+ROUNDING = 1e-9  # the contract: a rule that keeps x more often than p allows by at most this is rounding, not a fault
+
+
+def _kept(p: torch.Tensor, q: torch.Tensor, a: torch.Tensor) -> torch.Tensor:  # [V] x3 -> [V]
+    """P(x is drafted and kept) under the rule that keeps a drafted x with probability a(x)."""
+    return q * a
+
+
+def _missing(p: torch.Tensor, q: torch.Tensor, a: torch.Tensor) -> torch.Tensor:  # [V] x3 -> [V]
+    """What the kept drafts leave of p: the mass a rejection's replacement must supply, (1 - beta) r(x)."""
+    return (p - _kept(p, q, a)).clamp(min=0)
+
+
+def _feasible(p: torch.Tensor, q: torch.Tensor, a: torch.Tensor) -> bool:
+    """Some replacement distribution makes the output p: the rule never keeps x more often than p(x)."""
+    return bool((_kept(p, q, a) <= p + ROUNDING).all())
+
+
+def _chapter_a(p: np.ndarray, q: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The chapter's rule, min(1, p/q); where q(x) = 0 (x never drafted) any value, drawn at random."""
+    a = rng.choice([0.0, 0.5, 1.0], size=len(p))
+    on = q > 0
+    a[on] = np.minimum(1.0, p[on] / q[on])
+    return a
+
+
+def _rule_cases(rng: np.random.Generator, n_cases: int) -> list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(label, p, q, a): the worked case, then rules over random pairs: the chapter's, scaled-down ones, 'never keep',
+    'always keep' (lossless only when p == q), random a (lossless or not), on pairs with p == q, one-hot and
+    disjoint supports among them."""
+    cases: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = [
+        ("worked case", np.array(WORKED_P), np.array(WORKED_Q), np.array(WORKED_A))]
+    while len(cases) < n_cases:
+        V = int(rng.integers(2, 7))
+        for label, p, q in _distribution_pairs(rng, V):
+            kind = int(rng.integers(5))
+            if kind == 0 or label == "p == q":
+                a, rule = _chapter_a(p, q, rng), "the chapter's rule"
+            elif kind == 1:
+                a, rule = _chapter_a(p, q, rng) * rng.choice([0.25, 0.5, 0.75]), "the chapter's rule, scaled down"
+            elif kind == 2:
+                a, rule = np.zeros(V), "never keep a draft"
+            elif kind == 3:
+                a, rule = np.ones(V), "always keep the draft"
+            else:
+                a, rule = rng.choice([0.0, 0.25, 0.5, 0.75, 1.0], size=V), "random a"
+            cases.append((f"{label}, {rule}", p, q, a))
+    return [(label, torch.tensor(p), torch.tensor(q), torch.tensor(a)) for label, p, q, a in cases[:n_cases]]
+
+
+def _call_rule(g: str, where: str, inputs: list[str], fn: Callable[..., object], p: torch.Tensor, q: torch.Tensor,
+               a: torch.Tensor, who: str) -> tuple[bool, object]:
+    """(raised ValueError, output) of fn(p, q, a) on copies; another exception, or a change to an input, fails."""
+    p_in, q_in, a_in = p.clone(), q.clone(), a.clone()
+    try:
+        out, raised = fn(p_in, q_in, a_in), False
+    except ValueError as e:
+        out, raised = e, True
+    except NotImplementedError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any error of the learner's code is reported with its input
+        raise failure(g, where, inputs + [f"your function raised {type(e).__name__}: {e}"]) from e
+    if not (torch.equal(p_in, p) and torch.equal(q_in, q) and torch.equal(a_in, a)):
+        raise failure(g, where, inputs, f"{who} changed p, q or a in place; compute on new tensors instead.")
+    return raised, out
+
+
+def _feasibility_failure(g: str, where: str, inputs: list[str], feasible: bool, out: object) -> AssertionError:
+    if feasible:
+        return failure(g, where, inputs + [f"your function raised ValueError: {out}"],
+                       "this rule can be made lossless: some replacement distribution gives every token x exactly "
+                       "p(x). Count what the kept drafts already give each token (and allow for rounding, up to 1e-9).")
+    return failure(g, where, inputs + [f"got {out!r}"],
+                   "no replacement can make this rule's output p: it keeps some token more often than p allows, and "
+                   "a replacement can only add probability. Raise ValueError (naming `a`) then.")
 
 
 @graded(1, "check_worked_example", FORBIDDEN, ALLOWED, learner_args=3)
 def check_worked_example(
-    beta: object, residual: object, emit_parts: Callable[[torch.Tensor, torch.Tensor], object],
+    beta: object, residual: object, emit_parts: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object],
     n_cases: int = 40, seed: int = 0,
 ) -> None:
-    """Grade beta and the residual for p = (0.6, 0.3, 0.1), q = (0.3, 0.6, 0.1), and
-    emit_parts(p, q) -> (accepted, replaced) on the worked case and on random pairs.
+    """Grade beta and the replacement distribution of the worked rule (p = (0.6, 0.3, 0.1), q = (0.3, 0.6, 0.1),
+    a = (1, 0.5, 0.5)), then emit_parts(p, q, a) -> (accepted, replaced) on random rules.
 
-    accepted[x] = P(x is drafted and accepted) = q(x) min(1, p(x)/q(x)) = min(p(x), q(x));
-    replaced[x] = P(a rejection, then x from the residual) = (1 - beta) residual(x) = max(0, p(x) - q(x)).
-    Their sum is P(emit x), which is p(x): the two parts are what must be computed.
+    accepted[x] = P(x is drafted and kept) = q(x) a(x); replaced[x] = P(a rejection, then x) = p(x) - q(x) a(x),
+    what makes the output p. A rule with q(x) a(x) > p(x) + ROUNDING for some x cannot be made lossless: ValueError.
     """
     g = "check_worked_example"
-    p = torch.tensor(WORKED_P, dtype=torch.float64)
-    q = torch.tensor(WORKED_Q, dtype=torch.float64)
-    want_beta = float(torch.minimum(p, q).sum())
-    want_res = _ref_residual(p, q)
-    inputs = [f"p = {fmt(p)}", f"q = {fmt(q)}"]
+    p, q, a = (torch.tensor(v, dtype=torch.float64) for v in (WORKED_P, WORKED_Q, WORKED_A))
+    want_beta = float(_kept(p, q, a).sum())
+    miss = _missing(p, q, a)
+    want_res = miss / miss.sum()
+    inputs = [f"p = {fmt(p)}", f"q = {fmt(q)}", f"a = {fmt(a)}"]
 
     b = as_float(beta)
     if b is None:
         raise failure(g, "beta must be a single number.", inputs + [f"got beta = {beta!r}"])
     if not close(b, want_beta, rel=1e-6):  # the messages never show the by-hand value nor its formula
-        hint = ("recompute it by hand: beta is the chance that a draft x ~ q is kept by the rule, summed over the "
+        hint = ("recompute it by hand: beta is the chance that a draft x ~ q is kept by this rule, summed over the "
                 "tokens x it can be.")
-        if close(b, float((p - q).abs().sum()) / 2, rel=1e-6):
-            hint = "that is TV(p, q), the mass the rule must correct; beta is the mass it keeps."
+        if close(b, float(torch.minimum(p, q).sum()), rel=1e-6):
+            hint = "that is the chapter's rule's; this rule keeps a drafted c only half the time."
+        elif close(b, float(a.sum()) / len(a), rel=1e-6) or close(b, float((p * a).sum()), rel=1e-6):
+            hint = "the draft x is drawn from q, not uniformly nor from p: weight each token by how often it is drafted."
         elif b > 1:
-            hint = "a probability is at most 1: x cannot be kept more often than either p or q allows."
-        raise failure(g, "beta is wrong: yours is not the acceptance probability of this p and q.",
+            hint = "a probability is at most 1."
+        raise failure(g, "beta is wrong: yours is not the probability that this rule keeps the draft.",
                       inputs + [f"got beta = {b:.4g}"], hint)
 
     r = as_vector(residual)
     if r is None or r.shape != (3,):
         shape = None if r is None else tuple(r.shape)
         raise failure(
-            g, "the residual must be a vector of 3 probabilities.", inputs + [f"got {residual!r} (shape {shape})"]
+            g, "res must be a vector of 3 probabilities.", inputs + [f"got {residual!r} (shape {shape})"]
         )
     if not torch.allclose(r, want_res, atol=1e-6, rtol=0):
-        hint = _residual_hint(p, q, r)
-        raise failure(g, "the residual is wrong: yours is not the distribution a rejection draws from for this p, q.",
-                      inputs + [f"got residual = {fmt(r)}"], hint)
+        raise failure(g, "res is wrong: yours is not the distribution a rejection must draw from for this rule's "
+                         "output to be p.", inputs + [f"got res = {fmt(r)}"], _residual_hint(p, q, a, r))
 
-    cases = _pair_cases(np.random.default_rng(seed + 7), n_cases)
-    for n, (label, pc, qc) in enumerate(cases, 1):
+    cases = _rule_cases(np.random.default_rng(seed + 7), n_cases)
+    for n, (label, pc, qc, ac) in enumerate(cases, 1):
         where = f"emit_parts is wrong on case {n} of {len(cases)} ({label})."
-        case_inputs = [f"p = {fmt(pc)}", f"q = {fmt(qc)}"]
-        out = _call_on_copies(g, where, case_inputs, emit_parts, pc, qc, "emit_parts")
+        case_inputs = [f"p = {fmt(pc)}", f"q = {fmt(qc)}", f"a = {fmt(ac)}"]
+        raised, out = _call_rule(g, where, case_inputs, emit_parts, pc, qc, ac, "emit_parts")
+        feasible = _feasible(pc, qc, ac)
+        if raised != (not feasible):
+            raise _feasibility_failure(g, where, case_inputs, feasible, out)
+        if raised:
+            continue
         pair = as_items(out, 2)
         parts = None if pair is None else [as_vector(x) for x in pair]
         if parts is None or any(x is None or x.shape != pc.shape for x in parts):
             raise failure(g, where, case_inputs + [f"got {out!r}"],
-                        f"return a pair (accepted, replaced) of two vectors of shape {tuple(pc.shape)}.")
+                          f"return a pair (accepted, replaced) of two vectors of shape {tuple(pc.shape)}.")
         accepted, replaced = parts
-        want_acc = torch.minimum(pc, qc)
-        want_rep = (pc - qc).clamp(min=0)  # = (1 - beta) * residual
-        beta_c = float(want_acc.sum())
+        want_acc, want_rep = _kept(pc, qc, ac), _missing(pc, qc, ac)
         if not torch.allclose(accepted, want_acc, atol=1e-9, rtol=0):
-            hint = "accepted[x] is P(x is drafted, then kept by the rule); yours is not, for this p and q."
+            hint = "accepted[x] is P(x is drafted, then kept by this rule); yours is not, for this p, q and a."
             if torch.allclose(accepted, pc, atol=1e-9):
                 hint = ("that is p, the total P(emit x); accepted is only the part where x was drafted and kept. "
                         "The rest comes from replacements.")
-            elif torch.allclose(accepted, qc, atol=1e-9):
-                hint = "q(x) is the chance x is drafted; multiply by the chance the rule then keeps it."
+            elif torch.allclose(accepted, qc, atol=1e-9) and not torch.allclose(ac, torch.ones_like(ac)):
+                hint = "q(x) is the chance x is drafted; the rule then keeps it only some of the time."
+            elif torch.allclose(accepted, torch.minimum(pc, qc), atol=1e-9):
+                hint = "that is what the chapter's rule keeps; this rule keeps a drafted x with its own a(x)."
             elif not torch.isfinite(accepted).all():
-                hint = "where q(x) = 0 the draft x never occurs: its accepted mass is 0, not p(x)/0."
-            elif bool((accepted > torch.minimum(pc, qc) + 1e-9).any()):
-                hint = "some accepted[x] exceeds p(x) or q(x): x is never kept more often than it is drafted or wanted."
+                hint = "where q(x) = 0 the draft x never occurs: nothing to divide there."
             raise failure(g, where, case_inputs + [f"got accepted = {fmt(accepted)}"], hint)
         if not torch.allclose(replaced, want_rep, atol=1e-9, rtol=0):
-            hint = "replaced[x] is P(a rejection, then x as the replacement); yours is not, for this p and q."
-            res_c = _ref_residual(pc, qc)
+            hint = "replaced[x] is P(a rejection, then x as the replacement); yours is not, for this p, q and a."
             if not torch.isfinite(replaced).all():
-                hint = ("p == q here, so there is nothing to make up for: a rejection never happens (1 - beta = 0) and "
-                        "replaced is all zeros. Do not divide by that zero mass.")
-            elif beta_c < 1 and torch.allclose(replaced, res_c, atol=1e-9):
-                hint = "weight the residual by the probability of a rejection, 1 - beta: it is sampled only after one."
-            elif torch.allclose(replaced, pc, atol=1e-9) or torch.allclose(replaced, (1 - beta_c) * pc, atol=1e-9):
-                hint = "after a rejection the replacement is drawn from the residual, not from p."
+                hint = ("this rule never rejects a draft here, so there is nothing to make up for: replaced is all "
+                        "zeros. Do not divide by that zero mass.")
+            elif torch.allclose(replaced, (pc - qc).clamp(min=0), atol=1e-9):
+                hint = "that is what the chapter's rule leaves to replace; this rule keeps drafts with its own a."
+            elif float(want_rep.sum()) > ROUNDING and torch.allclose(replaced, want_rep / want_rep.sum(), atol=1e-9):
+                hint = "weight the replacement distribution by the probability of a rejection: it is drawn only after one."
             elif not torch.allclose(accepted + replaced, pc, atol=1e-9):
-                hint = f"accepted + replaced must be p (the rule is lossless); yours sum to {fmt(accepted + replaced)}."
+                hint = f"accepted + replaced must be p (lossless); yours sum to {fmt(accepted + replaced)}."
             raise failure(g, where, case_inputs + [f"got replaced = {fmt(replaced)}"], hint)
-    kept = torch.minimum(p, q)
-    passed(
-        g,
-        f"beta = {want_beta:.2g}, residual = {fmt(want_res)}, P(emit a) = {kept[0]:.1f} accepted + "
-        f"{(1 - want_beta) * want_res[0]:.1f} replaced = {p[0]:.1f}; emit_parts right on {len(cases)} pairs",
-    )
+    passed(g, f"beta and res of the worked rule; emit_parts right on {len(cases)} rules, "
+              f"{sum(not _feasible(p, q, a) for _, p, q, a in cases)} of them refused as lossy")
 
 
 # --------------------------------------------------------------------------------------
-# Exercise 2.2: the residual distribution
+# Exercise 2.2: the replacement distribution
 # --------------------------------------------------------------------------------------
 
 
-def _residual_hint(p: torch.Tensor, q: torch.Tensor, got: torch.Tensor) -> str:
-    """Name the usual mistake behind a wrong residual."""
-    diff = (p - q).clamp(min=0)
-    mass = float(diff.sum())
+def _residual_hint(p: torch.Tensor, q: torch.Tensor, a: torch.Tensor, got: torch.Tensor) -> str:
+    """Name the usual mistake behind a wrong replacement distribution."""
+    miss = _missing(p, q, a)
+    mass = float(miss.sum())
     if not torch.isfinite(got).all():
-        if mass == 0:
-            return (
-                "p == q here, so the residual has zero mass before normalizing, and normalizing divides by 0. "
-                "A rejection then has probability 0 and the residual is never sampled: return any valid distribution "
-                "(returning p is the convention) instead of dividing by zero."
-            )
-        return "your result has NaN/inf: clamp before you normalize, and never divide by a zero mass."
+        if mass <= ROUNDING:
+            return ("this rule keeps every draft here, so nothing is left to replace and normalising divides by 0. A "
+                    "rejection then has probability 0 and the replacement is never drawn: return any valid "
+                    "distribution (returning p is the convention) instead of dividing by zero.")
+        return "your result has NaN/inf: never divide by a zero mass."
+    if mass <= ROUNDING:
+        return ("this rule never rejects here, so any valid distribution will do; yours is not one: a distribution has "
+                "no negative entries and sums to 1.")
     if (got < -1e-12).any():
-        return "your residual has negative entries: clamp them to 0 before normalizing."
-    if mass > 0 and torch.allclose(got, diff, atol=1e-9):
-        return f"yours sums to {float(got.sum()):.4g} here: divide it by its sum so the residual sums to 1."
-    rev = (q - p).clamp(min=0)
+        return "your replacement has negative entries: no token is drawn with a negative probability."
+    if mass > 0 and torch.allclose(got, miss, atol=1e-9):
+        return f"yours sums to {float(got.sum()):.4g} here: a distribution sums to 1."
+    chapter = (p - q).clamp(min=0)
+    if float(chapter.sum()) > 0 and torch.allclose(got, chapter / chapter.sum(), atol=1e-9):
+        return "that is the chapter's residual, for the chapter's rule; this rule keeps drafts with its own a."
+    rev = (q * a - p).clamp(min=0)
     if float(rev.sum()) > 0 and torch.allclose(got, rev / rev.sum(), atol=1e-9):
-        return "p and q look swapped: the residual makes up for the tokens the target wants more often than drafted."
+        return "p and q look swapped: the replacement makes up for tokens the kept drafts give less than p."
     if torch.allclose(got, p, atol=1e-9) and mass > 0:
-        return ("you returned p: after a rejection the replacement must make up only for what accepted drafts "
-                "under-supply, or those tokens come out too often overall.")
-    return ("a rejection's replacement must make the output follow p exactly: accepted drafts plus replacements "
-            "give each token x its probability p(x).")
+        return ("you returned p: the replacement must make up only for what the kept drafts under-supply, or those "
+                "tokens come out too often overall.")
+    return ("the kept drafts plus the replacements must give each token x exactly p(x): count what the kept drafts "
+            "give, then what is missing.")
 
 
 def _distribution_pairs(rng: np.random.Generator, V: int) -> list[tuple[str, np.ndarray, np.ndarray]]:
@@ -207,25 +285,6 @@ def _distribution_pairs(rng: np.random.Generator, V: int) -> list[tuple[str, np.
     ]
 
 
-def _pair_cases(rng: np.random.Generator, n_cases: int) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-    """The worked example, then random (p, q) pairs over 2-6 tokens, edge cases among them."""
-    cases: list[tuple[str, np.ndarray, np.ndarray]] = [("worked example", np.array(WORKED_P), np.array(WORKED_Q))]
-    while len(cases) < n_cases:
-        cases += _distribution_pairs(rng, int(rng.integers(2, 7)))
-    return [(label, torch.tensor(p), torch.tensor(q)) for label, p, q in cases[:n_cases]]
-
-
-def _call_on_copies(
-    g: str, where: str, inputs: list[str], fn: Callable[..., object], p: torch.Tensor, q: torch.Tensor, who: str
-) -> object:
-    """Call fn(p, q) on copies; a function that edits its inputs in place fails with a hint."""
-    p_in, q_in = p.clone(), q.clone()
-    out = call_learner(g, where, inputs, fn, p_in, q_in)
-    if not (torch.equal(p_in, p) and torch.equal(q_in, q)):
-        raise failure(g, where, inputs, f"{who} changed p or q in place; compute on new tensors instead.")
-    return out
-
-
 def _random_dist(rng: np.random.Generator, V: int) -> np.ndarray:
     """A distribution in multiples of 0.05, so messages stay readable; zeros happen on purpose."""
     counts = rng.multinomial(20, rng.dirichlet(np.ones(V)))
@@ -233,42 +292,45 @@ def _random_dist(rng: np.random.Generator, V: int) -> np.ndarray:
 
 
 @graded(2, "check_residual", FORBIDDEN, ALLOWED)
-def check_residual(fn: Callable[[torch.Tensor, torch.Tensor], object], n_cases: int = 60, seed: int = 0) -> None:
-    """Grade residual(p, q) -> max(0, p - q) normalized, on random [V] float64 cases.
+def check_residual(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object], n_cases: int = 60,
+                   seed: int = 0) -> None:
+    """Grade replacement(p, q, a) -> the distribution a rejection draws from, on random rules over [V] float64 pairs.
 
-    When p == q the residual has no mass; any valid distribution is accepted there,
-    but NaN or a division by zero is not.
+    The reference is (p - q a) normalised. When the rule never rejects (no mass left) any valid distribution is
+    accepted, but NaN or a division by zero is not; a rule that no replacement can make lossless must raise ValueError.
     """
     g = "check_residual"
-    cases = _pair_cases(np.random.default_rng(seed), n_cases)
-    for n, (label, p, q) in enumerate(cases, 1):
+    cases = _rule_cases(np.random.default_rng(seed), n_cases)
+    for n, (label, p, q, a) in enumerate(cases, 1):
         where = f"wrong answer on case {n} of {len(cases)} ({label})."
-        inputs = [f"p = {fmt(p)}", f"q = {fmt(q)}"]
-        out = _call_on_copies(g, where, inputs, fn, p, q, "your function")
+        inputs = [f"p = {fmt(p)}", f"q = {fmt(q)}", f"a = {fmt(a)}"]
+        raised, out = _call_rule(g, where, inputs, fn, p, q, a, "your function")
+        feasible = _feasible(p, q, a)
+        if raised != (not feasible):
+            raise _feasibility_failure(g, where, inputs, feasible, out)
+        if raised:
+            continue
         got = as_vector(out)
         if got is None or got.shape != p.shape:
             shape = None if got is None else tuple(got.shape)
             raise failure(
                 g, where, inputs + [f"got {out!r} (shape {shape})"], f"return a tensor of shape {tuple(p.shape)}."
             )
-        want = _ref_residual(p, q)
         if isinstance(out, torch.Tensor) and out.dtype != torch.float64:
-            raise failure(
-                g,
-                where,
-                inputs + [f"got a {out.dtype} tensor"],
-                "keep the input dtype (float64): exact checks compare to 1e-9.",
-            )
-        empty = float((p - q).clamp(min=0).sum()) == 0
+            raise failure(g, where, inputs + [f"got a {out.dtype} tensor"],
+                          "keep the input dtype (float64): exact checks compare to 1e-9.")
+        miss = _missing(p, q, a)
+        empty = float(miss.sum()) <= ROUNDING
         ok = (
             bool(torch.isfinite(got).all()) and bool((got >= 0).all()) and abs(float(got.sum()) - 1) <= TOL
             if empty
-            else torch.allclose(got, want, atol=TOL, rtol=0)
+            else torch.allclose(got, miss / miss.sum(), atol=TOL, rtol=0)
         )
         if not ok:
-            expect = "any valid distribution, e.g. p" if empty else fmt(want)
-            raise failure(g, where, inputs + [f"expected {expect}", f"got      {fmt(got)}"], _residual_hint(p, q, got))
-    passed(g, f"{len(cases)} cases, including p == q, one-hot and disjoint supports")
+            expect = "any valid distribution, e.g. p" if empty else fmt(miss / miss.sum())
+            raise failure(g, where, inputs + [f"expected {expect}", f"got      {fmt(got)}"],
+                          _residual_hint(p, q, a, got))
+    passed(g, f"{len(cases)} rules, including p == q, one-hot and disjoint supports, lossy ones refused")
 
 
 # --------------------------------------------------------------------------------------

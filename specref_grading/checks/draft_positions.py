@@ -2,7 +2,7 @@
 
 The learner writes acceptance_by_position(steps, k) -> [(accepted, reached)] for positions
 1..k over `specref.decoding.record.RecordedStep` lists (the rule of
-`specref.decoding.record.acceptance_by_position`), then uses it in an ablation that finds what
+`specref.decoding.positions.acceptance_by_position`), then uses it in an ablation that finds what
 Medusa's heads lack on copy-heavy text (Task 6, graded by hand). It is graded on random step
 lists, with steps whose k shrank and steps without drafts among them; the learner gets a fresh
 copy of each list.
@@ -14,14 +14,14 @@ import copy
 import random
 from collections.abc import Callable
 
-from specref.decoding.record import RecordedStep, acceptance_by_position
+from specref.decoding.positions import acceptance_by_position
+from specref.decoding.record import RecordedStep
 
 from .report import as_ints, as_items, call_learner, failure, passed
 from .rules import graded
 
 # Task 5 must not call the count it asks for, nor reach into the graders.
-FORBIDDEN = ("specref.decoding.record.acceptance_by_position", "specref.decoding.record.counts_from_histogram",
-             "specref_grading")
+FORBIDDEN = ("specref.decoding.positions", "specref_grading")
 ALLOWED = ("specref_grading.checks.draft_positions.check_acceptance_counts",)
 
 Counter = Callable[[list[RecordedStep], int], object]

@@ -25,6 +25,12 @@ What is graded, all on float64 copies of the pair, so no verdict depends on a CP
 * `check_speculative_decode`: (a) greedy output equals the target's greedy output token for token;
   (b) at most one target pass per step plus one for the prompt.
 
+Task 4 times the learner's decoder against plain decoding on the grown target, with their own timing code. No
+point depends on a timing. Graded exactly: `count_steps(target, draft, prompts, k, max_new_tokens)` ->
+(new tokens, steps) on the grader's pair (`check_timed_counts`, `check_step_counts`), the counts of the run they
+timed against the grader's count of the same run, and their prediction E / (v(k) + c k) recomputed from the
+values they report (`check_prediction`). The explanation of the gap is graded by hand.
+
 Every `check_*` function raises AssertionError with the input, the expected and the received
 answer and a hint, or returns None and prints one line on success.
 """
@@ -44,15 +50,22 @@ from specref.models import heldout_prompts, load_pair
 from specref.models.kvcache import KVCache
 from specref.sampling import process_logits
 
-from .report import as_ints, as_items, derived_seed, failure, passed
+from .report import as_float, as_int, as_ints, as_items, derived_seed, failure, passed
 from .rules import graded
 
 # The reference rule: the tasks write the speculative loop, so specref's own drafts and decoding loop are out
 # of bounds; the rule itself (verify_chain), the models and process_logits stay allowed (the setup imports them).
-FORBIDDEN = ("specref.decoding", "specref.drafts", "specref_grading")
-ALLOWED = tuple(f"specref_grading.checks.gpt2_pair.{n}" for n in (
-    "SAMPLING_HIDDEN", "check_first_two_tokens", "check_propose", "check_speculative_decode",
-    "check_speculative_step")) + ("specref.checks.pair_power.sampling_power",)
+# Task 4 times the learner's own decoder with their own timing code and predicts from their own numbers:
+# specref's timing (specref.perf) and its speedup formulas (specref.theory) are out of bounds there.
+FORBIDDEN = ("specref.decoding", "specref.drafts", "specref.perf", "specref.theory", "specref_grading")
+ALLOWED = ("specref_grading.checks.gpt2_pair.SAMPLING_HIDDEN",
+           "specref_grading.checks.gpt2_pair.check_first_two_tokens",
+           "specref_grading.checks.gpt2_pair.check_propose",
+           "specref_grading.checks.gpt2_pair.check_speculative_decode",
+           "specref_grading.checks.gpt2_pair.check_speculative_step",
+           "specref_grading.checks.gpt2_pair.check_timed_counts",
+           "specref_grading.checks.gpt2_pair.check_step_counts",
+           "specref_grading.checks.gpt2_pair.check_prediction", "specref.checks.pair_power.sampling_power")
 
 
 # --------------------------------------------------------------------------------------
@@ -280,11 +293,11 @@ def check_propose(fn: Callable[..., object], cases=PROPOSE_CASES, seed: int = 0)
         err = _cache_error(draft_real, cache, seq + drafts[:-1], "the draft cache")
         if err:
             raise failure(g, where, inputs + [err],
-                        "feed the draft the tokens its cache lacks, seq[m:], then each draft but the last (the "
-                        "target scores the last one); never recompute the whole sequence.")
+                        "on exit the draft cache holds seq + drafts[:-1], grown from what it held on entry; never "
+                        "recompute the whole sequence.")
         if draft.calls > k:
             raise failure(g, where, inputs + [f"{draft.calls} draft calls for k = {k}"],
-                        "one call for the tokens the cache lacks (all at once), then one per draft after the first.")
+                        f"the contract allows at most k = {k} draft calls per proposal.")
     passed(g, f"{len(cases)} cases: q, drafts, the draft cache and {sum(c[2] for c in cases)} draft calls")
 
 
@@ -373,7 +386,8 @@ def _run_step(fn, target, draft, seq, tc, dc, k, temp, top_k, gen, g, where, inp
                     f"return the emitted tokens as a list of 1 to k + 1 = {k + 1} ints.")
     if target.calls - before != 1:
         raise failure(g, where, inputs + [f"your step called the target {target.calls - before} times"],
-                    "score [seq[-1], x_1, ..., x_k] in ONE target call on the target cache: it gives p_1 .. p_{k+1}.")
+                    "a step makes exactly one target call, on the target cache: every p the rule needs comes "
+                    "from it.")
     # Speculation happened: the draft proposed, the target scored [seq[-1], k drafts], and what the step
     # emitted before its last token is the accepted prefix of those drafts.
     if draft.calls == draft_before:
@@ -395,16 +409,15 @@ def _check_caches(target_real, draft_real, seq, emitted, drafts_fed_all, tc, dc,
     new = list(seq) + emitted
     err = _cache_error(target_real, tc, new[:-1], "the target cache")
     if err:
-        hint = ("after the step the target cache must hold every token but the last emitted one: truncate it to "
-                "len(seq) + n_accepted (the rejected drafts' entries go; the correction or bonus is fed next step).")
+        hint = "after the step the target cache must hold every token of seq + emitted but the last, and nothing else."
         raise failure(g, where, inputs + [f"emitted {emitted}", err], hint)
     m = int(dc.lengths[0]) if isinstance(dc, KVCache) else -1
     ok_lengths = {len(new) - 1} | ({len(new) - 2} if drafts_fed_all else set())
     if m not in ok_lengths:
         raise failure(g, where, inputs + [f"emitted {emitted}", f"the draft cache holds {m} tokens; it should hold "
                                         f"{' or '.join(str(x) for x in sorted(ok_lengths))}"],
-                    "roll the draft cache back too: keep seq and the accepted drafts that were fed to it, drop the "
-                    "rejected ones (truncate to min(its length, len(seq) + n_accepted)).")
+                    "after the step the draft cache keeps every entry still valid for seq + emitted, and nothing "
+                    "else.")
     err = _cache_error(draft_real, dc, new[:m], "the draft cache")
     if err:
         raise failure(g, where, inputs + [f"emitted {emitted}", err], "the draft cache must hold a prefix of seq + emitted.")
@@ -510,9 +523,8 @@ def _first_two_tokens(fn: Callable[..., object], sampling: dict | None, seed: in
             if counts[-1]:
                 rows.append(f"  outside the support: observed {int(counts[-1])} (expected 0)")
             raise failure(g, where, inputs + ["P(first two tokens):"] + rows + [str(test)],
-                        "p and q must be processed the same way (temperature, then top-k) before the rule; q must be "
-                        "the distribution each draft was sampled from; after a rejection sample the residual "
-                        "max(0, p - q) normalized; if all k drafts pass, the bonus comes from p_{k+1}.")
+                        "the rule is exact only for the p and q it is given: q the distribution each draft was "
+                        "sampled from, p the target's, processed the same way.")
     return N
 
 
@@ -524,19 +536,32 @@ def _fed_in_order(fed: list[list[int] | None], tokens: list[int]) -> bool:
 
 def _greedy_steps(prompt: list[int], k: int, max_new_tokens: int, expected: list[int]) -> int:
     """Target passes a greedy speculative decoder needs after the prompt's pass (draft runs from scratch)."""
+    return _greedy_run(prompt, k, max_new_tokens, expected)[0]
+
+
+def _margin(logits: torch.Tensor) -> float:  # [V]
+    """How far an argmax decision is from a tie: the best logit minus the second best."""
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
+
+
+def _greedy_run(prompt: list[int], k: int, max_new_tokens: int, expected: list[int]) -> tuple[int, float]:
+    """(steps, margin): the steps of `_greedy_steps`, and the smallest `_margin` of the draft's argmax decisions."""
     _, draft = _pair64()
-    steps, pos = 0, 0
+    steps, pos, margin = 0, 0, math.inf
     with torch.no_grad():
         while pos < max_new_tokens:
             seq, drafts = list(prompt) + expected[:pos], []
             for _ in range(k):
-                drafts.append(int(draft(torch.tensor([seq + drafts]))[0, -1].argmax()))
+                logits = draft(torch.tensor([seq + drafts]))[0, -1]
+                margin = min(margin, _margin(logits))
+                drafts.append(int(logits.argmax()))
             n_acc = 0
             while n_acc < k and pos + n_acc < len(expected) and drafts[n_acc] == expected[pos + n_acc]:
                 n_acc += 1
             pos += n_acc + 1
             steps += 1
-    return steps
+    return steps, margin
 
 
 @graded(3, "check_speculative_decode", FORBIDDEN, ALLOWED)
@@ -607,3 +632,189 @@ def check_speculative_decode(
         raise failure(g, "sampled run (temperature 0.8, top_k 5, k = 3, 10 new tokens).", [f"got {out!r}"],
                     "return exactly max_new_tokens token ids.")
     passed(g, f"{len(prompts)} prompts x k = {ks}: the target's greedy output, one target pass per step")
+
+
+# --------------------------------------------------------------------------------------
+# Exercise 4.4: the learner's decoder timed against plain decoding; what of it is reproducible
+# --------------------------------------------------------------------------------------
+
+# The learner times the grown target (float32, the bundled target grown wider with the same function) on their own
+# CPU; no point depends on those timings. Two things are reproducible and graded exactly:
+#
+# * the counts (new tokens, speculative steps) of the greedy run they timed. The grader counts the same run on the
+#   bundled pair in float64. A greedy count is a chain of argmax decisions, and float32 rounding moves these
+#   models' logits by less than 1e-4 (tests/test_grading_pair.py measures the grown float32 target and the float32
+#   draft against float64 along the timed run and holds the difference below COUNT_MARGIN / 4), so a decision
+#   whose float64 margin, best logit minus second best, is above COUNT_MARGIN comes out the same in float32 on any
+#   CPU. The check computes the run's smallest margin and compares the reported counts only when it clears
+#   COUNT_MARGIN (the exercise's timed run does, by far: the test holds it to that). Their count function is also
+#   run on the grader's own pair, with its passes counted;
+# * the prediction E / (v(k) + c k), recomputed from the values they report: E their counted tokens per step,
+#   v(k) and c the medians of their repeats (an odd number of repeats: the median is the middle value, one
+#   convention for every library). Four roundings separate their arithmetic from the grader's float64 one: at most
+#   about 4 x 2^-24 = 2.4e-7 relative if they computed in float32, far less in float64; PREDICTION_RTOL allows 1e-6.
+COUNT_MARGIN = 1e-3
+PREDICTION_RTOL = 1e-6
+HIDDEN_COUNTS = {"n_prompts": 2, "n_tokens": 24, "ks": (1, 3), "max_new_tokens": 32}  # prompts drawn from the seed
+
+
+def _target_greedy(prompt: list[int], n: int) -> tuple[list[int], float]:
+    """The float64 target's n greedy tokens after `prompt`, and the smallest `_margin` of its decisions."""
+    target, _ = _pair64()
+    out: list[int] = []
+    margin = math.inf
+    with torch.no_grad():
+        cache = target.new_cache(1)
+        logits = target(torch.tensor([prompt]), cache=cache)[0, -1]
+        for i in range(n):
+            margin = min(margin, _margin(logits))
+            out.append(int(logits.argmax()))
+            if i < n - 1:
+                logits = target(torch.tensor([[out[-1]]]), cache=cache)[0, -1]
+    return out, margin
+
+
+def greedy_count(prompts: list[list[int]], k: int, max_new_tokens: int) -> tuple[int, int, float]:
+    """(new tokens, steps, margin) of greedy speculative decoding of every prompt on the float64 pair: what a correct
+    decoder emits and the steps it takes (the prompts' own passes not counted), summed over the prompts, and the
+    smallest margin of an argmax decision of the target or the draft along the way."""
+    tokens = steps = 0
+    margin = math.inf
+    for prompt in prompts:
+        expected, m_target = _target_greedy(prompt, max_new_tokens)
+        s, m_draft = _greedy_run(prompt, k, max_new_tokens, expected)
+        tokens, steps, margin = tokens + max_new_tokens, steps + s, min(margin, m_target, m_draft)
+    return tokens, steps, margin
+
+
+def _per_k(x: object, ks: tuple[int, ...]) -> dict[int, object] | None:
+    """A learner's per-k values by value: a dict keyed by each k (whole numbers), or a sequence aligned with `ks`."""
+    if isinstance(x, dict):
+        keyed = {as_int(key): v for key, v in x.items()}
+        return {k: keyed[k] for k in ks} if all(k in keyed for k in ks) else None
+    items = as_items(x, len(ks))
+    return None if items is None else dict(zip(ks, items))
+
+
+def _count_run(fn: Callable[..., object], prompts: list[list[int]], max_new_tokens: int, ks: tuple[int, ...],
+               want: dict[int, tuple[int, int, float]], g: str) -> None:
+    """Run the learner's count function on the grader's float64 pair for each k: its (tokens, steps) against the
+    grader's count, and the passes it made against those steps."""
+    mine = _learners_pair()
+    for k in ks:
+        target, draft = _graded_pair(mine)
+        where = f"k = {k}, greedy, {len(prompts)} prompts x {max_new_tokens} new tokens, on the grader's float64 pair."
+        inputs = [f"prompts of {[len(p) for p in prompts]} tokens"]
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                out = fn(target, draft, [list(p) for p in prompts], k, max_new_tokens)
+        except NotImplementedError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the learner's error, shown with its input
+            raise failure(g, where, inputs + [f"your function raised {type(e).__name__}: {e}"]) from e
+        got = as_ints(out, 2)
+        tokens, steps, _ = want[k]
+        if got is None:
+            raise failure(g, where, inputs + [f"got {out!r}"], "return (new tokens, steps): two whole numbers.")
+        if got[0] != tokens:
+            raise failure(g, where, inputs + [f"expected {tokens} new tokens", f"got {got[0]}"],
+                          "count the new tokens of every prompt, not the prompts' own.")
+        if not steps <= target.calls <= steps + len(prompts) or draft.calls == 0:
+            raise failure(g, where, inputs + [f"the target was called {target.calls} times, the draft "
+                                              f"{draft.calls} times"],
+                          "decode every prompt once with your speculative decoder, and count that run.")
+        if got[1] != steps:
+            raise failure(g, where, inputs + [f"expected {steps} steps", f"got {got[1]}",
+                                              f"the target was called {target.calls} times"],
+                          "a step is one verification: one target pass over the last token and the drafts. The "
+                          "passes over the prompts are not steps.")
+
+
+@graded(4, "check_timed_counts", FORBIDDEN, ALLOWED)
+def check_timed_counts(fn: Callable[..., object], counts: object, prompts: list[list[int]], max_new_tokens: int,
+                       ks: tuple[int, ...]) -> None:
+    """Grade count_steps(target, draft, prompts, k, max_new_tokens) -> (new tokens, steps) on the grader's pair, and
+    the counts the learner reports from the run they timed, against the grader's count of the same run (exact)."""
+    g = "check_timed_counts"
+    prompts, ks = [list(p) for p in prompts], tuple(ks)
+    want = {k: greedy_count(prompts, k, max_new_tokens) for k in ks}
+    _count_run(fn, prompts, max_new_tokens, ks, want, g)
+    margin = min(m for _, _, m in want.values())
+    if margin < COUNT_MARGIN:  # an exercise whose timed run comes near a tie: its float32 counts are not compared
+        passed(g, f"k = {ks}: your count function's steps, counted exactly; the timed run's own counts were not "
+                  f"compared (a decision of that run is within {margin:.1e} of a tie)")
+        return
+    per_k = _per_k(counts, ks)
+    if per_k is None:
+        raise failure(g, "the counts of your timed run.", [f"got counts = {counts!r}"],
+                      f"counts maps each k in {ks} to (new tokens, steps) of the run you timed.")
+    for k in ks:
+        got = as_ints(per_k[k], 2)
+        if got is None or tuple(got) != want[k][:2]:
+            raise failure(g, f"the counts of your timed run at k = {k}.", [f"you report {per_k[k]!r}"],
+                          "they differ from the grader's count of the same run (these prompts, this budget, greedy; "
+                          "the grown target decides like the bundled one): report the counts of the run you timed.")
+    passed(g, f"k = {ks}: your count function and your timed run's counts equal the grader's count, exactly")
+
+
+@graded(4, "check_step_counts", FORBIDDEN, ALLOWED)
+def check_step_counts(fn: Callable[..., object], setting: dict | None = None, seed: int = 0) -> None:
+    """count_steps on other prompts (drawn from `seed`) and other k, against the grader's count (exact)."""
+    s = dict(HIDDEN_COUNTS if setting is None else setting)
+    first = derived_seed(seed, "counts") % 40
+    prompts = heldout_prompts(n=first + s["n_prompts"], n_tokens=s["n_tokens"])[first:]
+    ks = tuple(s["ks"])
+    want = {k: greedy_count(prompts, k, s["max_new_tokens"]) for k in ks}
+    _count_run(fn, prompts, s["max_new_tokens"], ks, want, "check_step_counts")
+    passed("check_step_counts", f"{len(prompts)} other prompts x k = {ks}: your steps, counted exactly")
+
+
+def _repeats(x: object) -> list[float] | None:
+    """A learner's repeats by value: an odd number (at least 3) of finite positive numbers, else None."""
+    items = as_items(x)
+    vals = None if items is None else [as_float(v) for v in items]
+    if vals is None or len(vals) < 3 or len(vals) % 2 == 0:
+        return None
+    if any(v is None or not math.isfinite(v) or v <= 0 for v in vals):
+        return None
+    return vals  # type: ignore[return-value]
+
+
+def _median(vals: list[float]) -> float:
+    return sorted(vals)[len(vals) // 2]
+
+
+@graded(4, "check_prediction", FORBIDDEN, ALLOWED, learner_args=0)
+def check_prediction(counts: object, v_repeats: object, c_repeats: object, predicted: object,
+                     ks: tuple[int, ...]) -> None:
+    """The prediction recomputed from what the learner reports: E / (v(k) + c k), E = new tokens / steps of their
+    counts, v(k) and c the medians of their repeats, at PREDICTION_RTOL. No timing is judged."""
+    g = "check_prediction"
+    ks = tuple(ks)
+    where = "your prediction, recomputed from the values you report."
+    c = _repeats(c_repeats)
+    if c is None:
+        raise failure(g, where, [f"c_repeats = {c_repeats!r}"],
+                      "c_repeats holds c of each repeat: an odd number (3 or more) of positive numbers.")
+    given = {"counts": counts, "v_repeats": v_repeats, "predicted": predicted}
+    tables = {name: _per_k(x, ks) for name, x in given.items()}
+    for name, table in tables.items():
+        if table is None:
+            raise failure(g, where, [f"{name} = {given[name]!r}"[:300]],
+                          f"{name} maps each k in {ks} to its value (a dict keyed by k).")
+    for k in ks:
+        n = as_ints(tables["counts"][k], 2)
+        v = _repeats(tables["v_repeats"][k])
+        got = as_float(tables["predicted"][k])
+        if n is None or n[1] <= 0 or v is None or got is None:
+            raise failure(g, where, [f"k = {k}: counts {tables['counts'][k]!r}, v_repeats {tables['v_repeats'][k]!r}, "
+                                     f"predicted {tables['predicted'][k]!r}"[:400]],
+                          "counts[k] is (new tokens, steps); v_repeats[k] an odd number (3 or more) of positive "
+                          "numbers; predicted[k] one number.")
+        want = (n[0] / n[1]) / (_median(v) + _median(c) * k)
+        if not math.isfinite(got) or abs(got - want) > PREDICTION_RTOL * want:
+            raise failure(g, where, [f"k = {k}: from your counts and the medians of your repeats, "
+                                     f"E / (v(k) + c k) = {want:.6g}", f"you predicted {got:.6g}"],
+                          "predict from the values you report: E your timed run's tokens per step (new tokens / "
+                          "steps), v(k) and c the medians (middle values) of your repeats.")
+    passed(g, f"k = {ks}: each prediction is E / (v(k) + c k) of the values you report")

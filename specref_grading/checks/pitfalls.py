@@ -189,9 +189,10 @@ def _specs(hidden: bool, seed: int | None) -> list[Spec]:
 
 # What the tasks must not call: the graders' insides (the exercise's own setup names stay allowed).
 # The given names live in specref.checks.samplers; this module re-exports them, so both spellings are allowed.
-ALLOWED = tuple(f"specref_grading.checks.pitfalls.{n}" for n in (
-    "reference_cases", "check_lossless_check", "check_resolution", "SAMPLERS", "TEMPERATURE")) + tuple(
-    f"specref.checks.samplers.{n}" for n in ("reference_cases", "SAMPLERS", "TEMPERATURE"))
+ALLOWED = ("specref_grading.checks.pitfalls.reference_cases", "specref_grading.checks.pitfalls.check_lossless_check",
+           "specref_grading.checks.pitfalls.check_resolution", "specref_grading.checks.pitfalls.SAMPLERS",
+           "specref_grading.checks.pitfalls.TEMPERATURE", "specref.checks.samplers.reference_cases",
+           "specref.checks.samplers.SAMPLERS", "specref.checks.samplers.TEMPERATURE")
 # specref.checks.montecarlo: its distribution_test computes a TV threshold from the sample size (the union bound
 # Task 2 asks the learner to improve on), and simulates samplers in bulk.
 FORBIDDEN = ("specref_grading", "specref.checks.montecarlo")

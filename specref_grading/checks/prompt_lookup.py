@@ -94,14 +94,17 @@ def _proposal_hint(context: list[int], k: int, max_ngram: int, min_ngram: int, g
         return "that copies after the EARLIEST occurrence; use the latest one (the start closest to the end)."
     if got == shortest:
         return "that tries the shortest n-gram first; try n = max_ngram first, down to min_ngram."
-    return ("find the latest start i < L - n with context[i:i+n] == context[L-n:], longest n first; propose "
-            "context[s], context[s+1], ... with s = i + n, wrapping to s again when the context runs out "
-            "(no match: s = L - 1).")
+    if got == _variant(context, k, max_ngram, min_ngram, wrap=False):
+        return ("your copy stops where the context ends. Read context + proposal as one text: the copy goes on through "
+                "the tokens it has just proposed.")
+    return ("compare your proposal with the contract: which match wins, where the copy starts, and what it copies "
+            "once it reaches the end of the context (context + proposal is one text: the copy does not stop there).")
 
 
 def _variant(context: list[int], k: int, max_ngram: int, min_ngram: int, latest: bool = True,
-             longest_first: bool = True) -> list[int]:
-    """The usual mistakes, for hints: the earliest occurrence, or the shortest n-gram first."""
+             longest_first: bool = True, wrap: bool = True) -> list[int]:
+    """The usual mistakes, for hints: the earliest occurrence, the shortest n-gram first, or a copy that stops
+    where the context ends (and pads with the last token)."""
     L = len(context)
     s = L - 1
     ns = range(min(max_ngram, L - 1), min_ngram - 1, -1)
@@ -111,6 +114,8 @@ def _variant(context: list[int], k: int, max_ngram: int, min_ngram: int, latest:
         if i is not None:
             s = i + n
             break
+    if not wrap:
+        return context[s : s + k] + [context[-1]] * max(0, k - (L - s))
     return [context[s + j % (L - s)] for j in range(k)]
 
 
@@ -378,9 +383,10 @@ def check_tau_interval(fn: Callable, n_cases: int = 60, seed: int = 0) -> None:
         for label, got, want in (("a", got_a, want_a), ("b", got_b, want_b)):
             if not np.allclose(got, want, rtol=INTERVAL_RTOL, atol=0):
                 hint = ("tau is the mean tokens per step." if not np.isclose(got[0], want[0], rtol=INTERVAL_RTOL) else
-                        "the interval is the two-sided interval of the mean that Student's t gives at `level`: check "
-                        "which quantile a two-sided interval needs, its degrees of freedom, and that the spread is "
-                        "the sample standard deviation.")
+                        "the interval misses the contract: in the model of normal steps with unknown mean and "
+                        "variance it must cover the mean with probability exactly `level`, on both sides. Check which "
+                        "statistic has a known distribution there (with how many degrees of freedom), which quantile "
+                        "a two-sided interval needs, and which estimate of the spread makes the coverage exact.")
                 raise failure(g, where, inputs + [f"expected for {label}: {tuple(round(v, 6) for v in want)}",
                                                   f"got          {tuple(round(v, 6) for v in got)}"], hint)
         if as_int(verdict) != _verdict(want_a, want_b):

@@ -45,8 +45,7 @@ from .rules import graded
 # The machines the exercise names live in specref (a learner's copy has them): `specref.perf.machine.MACHINES`.
 
 # Answers must not call what computes the counts for them (the machine's measurements stay allowed: Task 3 uses them).
-FORBIDDEN = ("specref.perf.costmodel", "specref.perf.costs.weight_bytes", "specref.perf.costs.forward_flops",
-             "specref.perf.costs.arithmetic_intensity", "specref.perf.draft_costs", "specref.perf.live",
+FORBIDDEN = ("specref.perf.costmodel", "specref.perf.roofline", "specref.perf.draft_costs", "specref.perf.live",
              "specref_grading.checks.roofline")
 ALLOWED = ("specref.perf.machine.MACHINES",)  # given on purpose; the kernel's specref has it
 

@@ -27,8 +27,8 @@ import sys
 import types
 from collections.abc import Callable, Iterable
 
-# modules whose code is the course's: the trusted process, its core (the handles on kernel objects: trust/remote.py)
-_COURSE_OWN = ("specref.", "specref_grading.trusted", "specref_grading.trust.")
+# modules whose code is the course's: the trusted core (the trusted process, the handles on kernel objects: trust/remote.py)
+_COURSE_OWN = ("specref.", "specref_grading.trust.")
 # The graders' shared helpers (calling, messages, number reading) answer no task. Every grader module holds
 # them under their public names, so a learner's `result.passed` reads a name such a module has too: never a use.
 _NEVER_AN_ANSWER = ("specref_grading.checks.report",)

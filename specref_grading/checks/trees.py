@@ -23,8 +23,7 @@ from .report import as_float, as_int, as_items, call_learner, failure, fmt, pass
 from .rules import graded
 
 # The reference rule: the tasks write what specref.trees does; specref.residual stays allowed (the setup imports it).
-FORBIDDEN = ("specref.trees", "specref.rejection.verify_chain", "specref.rejection.verify_chain_unchecked",
-             "specref_grading")
+FORBIDDEN = ("specref.trees", "specref.chain_verify", "specref_grading")
 ALLOWED = ("specref_grading.checks.trees.check_tree_mask", "specref_grading.checks.trees.check_multi_candidate",
            "specref_grading.checks.trees.check_node_acceptance")
 
@@ -68,8 +67,8 @@ def _mask_hint(parents: list[int], got: torch.Tensor, want: torch.Tensor) -> str
         return "your mask is transposed: row i is the query node i, column j the node it may attend to."
     causal = torch.ones((N, N), dtype=torch.bool).tril()
     if torch.equal(got, causal):
-        return ("that is the causal (chain) mask: in a tree, node i may not see earlier siblings or "
-                "cousins, only itself and its ancestors.")
+        return ("that is the causal (chain) mask: it lets a node see tokens that are not on its own branch, which a "
+                "plain pass over the context and that branch never contains.")
     if not bool(got.diagonal().all()):
         return "every node must see itself (the diagonal is True)."
     parent_only = torch.eye(N, dtype=torch.bool)
@@ -77,8 +76,9 @@ def _mask_hint(parents: list[int], got: torch.Tensor, want: torch.Tensor) -> str
         if par >= 0:
             parent_only[i, par] = True
     if torch.equal(got, parent_only):
-        return "a node sees all of its ancestors, not only its parent: follow parents up to the root."
-    return "mask[i, j] is True iff j == i or j is an ancestor of i (its parent, the parent's parent, ...)."
+        return "a plain pass over the node's branch sees more than the node and its parent: which tokens does it hold?"
+    return ("for each node, list the tokens a plain causal pass over the context and the node's own branch contains; "
+            "the node may see exactly those.")
 
 
 @graded(1, "check_tree_mask", FORBIDDEN, ALLOWED)
@@ -122,11 +122,11 @@ def check_tree_mask(fn: Callable[[list[int], int], object], n_cases: int = 40, s
         if pos is None:
             raise failure(g, where, inputs + [f"got positions {out[1]!r}"], f"positions must be {N} integers.")
         if not torch.equal(pos, want_pos):
-            hint = "position = start + depth, depth 1 for a child of the root; siblings share a position."
+            hint = "a node's position is the one it would have in the plain sequence of the context and its branch."
             if torch.equal(pos, start + torch.arange(N)) or torch.equal(pos, start + 1 + torch.arange(N)):
                 hint = "those are chain positions (one per flattened index); " + hint
             elif torch.equal(pos, want_pos - 1):
-                hint = "off by one: the root sits at `start`, so a depth-1 node is at start + 1."
+                hint = "off by one: the root sits at `start`, and a node comes after the root on its branch."
             raise failure(g, where, inputs + [f"expected positions {want_pos.tolist()}", f"got      positions {pos.tolist()}"], hint)
     passed(g, f"{n_cases} random trees, masks and positions")
 

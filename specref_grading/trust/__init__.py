@@ -9,5 +9,8 @@ Read with docs/grading-threat-model.md. One concept a module:
 * calls.py: the call machinery (`Peer`): requests, nested serving, sync-back of arrays and generators, caps;
 * kernel_policy.py, trusted_policy.py: what each side exports, lets read and lets answer;
 * program.py: the kernel's program, made of the kernel-side modules above;
-* kernel_tree.py: the allow-list copy of specref the kernel imports.
+* kernel_tree.py: the allow-list copy of specref the kernel imports;
+* wall.py: starts the trusted process and the jailed kernel for a plan, reads the results' pipe;
+* trusted.py: the trusted process, which runs the solution's setup and tests and decides each outcome;
+* reading.py: the learner's notebook (its JSON, its answers' Python) parsed only in a limited process.
 """

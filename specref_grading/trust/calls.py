@@ -11,7 +11,9 @@ The rules:
   object may be exported, which attributes may be read and which operators asked are the side's policy;
 * when a call returns, what the callee did to the arrays and generators the call passed it is synced back
   into the caller's objects (a generator only while the call lends it);
-* `call_limit` caps the calls made and served (CallLimit); `timeout` limits each wait for the other side.
+* `cpu_limit` caps this process's own work: once its CPU time (`time.process_time`, every thread) passes it, the
+  next call made or served raises WorkLimit, so a flood of calls is stopped by what it costs here, never by how
+  many calls an honest algorithm needs; `timeout` limits each wait for the other side.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ import os
 import time
 
 from specref_grading.trust.errors import (
-    CallLimit,
     CallTimeout,
     ChannelClosed,
+    WorkLimit,
     error_text,
     rebuild_error,
 )
@@ -45,7 +47,7 @@ class Peer(Codec):
         self.broken: str = ""
         self.calls = 0  # calls this side made
         self.served = 0  # calls this side answered
-        self.call_limit: int | None = None  # calls + served past which a call raises CallLimit (None: no cap)
+        self.cpu_limit: float | None = None  # process CPU seconds past which a call raises WorkLimit (None: no cap)
         self.answering = 0  # calls of the other side this side is answering now (nested)
         # Calls that came back with arrays the callee changed in place (the handle called, or None), where the
         # policy records them (the trusted side: trusted.run_test reads and clears them per test and flags it).
@@ -133,9 +135,9 @@ class Peer(Codec):
                 self.set_state(g, rframe.blobs[int(blob)])
 
     def _count(self) -> None:
-        if self.call_limit is not None and self.calls + self.served > self.call_limit:
-            self.broken = self.broken or "the cap on calls across the wall was reached"
-            raise CallLimit(self.broken)
+        if self.cpu_limit is not None and time.process_time() > self.cpu_limit:
+            self.broken = self.broken or "the cap on this process's CPU time was reached"
+            raise WorkLimit(self.broken)
 
     # ---- answering a call -------------------------------------------------------------
     def _serve(self, msg: dict, frame: Frame) -> None:
@@ -157,7 +159,7 @@ class Peer(Codec):
             n_in = len(frame.arrays)
             value = self._do(str(msg.get("op")), args)
             reply["ok"] = self.encode(value, out)
-        except (ChannelClosed, CallTimeout):
+        except (ChannelClosed, CallTimeout, WorkLimit):  # the wall's own failures end the test, never cross
             raise
         except BaseException as e:  # noqa: BLE001 - the caller gets the error, whatever it is
             reply = {"re": rid, "err": [type(e).__name__, error_text(e)]}

@@ -26,8 +26,8 @@ class MessageRefused(ChannelClosed):
     """The other process sent a message past this side's limits (bytes, items): the channel is broken."""
 
 
-class CallLimit(BaseException):
-    """More calls across the wall than `Peer.call_limit` allows (the trusted side's cap per test cell)."""
+class WorkLimit(BaseException):
+    """This side's CPU time passed `Peer.cpu_limit` (the trusted side's cap on its own work per test cell)."""
 
 
 class RemoteError(Exception):

@@ -1,26 +1,27 @@
 """The specref a learner's jailed kernel sees: an allow-list copy of the package, made per exercise.
 
-The rule. The copy holds what the exercise's own kernel code imports from specref (its setup and given cells,
-read statically with `ast`: `roots_for`) and the import-time closure of that (module granularity: a module comes
-whole), together with specref's package ``__init__``s (lazy name maps, PEP 562), and nothing else of specref.
-Of that set the copy leaves out, to a fixpoint:
+The rule, at module granularity. The copy holds the modules the exercise's own kernel code imports from specref
+(its setup and given cells, read statically with `ast`: `roots_for`), their import-time closure and specref's
+package ``__init__``s, and nothing else of specref. Of that set the copy leaves out, to a fixpoint:
 
-* every forbidden module (``FORBIDDEN`` of the exercise's check modules: the reference answers) and the grader
-  (``specref_grading``, always);
+* every forbidden module (``FORBIDDEN`` of the exercise's check modules: each reference answer is a module of its
+  own, and FORBIDDEN names modules only) and the grader (``specref_grading``, always);
 * every module whose import-time imports need something left out (a ``from pkg import Name`` followed through
   the package's ``_LAZY`` map).
 
-A forbidden *name* of a module the setup needs whole (ex01's ``forward_flops`` beside the timers of
-``specref.perf.costs``) is removed from the copy's source with the top-level statements that name it: the one
-place the copy is not the package's own files, until specref keeps each reference in a module of its own.
-The lazy maps and ``__all__`` of the copy lose what is gone, so ``from specref import verify_chain`` raises
-ImportError and ``hasattr`` answers False. Imports inside functions are not import-time, and a module reached
-only through one is not in the copy: what the exercise's kernel code does not import, the learner does not get.
+Each module in the copy is the package's own file, byte for byte: nothing is cut out of a module. A package's lazy
+name map (PEP 562) may name a module the copy lacks; `specref._lazy` answers AttributeError for that name, so
+``from specref import verify_chain`` raises ImportError where ``specref.chain_verify`` is absent and ``hasattr``
+answers False. Imports inside functions are not import-time, and a module reached only through one is not in the
+copy: what the exercise's kernel code does not import, the learner does not get.
 
 `Selection.available` tells the plan which names the kernel can import; what the setup imports that the copy
 lacks is served from the trusted process only when the exercise's check modules list it in ``ALLOWED``
 (`servable`), and a given cell after an answer that uses what is neither there nor served is a "demo", not run
-in grading (`prepare`). The jail (specref_grading/jail.py) binds the copy read-only at the real package's path.
+in grading (`prepare`). Authoring errors are refused (`AuthoringError`): a FORBIDDEN entry that is not a module of
+specref, a FORBIDDEN or ALLOWED that is not a literal tuple of strings, a setup cell whose own statements use a
+name the copy lacks and the exercise does not serve. The jail (specref_grading/jail.py) binds the copy read-only
+at the real package's path.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import compileall
 import importlib.util
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from specref_grading.scan import nodes_of
@@ -38,8 +39,11 @@ from specref_grading.scan import nodes_of
 GRADER = Path(__file__).resolve().parents[1]  # the specref_grading folder
 ALWAYS_FORBIDDEN = ("specref_grading",)
 TOP_LEVELS = ("specref", "specref_grading")
-LAZY_MAPS = ("_LAZY",)  # the name -> module dict literal of a package's __init__
-SUBPACKAGE_LISTS = ("_SUBPACKAGES",)  # a tuple literal of subpackage names a package's __getattr__ imports
+LAZY_MAP = "_LAZY"  # the name -> module dict literal of a package's __init__
+
+
+class AuthoringError(ValueError):
+    """An exercise or check module asks for what the kernel's copy cannot be: the message says what to change."""
 
 
 def specref_dir() -> Path:
@@ -54,16 +58,19 @@ def specref_dir() -> Path:
 
 
 def _constant(path: Path, name: str) -> tuple[str, ...]:
-    """A module-level tuple of strings of a check module (FORBIDDEN, ALLOWED), read without importing the module:
-    its expression alone is evaluated, with no builtins but `tuple`. The check modules are the grader's own code."""
+    """A module-level constant of a check module (FORBIDDEN, ALLOWED): a literal tuple of strings, read with
+    `ast.literal_eval`, the module never run; () when the module has none."""
     for node in ast.parse(path.read_text(encoding="utf-8"), str(path)).body:
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
             node, ast.AnnAssign) and node.value is not None else []
         if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-            code = compile(ast.Expression(node.value), str(path), "eval")
-            value = eval(code, {"__builtins__": {"tuple": tuple}})  # noqa: S307 - the grader's own constant
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                value = None
             if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
-                raise ValueError(f"{path.name}: {name} is not a tuple of strings")
+                raise AuthoringError(f"{path.name}: {name} must be a literal tuple of strings (the grader reads it "
+                                     "without running the module)")
             return value
     return ()
 
@@ -105,14 +112,32 @@ def allowed_for(sources: list[str]) -> tuple[str, ...]:
 # -- the static reading of specref ---------------------------------------------------------------------------------
 
 
-@dataclass
 class _Module:
-    name: str
-    path: Path
-    is_pkg: bool
-    tree: ast.Module
-    lazy: dict[str, str] = field(default_factory=dict)
-    deps: list | None = None  # its import-time dependencies (Reading.dependencies)
+    """One module of the package: its file, and its syntax tree and lazy map, read on first use."""
+
+    def __init__(self, name: str, path: Path, is_pkg: bool):
+        self.name, self.path, self.is_pkg = name, path, is_pkg
+        self.deps: list[str | tuple[str, str]] | None = None  # its import-time dependencies (Reading.dependencies)
+        self._tree: ast.Module | None = None
+        self._lazy: dict[str, str] | None = None
+
+    @property
+    def tree(self) -> ast.Module:
+        if self._tree is None:
+            self._tree = ast.parse(self.path.read_text(encoding="utf-8"), str(self.path))
+        return self._tree
+
+    @property
+    def lazy(self) -> dict[str, str]:
+        """A package's ``_LAZY`` map (name -> the module that defines it); empty for a module."""
+        if self._lazy is None:
+            self._lazy = {}
+            for node in self.tree.body if self.is_pkg else ():
+                target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else (
+                    node.target if isinstance(node, ast.AnnAssign) else None)
+                if isinstance(target, ast.Name) and target.id == LAZY_MAP and isinstance(node.value, ast.Dict):
+                    self._lazy = dict(ast.literal_eval(node.value))
+        return self._lazy
 
 
 def _bound(stmt: ast.stmt) -> set[str]:
@@ -148,22 +173,14 @@ def _import_time(node: ast.AST):
         yield from _import_time(child)
 
 
-def _map_target(stmt: ast.stmt) -> str:
-    """The name a lazy map, subpackage list or ``__all__`` statement assigns, else ''."""
-    target = stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else (
-        stmt.target if isinstance(stmt, ast.AnnAssign) else None)
-    if isinstance(target, ast.Name) and target.id in LAZY_MAPS + SUBPACKAGE_LISTS + ("__all__",):
-        return target.id
-    return ""
-
-
 def _with_parents(dotted: str) -> list[str]:
     parts = dotted.split(".")
     return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
 class Reading:
-    """specref read from its source: its modules, their lazy maps and their import-time dependencies."""
+    """specref read from its source: its modules (found by their files), their lazy maps and import-time
+    dependencies, each module parsed only when a selection first reaches it."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -174,11 +191,7 @@ class Reading:
             parts = list(path.relative_to(root.parent).with_suffix("").parts)
             is_pkg = parts[-1] == "__init__"
             name = ".".join(parts[:-1] if is_pkg else parts)
-            mod = _Module(name, path, is_pkg, ast.parse(path.read_text(encoding="utf-8"), str(path)))
-            for node in mod.tree.body:
-                if _map_target(node) in LAZY_MAPS and isinstance(node.value, ast.Dict):
-                    mod.lazy = dict(ast.literal_eval(node.value))
-            self.modules[name] = mod
+            self.modules[name] = _Module(name, path, is_pkg)
 
     def resolve(self, mod: _Module, node: ast.ImportFrom) -> str:
         """The absolute module a `from ... import` of `mod` names."""
@@ -220,20 +233,18 @@ class Reading:
     def dependencies(self, mod: _Module) -> list[str | tuple[str, str]]:
         """The specref modules and (module, name) symbols `mod` needs when it is imported (read once)."""
         if mod.deps is None:
-            mod.deps = self._dependencies(mod)
+            out: list[str | tuple[str, str]] = []
+            for node in _import_time(mod.tree):
+                if isinstance(node, ast.Import):
+                    out += [p for a in node.names if a.name.split(".")[0] in TOP_LEVELS
+                            for p in _with_parents(a.name)]
+                elif isinstance(node, ast.ImportFrom):
+                    source = self.resolve(mod, node)
+                    if source.split(".")[0] in TOP_LEVELS:
+                        out += _with_parents(source)
+                        out += [self.symbol_of(source, a.name) for a in node.names if a.name != "*"]
+            mod.deps = [d for d in out if d != mod.name]
         return mod.deps
-
-    def _dependencies(self, mod: _Module) -> list[str | tuple[str, str]]:
-        out: list[str | tuple[str, str]] = []
-        for node in _import_time(mod.tree):
-            if isinstance(node, ast.Import):
-                out += [p for a in node.names if a.name.split(".")[0] in TOP_LEVELS for p in _with_parents(a.name)]
-            elif isinstance(node, ast.ImportFrom):
-                source = self.resolve(mod, node)
-                if source.split(".")[0] in TOP_LEVELS:
-                    out += _with_parents(source)
-                    out += [self.symbol_of(source, a.name) for a in node.names if a.name != "*"]
-        return [d for d in out if d != mod.name]
 
     def available(self, forbidden: tuple[str, ...], dotted: str) -> bool:
         """Whether any exercise's copy under `forbidden` can hold `dotted` (module.name, or a module): whether
@@ -272,11 +283,10 @@ def _matches(dotted: str, forbidden: tuple[str, ...]) -> bool:
 
 @dataclass
 class Selection:
-    """The kernel's copy for one exercise: the modules it holds (`kept`) and the names cut from them (`cut`)."""
+    """The kernel's copy for one exercise: the modules it holds (`kept`), each whole."""
     reading: Reading
     forbidden: tuple[str, ...]
     kept: set[str]
-    cut: dict[str, set[str]]
 
     def available(self, dotted: str) -> bool:
         """Whether `from module import name` (dotted: module.name) or `import module` works in the copy."""
@@ -284,16 +294,18 @@ class Selection:
             return dotted in self.kept
         module, _, name = dotted.rpartition(".")
         dep = self.reading.symbol_of(module, name)
-        if isinstance(dep, str):
-            return dep in self.kept
-        module, name = dep
-        return module in self.kept and name not in self.cut.get(module, set()) and \
-            not _matches(f"{module}.{name}", self.forbidden)
+        return (dep if isinstance(dep, str) else dep[0]) in self.kept
 
 
 def select(reading: Reading, roots: tuple[str, ...] | list[str], forbidden: tuple[str, ...]) -> Selection:
-    """The copy for an exercise whose kernel code imports `roots`, under its forbidden set (module docstring)."""
+    """The copy for an exercise whose kernel code imports `roots`, under its forbidden set (module docstring);
+    AuthoringError when a forbidden entry under the package is not one of its modules."""
     forbidden = tuple(sorted(set(forbidden) | set(ALWAYS_FORBIDDEN)))
+    top = reading.root.name
+    named = [f for f in forbidden if f.split(".")[0] == top and f not in reading.modules]
+    if named:
+        raise AuthoringError(f"FORBIDDEN names modules only, and {', '.join(named)} is not a module of {top}: keep "
+                             "each reference answer in a module of its own and forbid that module")
     wanted = list(roots) + [n for n, m in reading.modules.items() if m.is_pkg]
     kept: set[str] = set()
     while wanted:  # the import-time closure
@@ -303,81 +315,22 @@ def select(reading: Reading, roots: tuple[str, ...] | list[str], forbidden: tupl
         kept.add(name)
         wanted += [d if isinstance(d, str) else d[0] for d in reading.dependencies(reading.modules[name])]
     kept = {n for n in kept if not _matches(n, forbidden)}
-    cut: dict[str, set[str]] = {}
-    for f in forbidden:  # a forbidden name of a module the copy holds
-        owner, _, name = f.rpartition(".")
-        if f not in reading.modules and owner in reading.modules:
-            cut.setdefault(owner, set()).add(name)
-
-    def missing(dep: str | tuple[str, str]) -> bool:
-        if isinstance(dep, str):
-            return dep not in kept
-        module, name = dep
-        return module not in kept or name in cut.get(module, set()) or _matches(f"{module}.{name}", forbidden)
-
     changed = True
-    while changed:  # what needs what is gone goes too: modules at import time, statements naming a cut name
+    while changed:  # what needs what is gone at import time goes too
         changed = False
         for name in sorted(kept):
-            mod = reading.modules[name]
-            if any(missing(d) for d in reading.dependencies(mod)):
+            if any((d if isinstance(d, str) else d[0]) not in kept for d in reading.dependencies(reading.modules[name])):
                 kept.discard(name)
                 changed = True
-                continue
-            names = cut.get(name)
-            for stmt in mod.tree.body if names else ():
-                bound = _bound(stmt)
-                if isinstance(stmt, (ast.Import, ast.ImportFrom)) or _map_target(stmt) or bound and bound <= names:
-                    continue
-                grown = (bound or {f"<statement {stmt.lineno}>"}) - names
-                if _loaded(stmt) & names and grown:
-                    names |= grown
-                    changed = True
-    return Selection(reading, forbidden, kept, cut)
+    return Selection(reading, forbidden, kept)
 
 
 # -- writing the copy --------------------------------------------------------------------------------------------
 
 
-def _rewrite(selection: Selection, mod: _Module) -> str | None:
-    """The copy's source of `mod`: without its cut names, its maps without what is gone; None when unchanged."""
-    names = selection.cut.get(mod.name, set())
-    source = mod.path.read_text(encoding="utf-8")
-    edits: list[tuple[int, int, str]] = []  # (first line, last line, replacement), 1-based inclusive
-    for stmt in mod.tree.body:
-        first = min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", [])])
-        target = _map_target(stmt) if isinstance(getattr(stmt, "value", None), (ast.Dict, ast.Tuple, ast.List)) else ""
-        if not target:
-            bound = _bound(stmt)
-            if not isinstance(stmt, (ast.Import, ast.ImportFrom)) and (
-                    bound and bound <= names or not bound and _loaded(stmt) & names):
-                edits.append((first, stmt.end_lineno, ""))
-            continue
-        items = ast.literal_eval(stmt.value)
-        if target in LAZY_MAPS:
-            keep = {k: v for k, v in items.items() if selection.available(f"{mod.name}.{k}")}
-            new = "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in keep.items()) + "}"
-        elif target in SUBPACKAGE_LISTS:
-            keep = [k for k in items if f"{mod.name}.{k}" in selection.kept]
-            new = repr(type(items)(keep))
-        else:
-            keep = [k for k in items if k not in names and (k not in mod.lazy or selection.available(
-                f"{mod.name}.{k}"))]
-            new = repr(type(items)(keep))
-        if len(keep) != len(items):
-            head = ast.get_source_segment(source, stmt).split("=", 1)[0]
-            edits.append((first, stmt.end_lineno, f"{head.rstrip()} = {new}\n"))
-    if not edits:
-        return None
-    lines = source.splitlines(keepends=True)
-    for first, last, text in sorted(edits, reverse=True):
-        lines[first - 1:last] = [text] if text else []
-    return "".join(lines)
-
-
 def write_tree(selection: Selection, dest: Path) -> None:
-    """Write the kernel's copy of the package into `dest` (a folder named like the package): the kept modules,
-    and every file that is not Python (the bundled models and data)."""
+    """Write the kernel's copy of the package into `dest` (a folder named like the package): the kept modules, each
+    the package's own file, and every file that is not Python (the bundled models and data) under a kept package."""
     reading = selection.reading
     root = reading.root
     by_path = {m.path: m for m in reading.modules.values()}
@@ -395,17 +348,13 @@ def write_tree(selection: Selection, dest: Path) -> None:
             src, mod = here / fn, by_path.get(here / fn)
             if fn.endswith((".pyc", ".pyo")) or mod is not None and mod.name not in selection.kept:
                 continue
-            text = _rewrite(selection, mod) if mod is not None else None
-            if text is not None:
-                (out / fn).write_text(text, encoding="utf-8")
-            else:  # copied with its time, never linked: the copy's modes must not change the package's files
-                shutil.copy2(src, out / fn)
-                if mod is not None:
-                    _copy_compiled(src, out / fn)
+            shutil.copy2(src, out / fn)  # copied with its time, never linked: the copy's modes are its own
+            if mod is not None:
+                _copy_compiled(src, out / fn)
             os.chmod(out / fn, 0o644)
     # Compiled here, named as the jail will see them (the copy is read-only there: nothing could be cached). A
-    # module copied unchanged keeps the package's own compiled file where that is up to date for its source
-    # (compileall reads the source's time and size in its header, and compiles again otherwise).
+    # module keeps the package's own compiled file where that is up to date for its source (compileall reads the
+    # source's time and size in its header, and compiles again otherwise).
     compileall.compile_dir(str(dest), ddir=str(root), quiet=2, workers=1)
     for path in dest.rglob("__pycache__"):
         os.chmod(path, 0o755)
@@ -440,7 +389,7 @@ def _signature(root: Path) -> tuple:
 
 def shared_reading(root: Path | None = None) -> Reading:
     """One `Reading` of `root` (default: the real specref) per process, read again only when a file under it
-    changes (its size or time): the plan and every kernel of a grading share it."""
+    changes (its size or time): the plan and every kernel of a grading share it, each module parsed once."""
     root = root or specref_dir()
     sig = _signature(root)
     got = _SHARED.get(str(root))
@@ -559,7 +508,8 @@ def prepare(cells: list[dict], needed: set[str], reading: Reading | None = None,
     imports: `roots_for`), from which the wall builds the copy (`build`). A given cell after an answer ("other")
     that uses a name the kernel lacks and is not served (a demo comparing the learner's result with the
     reference, as in ex06) would fail there: it becomes "demo", with "absent" (what it uses), and is not run in
-    grading; names the exercise's own answers define (`defined`) do not count.
+    grading; names the exercise's own answers define (`defined`) do not count. A setup cell whose own statements
+    use a name the kernel lacks and is not served would fail in every grading: AuthoringError.
     """
     reading = reading or shared_reading()
     sources = [c["source"] for c in cells if c.get("role") in ("checks", "setup")]
@@ -579,8 +529,16 @@ def prepare(cells: list[dict], needed: set[str], reading: Reading | None = None,
                 c["kernel_source"], c["serve"] = kernel_setup(selection, c["source"], needed, allowed)
             except SyntaxError:
                 c["serve"] = []
-            kept = {n for s in _parse(c.get("kernel_source", c["source"])) for n in _bound(s)}
-            absent |= set(_imported(_parse(c["source"]))) - kept - set(c["serve"])
+            body = _parse(c.get("kernel_source", c["source"]))
+            dropped = set(_imported(_parse(c["source"]))) - {n for s in body for n in _bound(s)} - set(c["serve"])
+            used = {n for s in body if not isinstance(s, (ast.Import, ast.ImportFrom)) for n in _loaded(s)} & dropped
+            if used:
+                raise AuthoringError(
+                    f"cell {c['n']}: the setup uses {', '.join(sorted(used))}, which the exercise's kernel lacks (a "
+                    "forbidden module, or one that needs a forbidden module at import time) and its check modules' "
+                    "ALLOWED does not give: use it after the answers (a demo), or give it in ALLOWED if it is no "
+                    "answer key")
+            absent |= dropped
         else:
             continue
         c["forbidden"], c["roots"] = list(forbidden), list(roots)

@@ -2,8 +2,9 @@
 
 The rules:
 
-* exports: what the exercise serves the kernel on purpose (`serve`: the names its setup gives, declared by
-  the plan); otherwise never a module or a class, and a callable only when it is the course's own code
+* exports: what the exercise serves the kernel on purpose goes out as a declared wrapper (`serve` makes one
+  `Served` per name the plan declares: a call and nothing else; the real object never crosses); otherwise never
+  a module or a class, and a callable only when it is the course's own code
   (`course_callable`): a function of specref, specref_grading or torch or of the solution's cells, a method
   bound to such an object, a builtin method of such an object, or a callable object of such a class.
   functools.partial, operator.attrgetter, a module-level builtin (open, eval, os.system) and every other
@@ -67,18 +68,37 @@ def _origin(x) -> str:
     return repr(f"{mod}.{name}" if type(mod) is str else str(name))
 
 
+class Served:
+    """What the kernel gets for a name the exercise serves it: a call of the object, nothing else (no attribute,
+    no operator, no truth value of its own; the object behind it is never exported)."""
+
+    __slots__ = ("_name", "_target")
+
+    def __init__(self, name: str, target) -> None:
+        self._name, self._target = name, target
+
+    def __call__(self, *args, **kwargs):
+        return self._target(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<{self._name}, served by the grader>"
+
+
 class TrustedPolicy:
     """The checks' process's side of the wall (trusted.py)."""
 
     flags_changes = True
 
     def __init__(self) -> None:
-        self._served: dict[int, object] = {}  # id -> what the exercise serves the kernel by name (held alive)
+        self._served: dict[int, Served] = {}  # id -> the wrappers this side declared (held alive)
 
-    def serve(self, values) -> None:
-        """Declare objects the exercise gives the kernel on purpose (the setup's served names, a class too)."""
-        for v in values:
-            self._served[id(v)] = v
+    def serve(self, table: dict[str, object]) -> dict[str, Served]:
+        """The declared wrappers of what the exercise gives the kernel on purpose (the setup's served names): one
+        `Served` per name, the only form in which those objects leave this process."""
+        wrappers = {name: Served(name, value) for name, value in table.items()}
+        for w in wrappers.values():
+            self._served[id(w)] = w
+        return wrappers
 
     def plain_copy(self, x):
         """Nothing is sent as a copy that is not plain already."""
@@ -95,7 +115,7 @@ class TrustedPolicy:
 
     def check_getattr(self, obj, name: str) -> None:
         mod = (getattr(type(obj), "__module__", "") or "").split(".")[0]
-        if mod not in COURSE_MODULES or isinstance(obj, (types.FunctionType, types.MethodType)):
+        if mod not in COURSE_MODULES or isinstance(obj, (types.FunctionType, types.MethodType, Served)):
             raise AttributeError(f"the attributes of a {type(obj).__name__} the grader passed are not readable; "
                                  "call it instead")
         torch = sys.modules.get("torch")

@@ -6,16 +6,25 @@ no "earlier run", "a day later" or "this session". `problems_in_text` finds such
 text; `notebook_texts` and `readme_learner_text` pick out what a learner reads; `lint_notebook` and
 `lint_readme` put the two together.
 
+Code carries no history either: in the package, the grader, the tests, the tools and the benchmarks, every
+comment and docstring of a `.py` file (`python_texts`, `lint_python`) is checked for the kinds in
+`CODE_KINDS`: dates, issue numbers, runs of other days and sessions. Not the learner-only kinds: "host" is the
+CPU side of a device in code, and a benchmark prints its goal verdicts live. History has one home,
+benchmarks/history/ (and benchmarks/README.md, not a `.py` file); `CODE_EXEMPT` are the linter and its test,
+which quote what they forbid.
+
 What a learner reads in a notebook: every markdown cell, every comment in a code cell, and every printed
 output (streams, text/plain, text/markdown, text/html). Cell metadata (execution timestamps) is not
 shown by Jupyter and is not checked.
 
-Usage: python tools/upkeep/learner_text.py [FILE ...]  (no files: the notebooks, solutions, exercises and README).
+Usage: python tools/upkeep/learner_text.py [FILE ...]  (no files: the notebooks, solutions, exercises, README and
+the `.py` files of `code_files`).
 Exits 1 if anything was found.
 """
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import re
@@ -49,11 +58,23 @@ PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("'host'", re.compile(r"(?<![\w.'\"])hosts?(?![\w'\"=(.])", re.IGNORECASE)),
     ("a VM", re.compile(r"\bVMs?\b")),
     ("an earlier run", re.compile(r"\b(?:earlier|previous|older|last|first|second|yesterday's) runs?\b(?! (?:of|through|over|with) (?:the|this|a|each|every) )", re.IGNORECASE)),
+    # In code the first, second or last run of a loop is no history: only the runs before this one are.
+    ("an earlier run in code", re.compile(r"\b(?:earlier|previous|older|yesterday's) runs?\b(?! (?:of|through|over|with) (?:the|this|a|each|every) )", re.IGNORECASE)),
     ("another day", re.compile(r"\b(?:a|one) day later\b|\bthe (?:next|same|second|other) day\b|\byesterday\b|\bsame-day\b", re.IGNORECASE)),
     ("a session", re.compile(r"\b(?:this|that|last|previous|earlier|next|another) session\b", re.IGNORECASE)),
     ("a stop", re.compile(r"\bstop \d+\b", re.IGNORECASE)),
     ("a review", re.compile(r"\breview mend\b|\bthe reviewer\b", re.IGNORECASE)),
 ]
+
+# What code may not say (`problems_in_text(..., kinds=CODE_KINDS)`); "an earlier run" is the learner's kind only.
+CODE_KINDS = ("a date", "an issue number", "an earlier run in code", "another day", "a session", "'written on'",
+              "how the course was made", "a review")
+LEARNER_KINDS = tuple(kind for kind, _ in PATTERNS if kind != "an earlier run in code")
+
+# The code folders, and what under them is left out: history's home, and the linter and its test.
+CODE_ROOTS = ("specref", "specref_grading", "tests", "tools", "benchmarks")
+CODE_HISTORY = ("benchmarks/history",)
+CODE_EXEMPT = ("tools/upkeep/learner_text.py", "tests/test_learner_text.py")
 
 # The README's sections a learner or an instructor reads (the text before the first `## ` heading counts
 # too). "For contributors" is for people working on the project: benchmark history and timings of the
@@ -71,15 +92,20 @@ class Problem:
         return f"{self.where}: {self.kind}: {self.text.strip()[:160]!r}"
 
 
-def problems_in_text(text: str, where: str = "") -> list[Problem]:
-    """Every phrase of development history in `text`, one Problem per (line, kind)."""
+def problems_in_text(text: str, where: str = "", kinds: tuple[str, ...] | None = None) -> list[Problem]:
+    """Every phrase of development history in `text`, one Problem per (line, kind); `kinds` (default: what a
+    learner may not read, `LEARNER_KINDS`) picks the patterns."""
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
+    wanted = LEARNER_KINDS if kinds is None else kinds
+    unknown = set(wanted) - {kind for kind, _ in PATTERNS}
+    if unknown:
+        raise ValueError(f"kinds must be names of PATTERNS, got {sorted(unknown)}")
     found: list[Problem] = []
     for line in text.splitlines() or [text]:
         kinds = []
         for kind, pattern in PATTERNS:
-            if kind not in kinds and pattern.search(line):
+            if kind in wanted and kind not in kinds and pattern.search(line):
                 kinds.append(kind)
         found += [Problem(where, kind, line) for kind in kinds]
     return found
@@ -151,14 +177,47 @@ def lint_readme(path: Path | str = REPO / "README.md") -> list[Problem]:
     return [p for name, section in readme_learner_text(text) for p in problems_in_text(section, f"README: {name}")]
 
 
+def python_texts(source: str) -> Iterator[tuple[int, str]]:
+    """(line, text) for every comment and every docstring (a string standing as a statement) of Python source."""
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            yield tok.start[0], tok.string
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            for i, line in enumerate(node.value.value.splitlines()):
+                yield node.lineno + i, line
+
+
+def lint_python(path: Path | str, repo: Path = REPO) -> list[Problem]:
+    """History in a `.py` file's comments and docstrings (`CODE_KINDS`), each where = "path:line"."""
+    path = Path(path)
+    name = path.resolve().relative_to(repo.resolve()).as_posix() if path.resolve().is_relative_to(repo.resolve()) \
+        else str(path)
+    return [p for line, text in python_texts(path.read_text(encoding="utf-8"))
+            for p in problems_in_text(text, f"{name}:{line}", CODE_KINDS)]
+
+
+def code_files(repo: Path = REPO) -> list[Path]:
+    """The `.py` files of CODE_ROOTS, less history's home (CODE_HISTORY) and the linter and its test (CODE_EXEMPT)."""
+    out = []
+    for root in CODE_ROOTS:
+        for p in sorted((repo / root).rglob("*.py")):
+            rel = p.relative_to(repo).as_posix()
+            if rel in CODE_EXEMPT or any(rel.startswith(h + "/") for h in CODE_HISTORY) or "__pycache__" in rel:
+                continue
+            out.append(p)
+    return out
+
+
 def learner_files(repo: Path = REPO) -> list[Path]:
     """The notebooks a learner opens: lectures, exercises and their solutions."""
     return sorted(p for folder in ("notebooks", "exercises", "solutions") for p in (repo / folder).glob("*.ipynb"))
 
 
 def main(argv: list[str]) -> int:
-    files = [Path(a) for a in argv] or [*learner_files(), REPO / "README.md"]
-    problems = [p for f in files for p in (lint_readme(f) if f.suffix == ".md" else lint_notebook(f))]
+    files = [Path(a) for a in argv] or [*learner_files(), REPO / "README.md", *code_files()]
+    lint = {".md": lint_readme, ".py": lint_python}
+    problems = [p for f in files for p in lint.get(f.suffix, lint_notebook)(f)]
     for p in problems:
         print(p)
     print(f"{len(problems)} problem(s) in {len(files)} file(s)")

@@ -26,6 +26,11 @@ What runs under each counted environment (the rule, stated once, in `unit_test_r
   the solutions they grade are in the next item). tests/test_portable.py's survey of the
   environments skips itself inside one (``SPECREF_PORTABLE_ENV`` is set there);
 * the notebooks and solutions, under strict nbval (the pytest arguments after ``--``).
+
+An environment that changes only numpy/scipy's results and one that changes only torch's share a test run
+(`plan_runs`): their variables act on different libraries, so the run rounds like a CPU that differs in both,
+each perturbation is still under test, and the suite runs half as often. A pair whose combined fingerprints do
+not differ in both parts runs apart; ``--separately`` gives every environment a run of its own.
 """
 
 from __future__ import annotations
@@ -149,6 +154,7 @@ class Outcome:
     units: int | None = None  # pytest's exit status on the unit tests, None when not run
     notebooks: int | None = None  # and on the notebooks
     tail: str = ""
+    run_with: tuple[str, ...] = ()  # the other environments whose variables were set in the same run
 
     @property
     def counted(self) -> bool:
@@ -165,24 +171,48 @@ def _pytest(args: list[str], env: dict[str, str], name: str) -> tuple[int, str]:
     return proc.returncode, (proc.stdout + proc.stderr)[-6000:]
 
 
-def run_environment(name: str, native: Fingerprint, notebook_args: list[str], units: bool) -> Outcome:
-    env = ENVIRONMENTS[name].variables
-    fp = fingerprint_under(env)
+def survey(name: str, native: Fingerprint) -> Outcome:
+    """What the environment changes here, without running any test."""
+    fp = fingerprint_under(ENVIRONMENTS[name].variables)
     if fp.error:
         return Outcome(name, (), error=fp.error)
-    changes = tuple(part for part in ("torch", "numpy") if getattr(fp, part) != getattr(native, part))
-    outcome = Outcome(name, changes)
-    if not changes:
-        return outcome
-    tails = []
+    return Outcome(name, tuple(part for part in ("torch", "numpy") if getattr(fp, part) != getattr(native, part)))
+
+
+def variables_of(group: tuple[str, ...]) -> dict[str, str]:
+    return {k: v for name in group for k, v in ENVIRONMENTS[name].variables.items()}
+
+
+def plan_runs(outcomes: list[Outcome], native: Fingerprint) -> list[tuple[str, ...]]:
+    """The test runs: an environment that changes only numpy/scipy shares a run with one that changes only torch.
+
+    The two sets of variables act on different libraries, so the run perturbs both at once, as a learner's CPU
+    does, and each environment's perturbation is still under test. A pair is kept only when its combined
+    fingerprints differ from the native ones in both parts; otherwise each runs alone."""
+    counted = [o for o in outcomes if o.counted]
+    numpy_only = [o.name for o in counted if o.changes == ("numpy",)]
+    torch_only = [o.name for o in counted if o.changes == ("torch",)]
+    runs: list[tuple[str, ...]] = [(o.name,) for o in counted if o.name not in numpy_only + torch_only]
+    for pair in zip(numpy_only, torch_only):
+        fp = fingerprint_under(variables_of(pair))
+        both = not fp.error and fp.torch != native.torch and fp.numpy != native.numpy
+        runs.extend([pair] if both else [(name,) for name in pair])
+    n = min(len(numpy_only), len(torch_only))
+    runs.extend((name,) for name in numpy_only[n:] + torch_only[n:])
+    return runs
+
+
+def run_group(group: tuple[str, ...], notebook_args: list[str], units: bool) -> tuple[int | None, int | None, str]:
+    """(unit tests' exit status, notebooks' exit status, the failing output) under the group's variables."""
+    env, name = variables_of(group), "+".join(group)
+    tails, unit_code, notebook_code = [], None, None
     if units:
-        outcome.units, tail = _pytest(unit_test_run([]), env, name)
-        tails.append(tail if outcome.units else "")
+        unit_code, tail = _pytest(unit_test_run([]), env, name)
+        tails.append(tail if unit_code else "")
     if notebook_args:
-        outcome.notebooks, tail = _pytest(notebook_args, env, name)
-        tails.append(tail if outcome.notebooks else "")
-    outcome.tail = "\n".join(t for t in tails if t)
-    return outcome
+        notebook_code, tail = _pytest(notebook_args, env, name)
+        tails.append(tail if notebook_code else "")
+    return unit_code, notebook_code, "\n".join(t for t in tails if t)
 
 
 def _verdict(code: int | None) -> str:
@@ -198,16 +228,19 @@ def report(outcomes: list[Outcome]) -> list[str]:
         elif not o.changes:
             lines.append(f"  {o.name:21s} {env:58s} {'nothing':13s} no effect here: not counted")
         else:
+            together = f"  (in one run with {', '.join(o.run_with)})" if o.run_with else ""
             lines.append(f"  {o.name:21s} {env:58s} {'+'.join(o.changes):13s} {_verdict(o.units):11s} "
-                         f"{_verdict(o.notebooks)}")
+                         f"{_verdict(o.notebooks)}{together}")
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fingerprint", action="store_true", help="print this process's fingerprints and exit")
-    parser.add_argument("--jobs", type=int, default=2, help="environments run side by side (default 2)")
+    parser.add_argument("--jobs", type=int, default=2, help="test runs side by side (default 2)")
     parser.add_argument("--only", action="append", choices=sorted(ENVIRONMENTS), help="run only these")
+    parser.add_argument("--separately", action="store_true",
+                        help="one run per environment (default: a numpy/scipy one and a torch one share a run)")
     parser.add_argument("--no-unit-tests", action="store_true", help="rerun only the notebooks")
     parser.add_argument("notebook_args", nargs="*", help="after --: what pytest runs as notebooks (and nbval flags)")
     args = parser.parse_args(argv)
@@ -222,16 +255,25 @@ def main(argv: list[str] | None = None) -> int:
               "nothing can be compared", file=sys.stderr)
         return 1
     names = args.only or list(ENVIRONMENTS)
-    print(f"portable: native fingerprints torch {native.torch}, numpy/scipy {native.numpy}; "
-          f"{len(names)} environments, {args.jobs} at a time; unit tests: pytest {' '.join(unit_test_run([]))}",
-          flush=True)
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        outcomes = list(pool.map(lambda n: run_environment(n, native, args.notebook_args, not args.no_unit_tests),
-                                 names))
+        outcomes = list(pool.map(lambda n: survey(n, native), names))
+    runs = ([(o.name,) for o in outcomes if o.counted] if args.separately else plan_runs(outcomes, native))
+    print(f"portable: native fingerprints torch {native.torch}, numpy/scipy {native.numpy}; "
+          f"{len(names)} environments, {len(runs)} test runs, {args.jobs} at a time; unit tests: pytest "
+          f"{' '.join(unit_test_run([]))}", flush=True)
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        results = list(pool.map(lambda g: run_group(g, args.notebook_args, not args.no_unit_tests), runs))
+    by_name = {o.name: o for o in outcomes}
+    for group, (unit_code, notebook_code, tail) in zip(runs, results):
+        for name in group:
+            o = by_name[name]
+            o.units, o.notebooks, o.tail = unit_code, notebook_code, tail
+            o.run_with = tuple(n for n in group if n != name)
     failed = [o for o in outcomes if o.counted and not o.passed]
-    for o in failed:
-        print(f"\n---- {o.name} {ENVIRONMENTS[o.name].variables}: unit tests {_verdict(o.units)}, "
-              f"notebooks {_verdict(o.notebooks)} ----\n{o.tail}")
+    for group, (unit_code, notebook_code, tail) in zip(runs, results):
+        if unit_code or notebook_code:
+            print(f"\n---- {' + '.join(group)} {variables_of(group)}: unit tests {_verdict(unit_code)}, "
+                  f"notebooks {_verdict(notebook_code)} ----\n{tail}")
     print("\nportable:")
     print("\n".join(report(outcomes)))
     counted = [o for o in outcomes if o.counted]
@@ -240,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     libraries = sorted({ENVIRONMENTS[o.name].library for o in counted})
     print(f"portable: {len(counted) - len(failed)} of {len(counted)} environments that change results here passed "
-          f"(they perturb {', '.join(libraries)})")
+          f"(they perturb {', '.join(libraries)}) in {len(runs)} test runs")
     return 1 if failed else 0
 
 

@@ -1,10 +1,10 @@
 """The trusted side of the grading wall: runs the solution's tests, never the learner's code.
 
-specref_grading/wall.py starts this file (``python -I specref_grading/trusted.py``) next to a jailed kernel
-(specref_grading/jail.py) and writes the plan to its stdin:
+specref_grading/trust/wall.py starts this module (``python -I``, run as ``-m`` would run it) next to a jailed
+kernel (specref_grading/jail.py) and writes the plan to its stdin:
 
     {"cells": [{"n", "role": "setup" | "answer" | "other" | "test", "grade_id", "source"}, ...],
-     "rfd": n, "wfd": n, "events": n, "call_timeout": seconds}
+     "rfd": n, "wfd": n, "events": n, "call_timeout": seconds, "test_cpu_s": seconds}
 
 * setup cells run in both processes: here, to give the tests the exercise's own objects; in the
   kernel, for the learner's answers;
@@ -13,12 +13,13 @@ specref_grading/wall.py starts this file (``python -I specref_grading/trusted.py
   that the setup did not bind is asked of the kernel: plain data arrives as a copy, a function or
   other object as a `Remote` handle (specref_grading/trust/remote.py) whose calls run in the kernel, under a
   per-call time limit. What the checks hand to the learner's functions (models, samplers,
-  generators' states, caches) is served from here.
+  generators' states, caches) is served from here. A test may spend at most "test_cpu_s" of this
+  process's CPU time (its checks and every call across the wall, either way), however many calls that is.
 
 The outcome of each test is decided here, from whether its cell raised, and written as a JSON
-line to the `events` pipe, which the kernel cannot reach. When a call into the kernel times out
-or the kernel dies, the test says so and this process stops; specref_grading/wall.py starts a fresh pair
-for the tests that remain.
+line to the `events` pipe, which the kernel cannot reach. When a call into the kernel times out,
+the kernel dies or the test passes its CPU cap, the test says so and this process stops;
+specref_grading/trust/wall.py starts a fresh pair for the tests that remain.
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ import os
 import resource
 import signal
 import sys
+import time
 
 from specref_grading.trust.calls import Peer
 from specref_grading.trust.errors import (
-    CallLimit,
     CallTimeout,
     ChannelClosed,
     MessageRefused,
+    WorkLimit,
     describe_error,
     error_text,
 )
@@ -44,12 +46,6 @@ from specref_grading.trust.remote import Remote
 from specref_grading.trust.trusted_policy import TrustedPolicy
 
 _EVENTS = -1  # the events pipe, from the plan (main)
-
-# Calls across the wall in one test cell, either way (the checks' calls into the kernel and the kernel's calls
-# back into what the checks passed it): a few times the most an honest grading makes (ex04's step check), so a
-# check looping over a handle without end (a len() of 10**12, or a kernel calling back forever) stops here, in
-# seconds of round trips, before the CPU limit.
-MAX_CALLS_PER_TEST = 200_000
 
 
 class CpuLimit(BaseException):
@@ -102,15 +98,20 @@ def changed_flags(peer: Peer, names: dict[int, str]) -> list[str]:
     return flags
 
 
-def run_test(cell: dict, ns: dict, peer: Peer, answer_errors: list[str]) -> bool:
-    """Run one test cell here; True when the kernel is still usable afterwards."""
+def run_test(cell: dict, ns: dict, peer: Peer, answer_errors: list[str], cpu_s: float | None = None) -> bool:
+    """Run one test cell here; True when the kernel is still usable afterwards.
+
+    `cpu_s` caps this process's CPU time on the test (the check's own work and every call it makes or serves): past
+    it the next call across the wall stops the test (WorkLimit). The cap is on this side's work, not on the
+    submission's calls: an honest answer may call what it was given as often as its algorithm needs.
+    """
     n = cell["n"]
     emit({"ev": "start", "n": n, "role": "test"})
     tns = dict(ns)
     names: dict[int, str] = {}  # the handles the test reads by name, for its flags (main clears peer.changed)
     filename = f"<test cell {n}>"
-    first = peer.calls + peer.served
-    peer.call_limit = first + MAX_CALLS_PER_TEST
+    first, cpu0 = peer.calls + peer.served, time.process_time()
+    peer.cpu_limit = None if cpu_s is None else cpu0 + cpu_s
     try:
         for name in names_loaded(cell["source"]):
             if name in tns or hasattr(builtins, name):
@@ -125,11 +126,12 @@ def run_test(cell: dict, ns: dict, peer: Peer, answer_errors: list[str]) -> bool
         code = compile(cell["source"], filename, "exec", dont_inherit=True)
         exec(code, tns)  # noqa: S102 - the solution's own test cell
         outcome, message = "passed", ""
-    except CallLimit:
+    except WorkLimit:
         emit({"ev": "stop", "n": n, "outcome": "failed",
-              "message": f"stopped: this test made more than {MAX_CALLS_PER_TEST} calls between the checks and the "
-                         "submission's code (a value the checks loop over without end, or code that calls back "
-                         "without end)", "answer_errors": answer_errors, **_usage()})
+              "message": f"stopped: this test took more than {cpu_s:g} s of the checks' CPU time, in "
+                         f"{peer.calls + peer.served - first} calls between the checks and the submission's code "
+                         "(a value the checks loop over without end, or code that calls back without end)",
+              "answer_errors": answer_errors, **_usage()})
         return False
     except CpuLimit:
         emit({"ev": "stop", "n": n, "outcome": "timeout",
@@ -165,11 +167,12 @@ def run_test(cell: dict, ns: dict, peer: Peer, answer_errors: list[str]) -> bool
     except Exception as e:  # noqa: BLE001
         outcome, message = "error", describe_error(e, filename)
     finally:
-        peer.call_limit = None
+        peer.cpu_limit = None
     flags = changed_flags(peer, names)
     peer.changed.clear()
     emit({"ev": "result", "n": n, "grade_id": cell.get("grade_id"), "outcome": outcome, "message": message,
           "flags": flags, "answer_errors": list(answer_errors), "calls": peer.calls + peer.served - first,
+          "test_cpu_s": round(time.process_time() - cpu0, 2),
           "peak_items": [peer.peak_items, peer.peak_sent], "peak_head": peer.peak_head, **_usage()})
     return True
 
@@ -192,7 +195,7 @@ def main(_plan: dict) -> None:
         n, role, source = cell["n"], cell["role"], cell["source"]
         if role == "test":
             peer.changed.clear()  # what the calls of this test change in place flags this test only
-            if not run_test(cell, ns, peer, answer_errors):
+            if not run_test(cell, ns, peer, answer_errors, float(_plan["test_cpu_s"])):
                 return
             continue
         emit({"ev": "start", "n": n, "role": role})
@@ -200,10 +203,9 @@ def main(_plan: dict) -> None:
         if role in ("checks", "setup"):  # here first: what the kernel's specref lacks is then served from here
             try:
                 exec(compile(source, filename, "exec", dont_inherit=True), ns)  # noqa: S102
-                serve = {name: ns[name] for name in cell.get("serve", []) if name in ns}
-                if serve:
-                    peer.policy.serve(serve.values())
-                    peer.request("bind", serve)
+                served = peer.policy.serve({name: ns[name] for name in cell.get("serve", []) if name in ns})
+                if served:
+                    peer.request("bind", served)
                 error = None
             except (ChannelClosed, CallTimeout):
                 emit({"ev": "stop", "n": n, "outcome": "died", "message": f"the kernel died while cell {n} was "

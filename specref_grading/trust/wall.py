@@ -1,7 +1,7 @@
 """Run a plan's cells across the wall: tests in a trusted process, everything else in a jailed kernel.
 
 The kernel (specref_grading/jail.py) gets the setup, answer and other cells, never a test cell; the trusted
-process (specref_grading/trusted.py) gets the plan, runs the setup and the tests, calls into the kernel
+process (specref_grading/trust/trusted.py) gets the plan, runs the setup and the tests, calls into the kernel
 through two pipes and reports each test's outcome on a third pipe the kernel cannot reach. This module
 starts both, reads that third pipe and turns what it says into a `KernelRun`.
 """
@@ -38,21 +38,28 @@ from specref_grading.trust import kernel_tree
 from specref_grading.trust.program import kernel_program
 
 CALL_TIMEOUT_S = 60  # one call of the checks into the submission's code (the cell's own limit still applies)
-WALL_TEST_FACTOR = 3  # a test cell across the wall may take this many cell limits (thousands of calls: ex04)
+# The checks' process's own CPU time on one test cell (its checks, and every call it makes into the kernel or serves
+# for it): what stops a flood of calls (a value looped over without end, code calling back without end), whatever
+# the number of calls an honest algorithm needs. The cap leaves a wide margin over ex03's exhaustive best_k (close to
+# a million calls of v(k); tests/test_grade_limits.py grades it under this cap and prints what it took), stays below
+# the process's CPU limit for the whole run (processes.TRUSTED_CPU_S), and under half of a test cell's time, so that
+# a flood, where this side does at most about half of the work of each round trip, meets it first.
+TEST_CPU_S = 240
+WALL_TEST_FACTOR = 4  # a test cell across the wall may take this many cell limits (up to a million calls: ex03)
 MEMORY_MB = 8192  # one kernel's private memory (RLIMIT_DATA)
 MAX_EVENT_BYTES = 1 << 20  # an event is a short JSON line; a longer "line" is a flood, never an event
 READY_TIMEOUT_S = 60  # how long the trusted process may take to start (and become non-dumpable)
 
 # How the trusted process starts: non-dumpable first (PR_SET_DUMPABLE 0: no process of its uid but root can ptrace
 # it or open its /proc/PID/fd, where its end of the result pipe lies), then it says so on that pipe, and only then
-# does the kernel start (`run_cells`); then specref_grading/trusted.py runs as ``-m`` would run it.
+# does the kernel start (`run_cells`); then specref_grading/trust/trusted.py runs as ``-m`` would run it.
 TRUSTED_BOOT = r"""import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 if libc.prctl(4, 0, 0, 0, 0) != 0 or libc.prctl(3, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, PR_GET_DUMPABLE
     raise SystemExit("the trusted process could not make itself non-dumpable")
 os.write(int(sys.argv.pop(1)), b'{"ev": "ready"}\n')  # READY
 import runpy
-runpy.run_module("specref_grading.trusted", run_name="__main__", alter_sys=True)
+runpy.run_module("specref_grading.trust.trusted", run_name="__main__", alter_sys=True)
 """
 READY = b'{"ev": "ready"}\n'
 
@@ -76,13 +83,15 @@ class KernelRun:
 
 
 def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb: int = MEMORY_MB,
-              call_timeout: float = CALL_TIMEOUT_S) -> KernelRun:
+              call_timeout: float = CALL_TIMEOUT_S, test_cpu_s: float | None = None) -> KernelRun:
     """Run the cells across the wall: tests in a trusted process, everything else in a jailed kernel.
 
     Without a jail (no root, or no namespaces: `can_jail`) the kernel is a plain child process, of a fresh uid
     where the grader is root and the interpreter is readable by one (`unjailed_uid`), else of the grading user;
     this process is made non-dumpable first (`make_undumpable`), as the trusted process is before the kernel
     starts, so that such a kernel cannot open their /proc/PID/fd (the result pipe), and only the wall holds.
+
+    `test_cpu_s` (default TEST_CPU_S) caps the checks' process's CPU time on each test cell.
 
     A cell of role "demo" (kernel_tree.prepare: it uses the reference the kernel lacks) is not run. The exercise's
     forbidden set comes with its setup cells ("forbidden": kernel_tree.prepare), or is read from them.
@@ -151,7 +160,8 @@ def run_cells(cells: list[dict], cell_timeout: float, deadline: float, memory_mb
                 os.close(fd)
             fds = [ev_r]
             plan = json.dumps({"cells": cells, "rfd": j2t_r, "wfd": t2j_w, "events": ev_w,
-                               "call_timeout": min(call_timeout, cell_timeout)}).encode()
+                               "call_timeout": min(call_timeout, cell_timeout),
+                               "test_cpu_s": TEST_CPU_S if test_cpu_s is None else test_cpu_s}).encode()
             return _collect(trusted, plan, ev_r, cells, cell_timeout, deadline, base / "output.log", kernel)
         finally:
             for proc in procs:
@@ -290,7 +300,7 @@ def _collect(proc, plan: bytes, r: int, cells: list[dict], cell_timeout: float, 
             elif ev == "result":
                 run.results[event.get("n")] = RunOutcome(event.get("outcome", "error"), event.get("message", ""),
                                                          list(event.get("flags", [])), list(errors))
-                current = None
+                current, started = None, time.monotonic()  # what follows a long test gets its own limit
             elif ev == "stop":  # the wall's trusted process: the kernel hung or died in this cell
                 run.stopped_at = roles.get(event.get("n"), {})
                 message = str(event.get("message", ""))
