@@ -121,6 +121,19 @@ def test_the_clone_grades_wherever_it_lies(clone, tmp_path):
     assert "graded 1 of 1 submissions" in graded.stdout, graded.stdout
     book = (tmp_path / "class-grading" / "gradebook.csv").read_text()  # beside the class's folder, not in it
     assert "stub.ipynb" in book and "some checks failed" in book, book
+    # The run again: nothing changed, so nothing is regraded and the gradebook stays.
+    again = subprocess.run(["make", "grade-all", f"DIR={folder}", *unjailed], cwd=dest, env=env, capture_output=True,
+                           text=True, timeout=900)
+    assert "graded 0 of 1 submissions" in again.stdout and "1 unchanged, not regraded" in again.stdout, again.stdout
+    assert (tmp_path / "class-grading" / "gradebook.csv").read_text() == book
+    merged = run(["make", "grade-merge", f"DIR={folder}"], dest, env, timeout=300)
+    assert "merged 0 hand marks" in merged.stdout, merged.stdout
+    # The release for a class graded on ex02: its answer key is not in the released specref.
+    released = tmp_path / "release"
+    out = run(["make", "release", f"DIR={released}", "GRADED=ex02"], dest, env, timeout=600)
+    assert "graded from this release: ex02" in out.stdout, out.stdout
+    assert not (released / "specref" / "chain_verify.py").exists()
+    assert (released / "exercises" / "ex02_accept_reject.ipynb").exists()
 
 
 def tempfile_root() -> str:

@@ -215,7 +215,7 @@ def test_the_reference_is_not_a_name_of_the_kernels_specref(exercise, gone, ther
 def test_a_setup_that_uses_what_the_copy_lacks_is_an_authoring_error():
     cells = [{"n": 0, "role": "setup", "source": "from specref.trees import Tree, tree_attention_mask\n"
                                                  "MASK = tree_attention_mask(Tree([-1], [0]))\n"},
-             {"n": 1, "role": "checks", "source": "from specref_grading.checks.trees import check_tree_mask\n"}]
+             {"n": 1, "role": "checks", "source": "from specref_grading.checks.trees import check_tree_from_mask\n"}]
     with pytest.raises(kernel_tree.AuthoringError, match="cell 0: the setup uses tree_attention_mask"):
         kernel_tree.prepare(cells, {"tree_attention_mask"})
     cells[0]["source"] = "from specref.trees import Tree, tree_attention_mask\n"  # imported only: a demo may use it
@@ -555,8 +555,10 @@ def test_an_answer_calling_every_served_name_scores_zero_on_its_tasks(solution, 
 
 ATTACKS = [  # the reference, as the exercise's setup or checks cell would have served it
     ("ex06_trees", "ex06_mask_answer", "ex06_mask_check",
-     "def tree_mask_and_positions(p, s):\n    m = tree_attention_mask(Tree(p, range(len(p))))\n"
-     "    return m, s + m.sum(1)\n"),
+     "def tree_from_mask(m):\n    n = m.shape[0]\n"
+     "    p = [max([j for j in range(i) if m[i, j]], default=-1) for i in range(n)]\n"
+     "    if not torch.equal(tree_attention_mask(Tree(p, range(n))), m):\n        raise ValueError('no tree')\n"
+     "    return p\n"),
     ("ex03_speedup", "ex03_measure_answer", "ex03_measure_check",
      "def measure_toy(target, draft, k, runs, n, generator):\n"
      "    r = toy_reference(target, draft, k, n, runs, generator)\n"

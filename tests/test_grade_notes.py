@@ -34,19 +34,23 @@ SOLUTIONS = ROOT / "solutions"
 # (exercise, answer grade_id, honest source (None: see honest_submission), the test cells its answer feeds)
 HONEST = {
     "data-attribute": ("ex06_trees", "ex06_mask_answer", '''\
-def tree_mask_and_positions(parents: list[int], start: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """mask [N, N] (node i sees itself and its ancestors) and positions [N] (start + depth)."""
-    N = len(parents)
-    mask = torch.zeros((N, N), dtype=torch.bool)
-    depth = []
-    for i, par in enumerate(parents):
-        if par >= 0:
-            mask[i] = mask.data[par]  # read-only: the parent's row, through .data
-            depth.append(depth[par] + 1)
-        else:
-            depth.append(1)
-        mask[i, i] = True
-    return mask, start + torch.tensor(depth, dtype=torch.long)
+def tree_from_mask(mask: torch.Tensor) -> list[int]:
+    """The parents of the breadth-first tree whose attention mask is `mask`; ValueError if no tree has it."""
+    if mask.dim() != 2 or mask.shape[0] != mask.shape[1]:
+        raise ValueError(f"mask must be [N, N], got {tuple(mask.shape)}")
+    parents = []
+    for i in range(mask.shape[0]):
+        row = mask.data[i]  # read-only: the node's row, through .data
+        if not row[i] or row[i + 1:].any():
+            raise ValueError(f"node {i} must see itself and no later node")
+        seen = row[:i].nonzero().flatten().tolist()
+        parent = seen[-1] if seen else -1
+        if parent >= 0 and not torch.equal(row[:parent], mask[parent, :parent]):
+            raise ValueError(f"node {i} sees nodes off its branch")
+        if parents and parent < parents[-1]:
+            raise ValueError(f"node {i}: not breadth-first")
+        parents.append(parent)
+    return parents
 ''', ["ex06_mask_check", "ex06_multi_check"]),
     "global-counter": ("ex01_roofline", "ex01_counts_answer", '''\
 CALLS = 0
@@ -183,7 +187,7 @@ def test_what_the_scanner_sees_withholds_no_point(case, monkeypatch):
 
 def test_a_flag_of_the_trusted_side_still_withholds_and_asks_for_review(monkeypatch):
     """What the scanner lost, the trusted side keeps: a function that modified its inputs is flagged (exit 3)."""
-    flag = "ex06_mask_check: tree_mask_and_positions changed an object that the check passed in"
+    flag = "ex06_mask_check: tree_from_mask changed an object that the check passed in"
 
     def fake_run_cells(cells, *args, **kwargs):
         return KernelRun(results={c["n"]: RunOutcome("passed", flags=[flag] if c["grade_id"] == "ex06_mask_check"

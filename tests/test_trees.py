@@ -510,23 +510,113 @@ def test_deterministic_child_is_accepted_with_probability_p_of_it():
 # -- exercise graders: right answers pass, typical wrong ones fail with a hint ----------------
 
 
-def _mask_and_positions(parents, start):
-    """As a learner writes it: an answer may not call specref.trees (the reference rule), so it is written here."""
-    mask = torch.zeros((len(parents), len(parents)), dtype=torch.bool)
-    depth = []
-    for i, par in enumerate(parents):
-        if par >= 0:
-            mask[i] = mask[par]
-        mask[i, i] = True
-        depth.append(depth[par] + 1 if par >= 0 else 1)
-    return mask, start + torch.tensor(depth, dtype=torch.long)
+def _tree_from_mask(mask, diagonal=True, later=True, branch=True, breadth_first=True, nearest=True,
+                    error=ValueError, shift=0, in_place=False):
+    """Exercise 6's Task 1 as a learner writes it (an answer may not call specref.trees); the flags break it."""
+    if mask.dim() != 2 or mask.shape[0] != mask.shape[1]:
+        raise error(f"mask must be [N, N], got {tuple(mask.shape)}")
+    parents = []
+    for i in range(mask.shape[0]):
+        if diagonal and not mask[i, i]:
+            raise error(f"node {i} does not see itself")
+        if later and mask[i, i + 1:].any():
+            raise error(f"node {i} sees a later node")
+        seen = mask[i, :i].nonzero().flatten().tolist()
+        parent = (seen[-1] if nearest else seen[0]) if seen else -1
+        if branch and parent >= 0 and not torch.equal(mask[i, :parent], mask[parent, :parent]):
+            raise error(f"node {i} sees nodes off its branch")
+        if breadth_first and parents and parent < parents[-1]:
+            raise error(f"node {i}: not breadth-first")
+        parents.append(parent)
+    if in_place:
+        mask.fill_(False)
+    return [par + shift if par >= 0 else par for par in parents]
 
 
-def test_the_graders_reference_answer_is_specref_s_mask():
-    for parents in ([-1, -1, 0, 0, 1, 1], [-1, 0, 0, 1, 2], [-1]):
-        tree = Tree(parents, range(len(parents)))
-        mask, positions = _mask_and_positions(parents, 7)
-        assert torch.equal(mask, tree_attention_mask(tree)) and torch.equal(positions, tree_position_ids(tree, 7))
+def _bfs_trees(n: int) -> list[list[int]]:
+    """Every breadth-first tree of n nodes (parents first, parents never decreasing)."""
+    out: list[list[int]] = [[]]
+    for i in range(n):
+        out = [t + [par] for t in out for par in range(t[-1] if t else -1, i)]
+    return out
+
+
+def test_the_mask_graders_oracle_knows_every_small_trees_mask_and_no_other():
+    """`tree_of_mask` against brute force: every boolean matrix of up to 3 nodes, and for 4 nodes every matrix with
+    a True diagonal and nothing above it (the ones left to decide) and a few hundred others; `why_not_a_tree`
+    gives a reason exactly for the masks that are no tree's."""
+    from specref_grading.checks.trees import tree_of_mask, why_not_a_tree
+
+    rng = np.random.default_rng(0)
+    for n in range(5):
+        trees_of = {tuple(tree_attention_mask(Tree(t, range(n))).flatten().tolist()): t for t in _bfs_trees(n)}
+        assert len(trees_of) == len(_bfs_trees(n))  # no two trees share a mask
+        if n <= 3:
+            masks = [torch.tensor([(b >> k) & 1 for k in range(n * n)], dtype=torch.bool).reshape(n, n)
+                     for b in range(2 ** (n * n))]
+        else:
+            low = [(i, j) for i in range(n) for j in range(i)]
+            masks = []
+            for b in range(2 ** len(low)):
+                m = torch.eye(n, dtype=torch.bool)
+                for k, (i, j) in enumerate(low):
+                    m[i, j] = bool((b >> k) & 1)
+                masks.append(m)
+            masks += [torch.as_tensor(rng.integers(0, 2, (n, n)) == 1) for _ in range(300)]
+        for m in masks:
+            want = trees_of.get(tuple(m.flatten().tolist()))
+            assert tree_of_mask(m) == want, (m, want)
+            assert (why_not_a_tree(m) is None) == (want is not None), (m, why_not_a_tree(m))
+    assert tree_of_mask(torch.ones((2, 3), dtype=torch.bool)) is None
+
+
+def test_the_tree_from_mask_grader_passes_the_reference_and_any_sequence_of_parents():
+    from specref_grading.checks.trees import check_tree_from_mask
+
+    check_tree_from_mask(_tree_from_mask)
+    check_tree_from_mask(_tree_from_mask, n_cases=200, seed=1)  # the hidden cases' size
+    check_tree_from_mask(lambda m: torch.tensor(_tree_from_mask(m)))
+    check_tree_from_mask(lambda m: tuple(float(par) for par in _tree_from_mask(m)))
+
+
+def test_the_tree_from_mask_grader_draws_trees_and_no_trees_of_every_kind():
+    from specref_grading.checks.trees import _mask_cases, tree_of_mask, why_not_a_tree
+
+    for n_cases, seed in ((40, 0), (200, 1)):
+        cases = _mask_cases(n_cases, seed)
+        assert len(cases) == n_cases
+        trees_ = sum(tree_of_mask(m) is not None for _, m in cases)
+        assert n_cases // 3 < trees_ < 2 * n_cases // 3, trees_
+        reasons = {why_not_a_tree(m).split(" ")[-1] for _, m in cases if tree_of_mask(m) is None}
+        assert {"itself", "order", "root", "breadth-first", "N]"} <= reasons, reasons
+
+
+@pytest.mark.parametrize("kwargs,hint", [
+    ({"nearest": False}, "not only its parent"),
+    ({"shift": 1}, "off by one"),
+    ({"diagonal": False}, "does not see itself"),
+    ({"later": False}, "comes after it"),
+    ({"branch": False}, "not all on one branch"),
+    ({"breadth_first": False}, "not listed breadth-first"),
+    ({"diagonal": False, "later": False, "branch": False, "breadth_first": False}, "raise ValueError"),
+    ({"error": TypeError}, "refused with ValueError"),
+    ({"in_place": True}, "in place"),
+])
+def test_the_tree_from_mask_grader_fails_wrong_answers_with_a_hint(kwargs, hint):
+    from specref_grading.checks.trees import check_tree_from_mask
+
+    with pytest.raises(AssertionError, match=hint):
+        check_tree_from_mask(lambda m: _tree_from_mask(m, **kwargs))
+
+
+def test_the_tree_from_mask_grader_fails_an_answer_that_refuses_everything():
+    from specref_grading.checks.trees import check_tree_from_mask
+
+    def refuse(mask):
+        raise ValueError("no tree")
+
+    with pytest.raises(AssertionError, match="a tree has it"):
+        check_tree_from_mask(refuse)
 
 
 def _one_level(p, children, q, deterministic, rng, onehot=True, update=True):
@@ -538,26 +628,6 @@ def _one_level(p, children, q, deterministic, rng, onehot=True, update=True):
         if update:
             p = trees.residual(p, q_i)
     return None, rng.categorical(p)
-
-
-def test_mask_grader_passes_the_reference():
-    from specref_grading.checks.trees import check_tree_mask
-
-    check_tree_mask(_mask_and_positions)
-
-
-@pytest.mark.parametrize("wrong,hint", [
-    (lambda parents, s: (torch.ones(len(parents), len(parents), dtype=torch.bool).tril(),
-                         _mask_and_positions(parents, s)[1]), "causal"),
-    (lambda parents, s: (_mask_and_positions(parents, s)[0].T, _mask_and_positions(parents, s)[1]), "transposed"),
-    (lambda parents, s: (_mask_and_positions(parents, s)[0], _mask_and_positions(parents, s)[1] - 1), "off by one"),
-    (lambda parents, s: (_mask_and_positions(parents, s)[0], s + 1 + torch.arange(len(parents))), "chain positions"),
-])
-def test_mask_grader_fails_wrong_answers_with_a_hint(wrong, hint):
-    from specref_grading.checks.trees import check_tree_mask
-
-    with pytest.raises(AssertionError, match=hint):
-        check_tree_mask(wrong)
 
 
 def test_multi_candidate_grader_passes_the_reference():

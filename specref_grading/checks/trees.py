@@ -1,5 +1,8 @@
-"""Graders for the chapter 6 exercises: the tree mask and position ids, the multi-candidate rule, and how often
-a node accepts one of its children.
+"""Graders for the chapter 6 exercises: the tree a mask belongs to, the multi-candidate rule, and how often a node
+accepts one of its children.
+
+The tree is graded exactly: on trees' masks against the one tree `specref.trees.tree_attention_mask` maps to that
+mask, and on masks no tree has, which must be refused.
 
 The rule is graded by exact enumeration (`specref.checks.rng.exact_distribution`)
 against `specref.trees.verify_tree`, on one level of a tree with sampled or top-k children; the acceptance
@@ -17,118 +20,190 @@ import torch
 
 from specref.checks.exact_trees import random_parents
 from specref.checks.rng import exact_distribution
-from specref.trees import ROOT, Tree, tree_attention_mask, tree_position_ids, verify_tree
+from specref.trees import ROOT, Tree, tree_attention_mask, verify_tree
 
-from .report import as_float, as_int, as_items, call_learner, failure, fmt, passed
+from .report import as_float, as_int, as_ints, as_items, call_learner, failure, fmt, passed
 from .rules import graded
 
-# The reference rule: the tasks write what specref.trees does; specref.residual stays allowed (the setup imports it).
+# The reference rule: the tasks write what specref.trees does, or read its mask backwards (its tree_attention_mask
+# would check such an answer for free); specref.residual stays allowed (the setup imports it).
 FORBIDDEN = ("specref.trees", "specref.chain_verify", "specref_grading")
-ALLOWED = ("specref_grading.checks.trees.check_tree_mask", "specref_grading.checks.trees.check_multi_candidate",
+ALLOWED = ("specref_grading.checks.trees.check_tree_from_mask", "specref_grading.checks.trees.check_multi_candidate",
            "specref_grading.checks.trees.check_node_acceptance")
 
 
 # --------------------------------------------------------------------------------------
-# Exercise 6.1: the tree attention mask and position ids
+# Exercise 6.1: which tree has this mask? (the mask read backwards)
 # --------------------------------------------------------------------------------------
 
 
-def _as_bool_matrix(x: object, N: int) -> torch.Tensor | None:
-    try:
-        t = x.detach().cpu() if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
-    except (TypeError, ValueError, RuntimeError):
-        return None
-    if tuple(t.shape) != (N, N):
-        return None
-    if t.dtype != torch.bool:
-        if t.is_floating_point() and not bool(((t == 0) | (t == 1)).all()):
-            return None
-        t = t != 0
-    return t
+def tree_of_mask(mask: torch.Tensor) -> list[int] | None:
+    """The parents of the one breadth-first `Tree` whose `tree_attention_mask` is `mask` ([N, N] bool), or None.
 
-
-def _as_int_vector(x: object, N: int) -> torch.Tensor | None:
-    try:
-        t = x.detach().cpu() if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
-    except (TypeError, ValueError, RuntimeError):
-        return None
-    if tuple(t.shape) != (N,) or t.dtype == torch.bool:
-        return None
-    if t.is_floating_point():
-        if not bool((t == t.round()).all()):
-            return None
-        t = t.round()
-    return t.long()
-
-
-def _mask_hint(parents: list[int], got: torch.Tensor, want: torch.Tensor) -> str:
-    N = len(parents)
-    if torch.equal(got, want.T):
-        return "your mask is transposed: row i is the query node i, column j the node it may attend to."
-    causal = torch.ones((N, N), dtype=torch.bool).tril()
-    if torch.equal(got, causal):
-        return ("that is the causal (chain) mask: it lets a node see tokens that are not on its own branch, which a "
-                "plain pass over the context and that branch never contains.")
-    if not bool(got.diagonal().all()):
-        return "every node must see itself (the diagonal is True)."
-    parent_only = torch.eye(N, dtype=torch.bool)
-    for i, par in enumerate(parents):
-        if par >= 0:
-            parent_only[i, par] = True
-    if torch.equal(got, parent_only):
-        return "a plain pass over the node's branch sees more than the node and its parent: which tokens does it hold?"
-    return ("for each node, list the tokens a plain causal pass over the context and the node's own branch contains; "
-            "the node may see exactly those.")
-
-
-@graded(1, "check_tree_mask", FORBIDDEN, ALLOWED)
-def check_tree_mask(fn: Callable[[list[int], int], object], n_cases: int = 40, seed: int = 0) -> None:
-    """Grade fn(parents, start) -> (mask [N, N] bool, positions [N]) on random breadth-first trees.
-
-    mask[i, j]: node i may attend to node j (itself or an ancestor); positions[i] =
-    start + depth of node i, start being the position of the root (the last context token).
+    Decided with the reference itself: a tree's parents come before their children, so the ancestors of node i
+    are among nodes 0..i-1, and the nearest of them (the largest index) is its parent. That reading gives one
+    candidate per mask; the mask is a tree's iff the candidate is a `Tree` (parents first, breadth-first) whose
+    mask, rebuilt by `tree_attention_mask`, is `mask` again. The answer is unique: a mask fixes every node's
+    ancestors, hence its parent. tests/test_trees.py holds this against every tree and every mask of a few nodes.
     """
-    g = "check_tree_mask"
+    if mask.dim() != 2 or mask.shape[0] != mask.shape[1]:
+        return None
+    N = mask.shape[0]
+    candidate = []
+    for i in range(N):
+        seen = [j for j in range(i) if bool(mask[i, j])]
+        candidate.append(seen[-1] if seen else ROOT)
+    try:
+        tree = Tree(candidate, list(range(N)))
+    except ValueError:
+        return None
+    return candidate if torch.equal(tree_attention_mask(tree), mask) else None
+
+
+def why_not_a_tree(mask: torch.Tensor) -> str | None:
+    """The first reason no breadth-first tree has `mask` (for hints), or None when one has it."""
+    if mask.dim() != 2 or mask.shape[0] != mask.shape[1]:
+        return f"the mask has shape {tuple(mask.shape)}, not [N, N]"
+    N = mask.shape[0]
+    parents = []
+    for i in range(N):
+        if not bool(mask[i, i]):
+            return f"node {i} does not see itself"
+        later = [j for j in range(i + 1, N) if bool(mask[i, j])]
+        if later:
+            return f"node {i} sees node {later[0]}, which comes after it in the flattened order"
+        seen = [j for j in range(i) if bool(mask[i, j])]
+        par = seen[-1] if seen else ROOT
+        if par != ROOT and not torch.equal(mask[i, :par], mask[par, :par]):
+            return f"the nodes that node {i} sees are not all on one branch from the root"
+        if parents and par < parents[-1]:
+            return (f"the only tree with this mask hangs node {i} under {'the root' if par == ROOT else f'node {par}'} "
+                    f"after node {i - 1} hung under {'the root' if parents[-1] == ROOT else f'node {parents[-1]}'}: "
+                    "its nodes are not listed breadth-first")
+        parents.append(par)
+    return None
+
+
+def _mask_cases(n_cases: int, seed: int) -> list[tuple[str, torch.Tensor]]:
+    """(label, mask [N, N] bool): trees' masks, masks one change away from a tree's (some of which are still a
+    tree's, most of which are no tree's), and a tree's mask with its nodes listed in another order (any order, or
+    parents first in a random order: a tree's mask only when that order happens to be breadth-first)."""
     rng = np.random.default_rng(seed)
-    cases = [([-1, -1, 0, 0, 1, 1], 9), ([-1, 0, 1, 2], 3), ([-1], 0), ([-1, -1, -1], 5)]
+
+    def mask_of(parents: list[int]) -> torch.Tensor:
+        return tree_attention_mask(Tree(parents, list(range(len(parents)))))
+
+    def changed(m: torch.Tensor, i: int, j: int) -> torch.Tensor:
+        m = m.clone()
+        m[i, j] = not bool(m[i, j])
+        return m
+
+    top2 = mask_of([-1, -1, 0, 0, 1, 1])
+    chain = mask_of([-1, 0, 1, 2])
+    cases = [
+        ("the tree [a, b, a1, a2, b1, b2]", top2),
+        ("a chain of 4 drafts", chain),
+        ("one node", mask_of([-1])),
+        ("three siblings", mask_of([-1, -1, -1])),
+        ("a deeper tree", mask_of([-1, -1, 0, 0, 1, 2, 2, 4])),
+        ("a node that does not see itself", changed(top2, 3, 3)),
+        ("a node that sees a later node", changed(top2, 0, 1)),
+        ("a node that sees two siblings", changed(mask_of([-1, -1, 0]), 2, 1)),
+        ("a node that skips its grandparent", changed(chain, 2, 0)),
+        ("a tree not listed breadth-first", torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.bool)),
+        ("a mask that is not square", torch.ones((2, 3), dtype=torch.bool).tril()),
+    ]
     while len(cases) < n_cases:
-        cases.append((random_parents(rng, int(rng.integers(1, 13))), int(rng.integers(0, 50))))
-    for n, (parents, start) in enumerate(cases[:n_cases], 1):
-        N = len(parents)
-        tree = Tree(parents, list(range(N)))
-        want_mask = tree_attention_mask(tree)
-        want_pos = tree_position_ids(tree, start)
-        where = f"wrong answer on case {n} of {n_cases}."
-        inputs = [f"parents = {parents}", f"start = {start}"]
-        arg = list(parents)
-        out = call_learner(g, where, inputs, fn, arg, start)
-        if arg != parents:
-            raise failure(g, where, inputs, "your function changed `parents` in place; build new objects instead.")
-        pair = as_items(out, 2)
-        if pair is None:
-            raise failure(g, where, inputs + [f"got {out!r}"], "return a pair (mask, positions).")
-        out = tuple(pair)
-        mask = _as_bool_matrix(out[0], N)
-        if mask is None:
-            raise failure(g, where, inputs + [f"got mask {out[0]!r}"], f"the mask must be an [{N}, {N}] matrix of booleans.")
-        if not torch.equal(mask, want_mask):
-            raise failure(
-                g, where,
-                inputs + ["expected mask:", *[f"  {r}" for r in want_mask.int().tolist()],
-                          "got mask:", *[f"  {r}" for r in mask.int().tolist()]],
-                _mask_hint(parents, mask, want_mask),
-            )
-        pos = _as_int_vector(out[1], N)
-        if pos is None:
-            raise failure(g, where, inputs + [f"got positions {out[1]!r}"], f"positions must be {N} integers.")
-        if not torch.equal(pos, want_pos):
-            hint = "a node's position is the one it would have in the plain sequence of the context and its branch."
-            if torch.equal(pos, start + torch.arange(N)) or torch.equal(pos, start + 1 + torch.arange(N)):
-                hint = "those are chain positions (one per flattened index); " + hint
-            elif torch.equal(pos, want_pos - 1):
-                hint = "off by one: the root sits at `start`, and a node comes after the root on its branch."
-            raise failure(g, where, inputs + [f"expected positions {want_pos.tolist()}", f"got      positions {pos.tolist()}"], hint)
-    passed(g, f"{n_cases} random trees, masks and positions")
+        parents = random_parents(rng, int(rng.integers(1, 13)))
+        m, N = mask_of(parents), len(parents)
+        kind = len(cases) % 4
+        if kind == 0:
+            cases.append((f"a random tree of {N} nodes", m))
+        elif kind == 1:  # one entry below the diagonal flipped
+            if N < 2:
+                continue
+            i = int(rng.integers(1, N))
+            cases.append((f"a random tree of {N} nodes, one entry below the diagonal changed",
+                          changed(m, i, int(rng.integers(0, i)))))
+        elif kind == 2:  # one entry on or above the diagonal flipped
+            i = int(rng.integers(0, N))
+            cases.append((f"a random tree of {N} nodes, one entry on or above the diagonal changed",
+                          changed(m, i, int(rng.integers(i, N)))))
+        elif len(cases) % 8 == 3:  # the same tree, its nodes listed in any order
+            order = torch.as_tensor(rng.permutation(N))
+            cases.append((f"a random tree of {N} nodes listed in another order", m[order][:, order]))
+        else:  # the same tree, listed parents first in a random order: the first of a few that is not breadth-first
+            for _ in range(8):
+                order, ready = [], [i for i in range(N) if parents[i] == ROOT]
+                while ready:
+                    order.append(ready.pop(int(rng.integers(len(ready)))))
+                    ready += [c for c in range(N) if parents[c] == order[-1]]
+                relabelled = m[order][:, order]
+                if tree_of_mask(relabelled) is None:
+                    break
+            cases.append((f"a random tree of {N} nodes listed parents first, in a random order", relabelled))
+    return cases[:n_cases]
+
+
+def _call_mask_answer(g: str, where: str, inputs: list[str], fn: Callable[[torch.Tensor], object],
+                      mask: torch.Tensor) -> tuple[bool, object]:
+    """(raised ValueError, output) of fn on a copy of mask; another exception, or a change to mask, fails."""
+    arg = mask.clone()
+    try:
+        out, raised = fn(arg), False
+    except ValueError as e:
+        out, raised = e, True
+    except NotImplementedError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any error of the learner's code is reported with its input
+        raise failure(g, where, inputs + [f"your function raised {type(e).__name__}: {e}"],
+                      "a mask that no tree has is refused with ValueError; other exceptions are errors.") from e
+    if not torch.equal(arg, mask):
+        raise failure(g, where, inputs, "your function changed `mask` in place; build new objects instead.")
+    return raised, out
+
+
+def _parents_hint(mask: torch.Tensor, want: list[int], got: list[int]) -> str:
+    first = [next((j for j in range(i) if bool(mask[i, j])), ROOT) for i in range(len(want))]
+    if got == first and first != want:
+        return ("a node sees every node on its branch, not only its parent: of those, which one is its parent, "
+                "whatever the tree's depth?")
+    if got == [par + 1 if par != ROOT else ROOT for par in want] or got == [par + 1 for par in want]:
+        return "off by one: nodes are numbered from 0 in the flattened order, and -1 stands for the root."
+    return "node i's parent is a node that node i sees; which one, for every tree?"
+
+
+@graded(1, "check_tree_from_mask", FORBIDDEN, ALLOWED)
+def check_tree_from_mask(fn: Callable[[torch.Tensor], object], n_cases: int = 40, seed: int = 0) -> None:
+    """Grade fn(mask) -> parents: the breadth-first tree whose attention mask is `mask`, or ValueError.
+
+    Every mask is [N, N] bool (one is not square). On a tree's mask the answer must be that tree's parents (the
+    only ones, `tree_of_mask`), as N whole numbers in a list, tuple or tensor; on a mask that no breadth-first tree
+    has (a node blind to itself, one that sees a later node, a node whose visible nodes are not one branch, a tree
+    listed in another order, a mask that is not square) it must raise ValueError. Exact, no draw.
+    """
+    g = "check_tree_from_mask"
+    for n, (label, mask) in enumerate(_mask_cases(n_cases, seed), 1):
+        where = f"wrong answer on case {n} of {n_cases} ({label})."
+        inputs = ["mask:", *[f"  {r}" for r in mask.int().tolist()]]
+        want = tree_of_mask(mask)
+        raised, out = _call_mask_answer(g, where, inputs, fn, mask)
+        if want is None:
+            if not raised:
+                raise failure(g, where, inputs + [f"got {out!r}"],
+                              f"no breadth-first tree has this mask ({why_not_a_tree(mask)}): raise ValueError.")
+            continue
+        if raised:
+            raise failure(g, where, inputs + [f"your function raised ValueError: {out}"],
+                          f"this is the mask of the tree with parents {want}: a tree has it, so return its parents.")
+        got = as_ints(out, len(want))
+        if got is None:
+            raise failure(g, where, inputs + [f"got {out!r}"],
+                          f"return the parents: {len(want)} whole numbers, one per node (-1 for the root).")
+        if got != want:
+            raise failure(g, where, inputs + [f"expected parents {want}", f"got      parents {got}"],
+                          _parents_hint(mask, want, got))
+    passed(g, f"{n_cases} masks, trees' and no tree's")
 
 
 # --------------------------------------------------------------------------------------
