@@ -35,7 +35,7 @@ drafts
     drafts.mtp          MTPDraft: DeepSeek-V3 MTP modules chained by depth, a cache each
     drafts.load         load_draft(name, target): every shipped draft, checked against the target
 decoding
-    decoding.loop       SpecStats, the token buffer, prefill, run_steps: the one driver, on_step  (nb 04)
+    decoding.loop       SpecStats, the token buffer, prefill, decode: the one driver, on_step  (nb 04)
     decoding.chain      generate, speculative_step, speculative_generate       (nb 04)
     decoding.tree       score_tree, keep_path, tree_step, tree_generate        (nb 06)
     decoding.lookahead  lookahead_generate: Jacobi n-grams, made and verified in one pass

@@ -1,42 +1,36 @@
-"""What every decoding loop shares: the stats, the token buffer, prefill, finish, the input checks, one timer.
+"""The one decoding loop (`decode`) and what every strategy's step shares: the stats, the token buffer, prefill.
 
-The chain step (`chain.speculative_step`) and the tree step (`tree.tree_step`) both
-write into a `Sequences` buffer and count into a `SpecStats`; only what they draft
-and how they verify differ.
+Plain (`chain.generate`), chain, tree and lookahead decoding are strategies: each hands `decode`
+its step, the room its passes write past the budget and its draft (plain decoding's drafts
+nothing); `decode` checks the inputs once, opens the run's `Session` (its caches), prefills, and
+calls the step until every row is done. `on_step(record)`, if given, sees each step's record
+(a `ChainStep`, `TreeStep` or `LookaheadStep`); instrumentation watches a run through it.
 
-The feature hook: every target pass goes through `target_pass`, which asks the target
-for its hidden states only when the draft reads some (`Draft.feature_layers`) and
-returns the requested ones; the step then hands them to `draft.observe` before
-`draft.rollback` (see `specref.drafts.base`). A plain draft's passes are unchanged.
+The feature hook: every target pass goes through `target_pass`, which asks the target for its
+hidden states only when the draft reads some (`Draft.feature_layers`); the step hands them to
+`draft.observe` before `draft.rollback` (see `specref.drafts.base`).
 
-The driver: `run_steps` is the one generation loop (set-up, prefill, a step until every
-row is done, finish); chain, tree and lookahead decoding hand it only their step. The
-step observer: `on_step(record)`, if given, is called with each step's record (a
-`ChainStep`, `TreeStep` or `LookaheadStep`) after the step; instrumentation
-(`specref.decoding.record`, the checks) watches a run through it and changes nothing.
-
-Checked once, read back little: `start_generation` makes every check where a generation
-starts; inside it the passes are the model's unchecked core (`GPT2.step`, through
-`models.gpt2.unchecked`), the caches are allocated once at the run's size (`run_steps`), and
-a chain step reads the device back once (its accepted counts, with the logits' check), plus
-what a draft needs (tests/test_host_syncs.py counts them). The passes are timed only when
-asked (`resolve_timing`): on a GPU each timer waits for the device.
+Checked once, read back little: inside a generation the passes are the model's unchecked core
+(`GPT2.step`, through `models.gpt2.unchecked`), and a chain step reads the device back once (its
+accepted counts, with the logits' check), plus what a draft needs (tests/test_host_syncs.py).
+The passes are timed only when asked (`resolve_timing`): on a GPU each timer waits for the device.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from .._validate import check_generator, check_int, check_probs, check_tokens
+from ..drafts import Draft
 from ..models.gpt2 import unchecked
-from ..models.kvcache import KVCache
+from ..models.session import Session
 from ..sampling import SamplingParams
 from ..timing import sync, timed
 
@@ -367,90 +361,59 @@ def resolve_timing(timing: bool | None, device: torch.device) -> bool:
     return timing
 
 
-def start_generation(
+def decode(
     target: torch.nn.Module,
     input_ids: object,  # [B, T] or [T]
     max_new_tokens: object,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
+    sampling: tuple[float, int | None, float | None],  # temperature, top_k, top_p: one `SamplingParams`
     generator: object,
     eos_token_id: object,
-    draft: object = None,
+    step: Callable[..., object],  # step(seqs, cache, params=params) -> the step's record
+    stats: SpecStats,
+    room: int,  # cache slots a step may write past the budget: its drafts, tree or window
+    draft: Draft | None = None,  # joins the run's session and begins; a feature draft observes the prompt's
+    begin: Callable[[torch.Tensor], None] | None = None,  # begin(input_ids): readies a strategy's own state
+    on_step: StepObserver | None = None,
+    timing: bool | None = None,  # time the passes (`resolve_timing`)
     name: str = "the target",  # what the model is called in errors
-) -> tuple[torch.Tensor, SamplingParams]:  # input_ids [B, T] long on the target's device, params
-    """Every check a generation makes, once, where it starts (chain, tree and lookahead alike).
+) -> torch.Tensor:  # [B, T + max_new_tokens]
+    """The one generation loop behind every front door: check once, open a session, prefill, step, EOS fill.
 
-    The sampling arguments, the pair (when there is a draft), the prompt and its budget, EOS, and
-    the generator, which must draw on the target's device. Inside the generation no pass checks
-    its inputs again.
+    Every check a generation makes happens here, where it starts: the sampling arguments, the pair
+    (when there is a draft), the prompt and its budget, EOS, and the generator, which must draw on the
+    target's device; inside, no pass checks its inputs again. The run is one `Session`: the target's
+    cache and the draft's (`Draft.join`) come from it, allocated once for prompt + max_new_tokens +
+    room tokens (within the window), and are released when it ends. `stats.time_total` gets the wall
+    time from the cache's allocation to the last step (one wait for the device at each end).
     """
-    params = SamplingParams(temperature, top_k, top_p)  # raises on bad sampling arguments
+    params = SamplingParams(*sampling)  # raises on bad sampling arguments
     if draft is not None:
         check_pair(target, draft)
     input_ids = check_inputs(target, input_ids, max_new_tokens, name)
     check_eos(eos_token_id, target.config.vocab_size)
     check_generator(generator, target.device)
-    return input_ids, params
-
-
-def run_steps(
-    target: torch.nn.Module,
-    input_ids: torch.Tensor,  # [B, T], checked
-    max_new_tokens: int,
-    stats: SpecStats,
-    step: Callable[[Sequences, KVCache], object],  # step(seqs, cache) -> the step's record
-    room: int,  # cache slots a step may write past the budget: its drafts, tree or window
-    begin: Callable[[], None],  # readies the draft (or lookahead's state) for this batch
-    draft: object = None,  # a draft: sized to the run; one that reads the target's features observes the prompt's
-    eos_token_id: int | None = None,
-    on_step: StepObserver | None = None,
-    timing: bool | None = None,  # time the passes (`resolve_timing`)
-) -> torch.Tensor:  # [B, T + max_new_tokens]
-    """The generation loop: caches sized to the run, prefill, `step` until every row is done, EOS fill.
-
-    The target's cache and the draft's (`Draft.size_for`) are allocated once, for prompt +
-    max_new_tokens + room tokens (within the window): nothing grows or moves during the run. The run
-    is one `generation_span` of the target and the draft's model: the caches they keep for it
-    (`GPT2.run_cache` where passes are captured) stay its own until it ends.
-    `stats.time_total` gets the wall time from the cache's allocation to the last step (one
-    wait for the device at each end).
-    """
     stats.timing = resolve_timing(timing, target.device)
     seqs = Sequences(input_ids, max_new_tokens)
     if max_new_tokens == 0:
         return seqs.tokens
-    with generation_span(target, getattr(draft, "cache_module", None)):  # the kept caches stay this run's
+    B, T = input_ids.shape
+    # Sized to the run, not the whole window for every row: a large batch's cache is the biggest allocation.
+    n_ctx = target.config.n_positions
+    n_rows = min(n_ctx, T + max_new_tokens + room)
+    with Session(n_rows) as session:
         sync(target.device)
         t_start = time.perf_counter()
-        B, T = input_ids.shape
-        # Sized to the run, not the whole window for every row: a large batch's cache is the biggest allocation.
-        n_rows = min(target.config.n_positions, T + max_new_tokens + room)
-        cache = target.run_cache("target", B, n_rows) if hasattr(target, "run_cache") \
-            else target.new_cache(B, max_len=n_rows)
-        if draft is not None and hasattr(draft, "size_for"):
-            draft.size_for(n_rows)
-        begin()
+        cache = session.cache(target, "target", B, n_rows, n_ctx)
+        if draft is not None:
+            draft.join(session)
+            draft.begin(B)
+        if begin is not None:
+            begin(input_ids)
         prefill(target, input_ids, cache, stats, draft)  # the last prompt token is fed first by the first step
         while not seqs.done:
-            record = step(seqs, cache)
+            record = step(seqs, cache, params=params)
             if on_step is not None:
                 on_step(record)
         sync(target.device)
         stats.time_total = time.perf_counter() - t_start
     return seqs.finish(eos_token_id)
-
-
-@contextmanager
-def generation_span(*models: object) -> Iterator[None]:
-    """One generation's span on each distinct model that has one (`GPT2.generation`): its kept caches are its own.
-
-    The spans open when the `with` starts and close when it ends, in reverse order.
-    """
-    with ExitStack() as stack:
-        seen: set[int] = set()
-        for model in models:
-            if model is not None and id(model) not in seen and hasattr(model, "generation"):
-                seen.add(id(model))
-                stack.enter_context(model.generation())
-        yield

@@ -43,7 +43,7 @@ class ModelDraft(Draft):
 
     def begin(self, batch_size: int) -> None:
         super().begin(batch_size)
-        self.cache.begin(batch_size, self.window, self.run_rows)
+        self.cache.begin(batch_size, self.window, self.session)
 
     def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
         super().rollback(n_valid)
