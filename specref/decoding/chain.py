@@ -22,18 +22,10 @@ from ..models.kvcache import KVCache
 from ..rejection import verify_chain_greedy_unchecked, verify_chain_unchecked
 from ..sampling import SamplingParams, sample_unchecked
 from ..typical import TypicalAcceptance, as_acceptance
-from .loop import (
-    Sequences,
-    SpecStats,
-    StepObserver,
-    check_logits_total,
-    check_model,
-    check_proposal,
-    clock,
-    decode,
-    logits_total,
-    target_pass,
-)
+from .inputs import check_logits_total, check_model, check_proposal, logits_total
+from .loop import Sequences, SpecStats, StepObserver, clock, decode, target_pass
+
+__all__ = ["ChainStep", "generate", "speculative_generate", "speculative_step"]
 
 
 @torch.no_grad()

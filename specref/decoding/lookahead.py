@@ -62,7 +62,8 @@ from ..models.gpt2 import unchecked
 from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
 from ..trees import ROOT, Tree, TreeResult, tree_attention_mask, tree_position_ids, verify_tree, verify_tree_greedy
-from .loop import Sequences, StepObserver, check_model, clock, decode
+from .inputs import check_model
+from .loop import Sequences, StepObserver, clock, decode
 from .tree import TreeSpecStats, commit_tree
 
 # -- the lookahead branch's shape ---------------------------------------------------------------

@@ -37,6 +37,8 @@ from ..sampling import SamplingParams, sample_unchecked
 from ..tree_shapes import TreeSpec
 from ..trees import Tree
 
+__all__ = ["Draft", "NoDraft", "TreeDraft", "draw", "one_hot"]
+
 # sampler(logits [B, V], params, generator) -> (x [B], q [B, V]): how a draft draws one token when sampling.
 Sampler = Callable[[torch.Tensor, SamplingParams, torch.Generator | None], tuple[torch.Tensor, torch.Tensor]]
 

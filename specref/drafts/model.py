@@ -22,6 +22,8 @@ from ..trees import Tree
 from .base import Draft, Sampler, TreeDraft, check_k, draw, one_hot
 from .cached import DraftCache, pick
 
+__all__ = ["ModelDraft", "TreeModelDraft", "as_draft", "as_tree_draft"]
+
 
 class ModelDraft(Draft):
     """A smaller language model as draft: k autoregressive steps with its own KV cache.

@@ -38,6 +38,8 @@ from .._validate import check_int, check_tokens
 from .kernels import MAX_ROWS, KernelPath, SmallLinear, kernel_path
 from .kvcache import KVCache
 
+__all__ = ["GPT2", "GPT2Config", "GPT2Output", "normalize_state_dict", "use_small_kernel"]
+
 # cuDNN's attention, torch's first choice for half precision on recent GPUs, builds a
 # graph for every new key length, so for every decoding step: that costs more than the
 # step itself. Decoding therefore uses the other fused kernels.
@@ -484,16 +486,10 @@ class GPT2(nn.Module):
             return self.step(input_ids, cache, position_ids, attention_mask, return_hidden, logits_to_keep)
         c = self.config
         check_int("logits_to_keep", logits_to_keep, 0, "0 = all tokens", ValueError)
-        if not isinstance(input_ids, torch.Tensor):
-            raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
-        if input_ids.dtype.is_floating_point or input_ids.is_complex() or input_ids.dtype == torch.bool:
-            raise TypeError(f"input_ids must be an integer tensor, got dtype {input_ids.dtype}")
-        if input_ids.ndim != 2:
-            raise ValueError(f"input_ids must have shape [B, T], got {tuple(input_ids.shape)}")
-        B, T = input_ids.shape
-        if B == 0 or T == 0:
-            raise ValueError(f"input_ids must be non-empty, got shape {tuple(input_ids.shape)}")
         check_tokens("input_ids", input_ids, c.vocab_size)
+        if input_ids.ndim != 2 or 0 in input_ids.shape:
+            raise ValueError(f"input_ids must have shape [B, T], non-empty, got {tuple(input_ids.shape)}")
+        B, T = input_ids.shape
         dev = self.device
         input_ids = input_ids.to(device=dev, dtype=torch.long)
         n_slots = T if cache is None else check_cache(cache, c.n_layer, c.n_head, c.head_dim, B, dev, T)
@@ -544,9 +540,7 @@ class GPT2(nn.Module):
             out = self._core(*shape, *inputs)
         if cache is not None:
             cache.advance(T)
-        if return_hidden:
-            return GPT2Output(out[0], tuple(out[1:]))
-        return out
+        return GPT2Output(out[0], tuple(out[1:])) if return_hidden else out
 
     def _core(
         self, cache: KVCache | None, n_slots: int, return_hidden: bool, logits_to_keep: int,

@@ -21,6 +21,8 @@ import torch
 from .._validate import check_int
 from .graphs import CapturedPasses
 
+__all__ = ["KVCache", "attended_slots"]
+
 
 def attended_slots(need: int, max_len: int) -> int:
     """The K/V slots a pass attends over when `need` slots are in use after it: `need` rounded up to a power of two.
