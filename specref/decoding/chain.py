@@ -125,10 +125,8 @@ def speculative_step(
     return ChainStep(drafts, q, logits, out, n_acc, kept)
 
 
-def _read_back(n_acc: torch.Tensor | list[int], logits: torch.Tensor) -> tuple[list[int], float]:  # [B], [B, T, V]
+def _read_back(n_acc: torch.Tensor, logits: torch.Tensor) -> tuple[list[int], float]:  # [B], [B, T, V]
     """The accepted counts and the logits' total (`check_logits_total`), in one read back from the device."""
-    if isinstance(n_acc, list):  # already on the host (typical acceptance's)
-        return n_acc, float(logits_total(logits))
     host = torch.cat([n_acc.to(torch.float64), logits_total(logits).to(torch.float64)[None]]).tolist()
     return [int(n) for n in host[:-1]], host[-1]
 

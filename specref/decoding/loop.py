@@ -29,6 +29,7 @@ import torch
 from .._validate import check_generator, check_int
 from ..drafts import Draft
 from ..models.gpt2 import unchecked
+from ..models.kvcache import KVCache
 from ..models.session import Session
 from ..sampling import SamplingParams
 from ..timing import sync, timed
@@ -216,8 +217,8 @@ def target_pass(
     return out.logits, tuple(out.hidden_states[i] for i in feature_layers)
 
 
-def prefill(target: torch.nn.Module, input_ids: torch.Tensor, cache, stats: SpecStats,
-            draft: object = None) -> None:  # [B, T]
+def prefill(target: torch.nn.Module, input_ids: torch.Tensor, cache: KVCache, stats: SpecStats,
+            draft: Draft | None = None) -> None:  # [B, T]
     """Cache every prompt token but the last: each step feeds the last one first, then the drafts.
 
     A draft that reads features observes the prompt's (positions 0 .. T-2).
@@ -226,7 +227,7 @@ def prefill(target: torch.nn.Module, input_ids: torch.Tensor, cache, stats: Spec
     with clock(stats, "time_target", target.device):
         if input_ids.shape[1] > 1:
             # Only the cache is needed (and the features, for a draft that reads them).
-            layers = getattr(draft, "feature_layers", ())
+            layers = () if draft is None else draft.feature_layers
             _, features = target_pass(target, layers, input_ids[:, :-1], cache=cache, logits_to_keep=1)
             stats.target_passes += 1
     if features is not None:
