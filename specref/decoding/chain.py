@@ -43,15 +43,16 @@ def generate(
 
     The strategy that drafts nothing (`NoDraft`), run by the one loop (`loop.decode`): each step is
     a `speculative_step` with k = 0, which reads nothing back from the device (with `eos_token_id`,
-    the step's tokens, to stop a row). A row stops after emitting `eos_token_id`; its remaining
-    positions are filled with EOS.
+    the step's tokens, to stop a row). Nothing is prefilled: the first pass reads the whole prompt
+    and gives the first new token, so N new tokens take N passes (the last is never fed back).
+    A row stops after emitting `eos_token_id`; its remaining positions are filled with EOS.
     """
     check_model(model)
     nothing = NoDraft(model.config.vocab_size)
     stats = SpecStats(k=0)
     step = partial(speculative_step, model, nothing, k=0, generator=generator, eos_token_id=eos_token_id, stats=stats)
     return decode(model, input_ids, max_new_tokens, (temperature, top_k, top_p), generator, eos_token_id, step,
-                  stats, room=0, draft=nothing, timing=False, name="model")
+                  stats, room=0, draft=nothing, timing=False, name="model", cache_prompt=False)
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,11 @@ def speculative_step(
     n = check_proposal(drafts, q, B, ask, V, params.greedy, values=not draft.trusted)
     stats.draft_passes += n
     # 2. One target pass over [last token, x_1..x_n]: p_1..p_{n+1} (and its features, for a draft that reads them).
+    # Before any pass of plain decoding the cache is empty: the pass reads the whole prompt, its last row gives p_1.
     with clock(stats, "time_target", dev):
-        ids = torch.cat([seqs.last_tokens(), drafts], 1)  # [B, n+1]
-        logits, features = target_pass(target, draft.feature_layers, ids, cache=cache)  # [B, n+1, V], features
+        ids = torch.cat([seqs.uncached(cache), drafts], 1)  # [B, w+n], w = 1 once the prompt is cached
+        logits, features = target_pass(target, draft.feature_layers, ids, cache=cache,
+                                       logits_to_keep=n + 1)  # [B, n+1, V], features
     stats.target_passes += 1
     # 3. Accept or reject left to right, then one token from the target: a correction or the bonus.
     with clock(stats, "time_verify", dev):

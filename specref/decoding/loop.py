@@ -150,6 +150,12 @@ class Sequences:
         """Each row's last token: not yet in the target's cache, it is fed first at the next pass."""
         return self.tokens.gather(1, (self.lengths - 1)[:, None])
 
+    def uncached(self, cache: KVCache) -> torch.Tensor:  # [B, w]
+        """The tokens the target's cache lacks, fed first at the next pass: each row's last token (w = 1), or
+        the whole prompt when nothing is cached yet. w comes from the cache's host bound (exact in a chain loop)."""
+        w = max(self.lengths_h) - cache.bound
+        return self.tokens.gather(1, (self.lengths - w)[:, None] + torch.arange(w, device=self.tokens.device))
+
     def commit(
         self,
         out: torch.Tensor,  # [B, W] row b: its accepted drafts, then the target's token
@@ -266,6 +272,7 @@ def decode(
     on_step: StepObserver | None = None,
     timing: bool | None = None,  # time the passes (`resolve_timing`)
     name: str = "the target",  # what the model is called in errors
+    cache_prompt: bool = True,  # False: nothing is prefilled, the first step's pass reads the whole prompt
 ) -> torch.Tensor:  # [B, T + max_new_tokens]
     """The one generation loop behind every front door: check once, open a session, prefill, step, EOS fill.
 
@@ -299,7 +306,8 @@ def decode(
             draft.begin(B)
         if begin is not None:
             begin(input_ids)
-        prefill(target, input_ids, cache, stats, draft)  # the last prompt token is fed first by the first step
+        if cache_prompt:  # the last prompt token is fed first by the first step
+            prefill(target, input_ids, cache, stats, draft)
         while not seqs.done:
             record = step(seqs, cache, params=params)
             if on_step is not None:
