@@ -81,7 +81,7 @@ class Session:
         return cache
 
     def close(self) -> None:
-        """The generation ended: its roles are free for the next session (the kept caches stay kept)."""
+        """The generation ended: its roles are free for the generations that follow (the kept caches stay kept)."""
         for state, role in self._held:
             state.held.discard(role)
         self._held.clear()
