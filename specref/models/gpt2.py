@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .._validate import check_int, check_tokens
-from .kernels import MAX_ROWS, KernelPath, SmallLinear, kernel_path
+from .kernels import KernelPath, SmallLinear, kernel_path
 from .kvcache import KVCache
 
 __all__ = ["GPT2", "GPT2Config", "GPT2Output", "normalize_state_dict", "use_small_kernel"]
@@ -264,17 +264,9 @@ def _linear(conv: Conv1D, x: torch.Tensor) -> torch.Tensor:  # [N, in] -> [N, ou
     """``Conv1D.forward`` on rows: ``bias + x @ weight`` (the few-token kernel where `use_small_kernel` set one)."""
     p = conv._parameters
     fast = conv.__dict__.get("fast")
-    if fast is not None and _fast_applies(fast, p["weight"], p["bias"], x):
+    if fast is not None and fast.serves(p["weight"], p["bias"], x):
         return fast(x)
     return torch.addmm(p["bias"], x, p["weight"])
-
-
-def _fast_applies(fast: SmallLinear, weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> bool:
-    """A packed kernel serves a few float32 CPU rows of an unchanged weight and bias, when no gradient is asked for."""
-    return (x.shape[0] <= MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu"
-            and fast.fresh(weight, bias)
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                                  or (bias is not None and bias.requires_grad))))
 
 
 def _norm(ln: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:  # [N, C] -> [N, C]
@@ -561,7 +553,7 @@ class GPT2(nn.Module):
         # lm_head as nn.Linear computes it, on [B, T or logits_to_keep, C]
         x_out = x[:, -logits_to_keep:] if logits_to_keep else x
         head, fast = self.lm_head.weight, self.lm_head.__dict__.get("fast")
-        if fast is not None and _fast_applies(fast, head, None, x_out.reshape(-1, C)):
+        if fast is not None and fast.serves(head, None, x_out.reshape(-1, C)):
             logits = fast(x_out.reshape(-1, C)).view(*x_out.shape[:-1], -1)
         else:
             logits = F.linear(x_out, head)
