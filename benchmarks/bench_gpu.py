@@ -35,9 +35,11 @@ import torch
 
 from specref.decoding.chain import generate, speculative_generate
 from specref.models.gpt2 import GPT2, GPT2Config
+from specref.models.graphs import CapturedPasses
 from specref.models.kvcache import KVCache, attended_slots
 from specref.models.pair import heldout_prompts, load_pair
 from specref.models.pretrained import TIMING_CONFIGS, random_gpt2, timing_pair
+from specref.models.session import kept
 from specref.perf.costmodel import PassModel
 from specref.perf.costs import memory_bandwidth, peak_matmul_flops
 from specref.perf.machine import machine_name
@@ -98,9 +100,8 @@ def pass_grid(model: GPT2, plan: Plan, graphed: bool) -> dict[tuple[int, int], f
         max_len = plan.context + plan.inner * max(plan.tokens)
         cache = model.new_cache(B, max_len=max_len)
         prompt = torch.randint(0, V, (B, plan.context), generator=gen).to(dev)
-        model.graphs.enabled = False  # the prompt's pass is not timed: no graph for it
-        model(prompt, cache=cache, logits_to_keep=1)
-        model.graphs.enabled = graphed
+        model(prompt, cache=cache, logits_to_keep=1)  # the prompt's pass is not timed: no graph for it
+        cache.graphs = CapturedPasses() if graphed else None
         for T in plan.tokens:
             x = torch.randint(0, V, (B, T), generator=gen).to(dev)
             times = []
@@ -115,7 +116,6 @@ def pass_grid(model: GPT2, plan: Plan, graphed: bool) -> dict[tuple[int, int], f
                     times.append((time.perf_counter() - t0) / plan.inner)
             out[B, T] = statistics.median(times)
         del cache
-        model.graphs.clear()
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return out
@@ -147,10 +147,10 @@ def pair_speedups(target: GPT2, draft: GPT2, prompts: list[torch.Tensor], new_to
     plain decoding and with each k, so that every shape a timed run meets is captured before the timing starts.
     """
     dev = target.device
-    target.graphs.enabled = False
+    kept(target).enabled = False
     generate(target, prompts[0], new_tokens, temperature=0)  # the eager warm-up
     eager = sum(_timed(lambda p=p: generate(target, p, new_tokens, temperature=0), dev) for p in prompts)
-    target.graphs.enabled = draft.graphs.enabled = True
+    kept(target).enabled = kept(draft).enabled = True
     expected = [generate(target, p, new_tokens, temperature=0) for p in prompts]  # captures, and the reference
     for k in ks:
         for p in prompts:

@@ -20,6 +20,7 @@ rules
 models
     models.gpt2, models.kvcache, models.tokenizer, models.pretrained       (nb 01, 04)
     models.pair         load_pair, load_grown_pair, training_record, heldout_prompts  (nb 04)
+    models.session      Session: one generation's KV caches and captured passes, kept for the next
     models.grow         widen, GrownGPT2: the bundled target grown wider with the same function  (nb 01, 04)
     models.kernels      SmallLinear, kernel_path: the few-token CPU kernel      (nb 01)
     models.workloads    edit_prompts, edit_cases: the copy-heavy "apply an edit" workload  (nb 05)
@@ -36,7 +37,8 @@ drafts
     drafts.mtp          MTPDraft: DeepSeek-V3 MTP modules chained by depth, a cache each
     drafts.load         load_draft(name, target): every shipped draft, checked against the target
 decoding
-    decoding.loop       SpecStats, the token buffer, prefill, run_steps: the one driver, on_step  (nb 04)
+    decoding.loop       SpecStats, the token buffer, prefill, decode: the one driver, on_step  (nb 04)
+    decoding.inputs     the checks a generation makes at its start; a proposal's shape
     decoding.chain      generate, speculative_step, speculative_generate       (nb 04)
     decoding.tree       score_tree, keep_path, tree_step, tree_generate        (nb 06)
     decoding.lookahead  lookahead_generate: Jacobi n-grams, made and verified in one pass

@@ -24,6 +24,8 @@ from ._validate import (
     tolerance,
 )
 
+__all__ = ["SamplingParams", "TorchRNG", "process_logits", "sample"]
+
 
 def process_logits(
     logits: torch.Tensor,  # [..., V]
@@ -62,19 +64,16 @@ def process_logits(
     if torch.isneginf(logits).all(-1).any():
         raise ValueError("logits have a row where every token is -inf (nothing can be sampled)")
 
-    return process_logits_unchecked(logits, temperature, top_k, top_p)
+    return _process_logits(logits, temperature, top_k, top_p)
 
 
-def process_logits_unchecked(
+def _process_logits(
     logits: torch.Tensor,  # [..., V]
     temperature: float,
     top_k: int | None,
     top_p: float | None,
 ) -> torch.Tensor:  # [..., V]
-    """`process_logits` without its input checks, for the decoding loop's hot path.
-
-    Only for logits and arguments that were already checked (see `SamplingParams`).
-    """
+    """`process_logits` without its input checks: for arguments already checked (`SamplingParams.probs_unchecked`)."""
     x = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
     if temperature == 0:
         # Greedy is the limit temperature -> 0: all mass on the argmax.
@@ -169,7 +168,7 @@ class SamplingParams:
 
         The decoding loop checks the stacked q of every step once (`specref.decoding`).
         """
-        return process_logits_unchecked(logits, self.temperature, self.top_k, self.top_p)
+        return _process_logits(logits, self.temperature, self.top_k, self.top_p)
 
 
 _PROB_SUM_TOL = 1e-6  # how far from 1 a distribution handed to rng.categorical may sum (float64)

@@ -5,10 +5,10 @@ on CUDA tensors and CUDA generators: logits equal the CPU's, greedy speculative
 decoding equals greedy decoding, sampled tokens follow the target's exact
 distribution (with a negative control), and the bundled pair runs in bf16.
 
-On CUDA a GPT2's passes over a cache run as captured CUDA graphs (``model.graphs``,
-``specref.models.graphs``): a replay's logits equal the eager pass's in the same dtype,
-the decoding rules hold with graphs on (the tests count replays to be sure they ran),
-and ``graphs.enabled = False`` switches them off. Last, the GPU timing pair
+On CUDA a GPT2's passes over a cache that carries captured passes (``cache.graphs``, given by a
+decoding `Session`, ``specref.models.session``) replay CUDA graphs: a replay's logits equal the
+eager pass's in the same dtype, the decoding rules hold with graphs on (the tests count replays to
+be sure they ran), and ``kept(model).enabled = False`` switches them off. Last, the GPU timing pair
 (``specref.models.pretrained.timing_pair``) loads in bf16 without a float32 detour.
 """
 
@@ -22,12 +22,14 @@ import torch
 from model_factory import TINY_VOCAB, exact_first_two, noisy_copy, small_gpt2
 from model_factory import tiny_pair as tiny_pair_models
 
+import specref.models.graphs as graphs
 from specref.chain_verify import verify_chain
 from specref.checks.montecarlo import distribution_test
 from specref.decoding.chain import generate, speculative_generate
 from specref.decoding.tree import tree_generate
 from specref.models.graphs import CapturedPasses, CudaGraph
 from specref.models.pair import load_pair
+from specref.models.session import kept
 from specref.sampling import SamplingParams, sample
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -159,16 +161,27 @@ class CountingGraph(CudaGraph):
         super().replay()
 
 
+@pytest.fixture(autouse=True)
+def _counting_graphs(monkeypatch):
+    monkeypatch.setattr(graphs, "CudaGraph", CountingGraph)
+
+
 def counting(*models) -> None:
-    """Give each model fresh graphs that count (the switch stays on)."""
+    """Each model's kept caches (and their graphs) dropped, the counts zeroed, capture switched on."""
     CountingGraph.captures = CountingGraph.replays = 0
     for m in models:
-        m.graphs = CapturedPasses(graph_factory=CountingGraph)
+        kept(m).caches.clear()
+        kept(m).enabled = True
 
 
-def _chunks(model, ids: torch.Tensor, prompt_len: int, t: int) -> tuple[list[torch.Tensor], object]:
+def n_graphs(model) -> int:
+    return sum(len(c.graphs) for c in kept(model).caches.values())
+
+
+def _chunks(model, ids: torch.Tensor, prompt_len: int, t: int, graphed: bool) -> tuple[list[torch.Tensor], object]:
     """Logits of the prompt, then of successive t-token chunks, through one cache (public forward)."""
     cache = model.new_cache(ids.shape[0], max_len=ids.shape[1])
+    cache.graphs = CapturedPasses() if graphed else None
     out = [model(ids[:, :prompt_len], cache=cache)]
     for start in range(prompt_len, ids.shape[1] - t + 1, t):
         out.append(model(ids[:, start:start + t], cache=cache))
@@ -184,10 +197,9 @@ def test_replayed_logits_equal_the_eager_pass(dtype, which, t):
     model = target if which == "target" else draft
     ids = torch.randint(0, model.config.vocab_size, (3, 16 + 12 * t), generator=torch.Generator().manual_seed(t))
     ids = ids.to(CUDA)
-    model.graphs.enabled = False
-    eager, eager_cache = _chunks(model, ids, 16, t)
     counting(model)
-    graphed, graphed_cache = _chunks(model, ids, 16, t)
+    eager, eager_cache = _chunks(model, ids, 16, t, graphed=False)
+    graphed, graphed_cache = _chunks(model, ids, 16, t, graphed=True)
     assert CountingGraph.replays >= 6 and CountingGraph.captures < CountingGraph.replays
     for i, (g, e) in enumerate(zip(graphed, eager)):
         assert g.dtype == dtype
@@ -203,6 +215,7 @@ def test_a_replay_does_not_change_what_an_earlier_call_returned():
     counting(target)
     ids = torch.randint(0, target.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0)).to(CUDA)
     cache = target.new_cache(2, max_len=12)
+    cache.graphs = CapturedPasses()
     target(ids[:, :8], cache=cache)
     first = [target(ids[:, i:i + 1], cache=cache) for i in range(8, 12)]  # warm-up, then replays
     kept = [f.clone() for f in first]
@@ -216,12 +229,12 @@ def test_the_graphs_switch():
     target, draft, tok = load_pair(device="cuda", dtype=torch.float32)
     ids = torch.tensor([tok.encode("def main(argv):\n    ")], device=CUDA)
     counting(target, draft)
-    target.graphs.enabled = draft.graphs.enabled = False
+    kept(target).enabled = kept(draft).enabled = False
     off, _ = speculative_generate(target, draft, ids, k=4, max_new_tokens=32, temperature=0)
-    assert CountingGraph.captures == CountingGraph.replays == 0 and len(target.graphs) == len(draft.graphs) == 0
-    target.graphs.enabled = draft.graphs.enabled = True
+    assert CountingGraph.captures == CountingGraph.replays == 0 and n_graphs(target) == n_graphs(draft) == 0
+    kept(target).enabled = kept(draft).enabled = True
     on, _ = speculative_generate(target, draft, ids, k=4, max_new_tokens=32, temperature=0)
-    assert len(target.graphs) > 0 and len(draft.graphs) > 0 and CountingGraph.replays > CountingGraph.captures
+    assert n_graphs(target) > 0 and n_graphs(draft) > 0 and CountingGraph.replays > CountingGraph.captures
     assert torch.equal(on, off)
 
 
@@ -244,7 +257,7 @@ def _assert_same_or_near_tie(got: torch.Tensor, expected: torch.Tensor, target64
 def bundled32():
     target, _, tok = load_pair(device="cuda", dtype=torch.float32)
     target64 = load_pair(device="cuda", dtype=torch.float64)[0]
-    target64.graphs.enabled = False  # the eager reference
+    kept(target64).enabled = False  # the eager reference
     prompts = [tok.encode("def main(argv):\n    "), tok.encode("import os\nimport sys\n\n\ndef ")]
     width = min(len(p) for p in prompts)
     ids = torch.tensor([p[:width] for p in prompts], device=CUDA)
@@ -309,9 +322,9 @@ def test_sampled_longer_runs_replay_and_match_the_eager_stream(tiny):
     target, draft = tiny
     ids = torch.tensor([[1, 2]] * 64, device=CUDA)  # the tiny pair holds 8 positions: 2 + 6 new tokens
     counting(target, draft)
-    target.graphs.enabled = draft.graphs.enabled = False
+    kept(target).enabled = kept(draft).enabled = False
     off, _ = speculative_generate(target, draft, ids, k=2, max_new_tokens=6, temperature=1.0, generator=_gen(5))
-    target.graphs.enabled = draft.graphs.enabled = True
+    kept(target).enabled = kept(draft).enabled = True
     on, _ = speculative_generate(target, draft, ids, k=2, max_new_tokens=6, temperature=1.0, generator=_gen(5))
     assert CountingGraph.replays > 0 and torch.equal(on, off)
 

@@ -3,7 +3,7 @@
 A draft that allocated its model's whole window for every row held 1 GB at B = 2,000 in float64 for
 the bundled 1-layer draft (notebook 04's distribution test needs 22 of its 256 slots); one that grew
 as the rows did reallocated its K/V (new addresses, which a captured CUDA graph cannot follow). Now
-`run_steps` sizes the target's cache and, through `Draft.size_for`, the draft's to prompt +
+`loop.decode` sizes the target's cache and, through the run's `Session` (`Draft.join`), the draft's to prompt +
 max_new_tokens + the step's room (k drafts, a tree, a lookahead window), within the window, and
 `begin` allocates that once. The tests check the sizes, that the buffers keep their addresses for
 the whole run, and that a cache sized to the need gives the same tokens, greedy and sampled, chains
@@ -25,6 +25,7 @@ from specref.drafts.heads import EagleLayer
 from specref.drafts.model import ModelDraft, TreeModelDraft
 from specref.drafts.shapes import DynamicTree
 from specref.models.kvcache import KVCache
+from specref.models.session import Session
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +39,10 @@ def _prompts(B: int, T: int = 5) -> torch.Tensor:
 
 
 class _WholeWindow:
-    """Wraps a draft so that it ignores `size_for`: its cache is its window, as before the sizing."""
+    """Wraps a draft so that it joins no session: its cache is its window, as before the sizing."""
 
     def __init__(self, draft) -> None:
-        draft.size_for = lambda n_rows: None
+        draft.join = lambda session: None
         self.draft = draft
 
 
@@ -50,12 +51,12 @@ def test_a_cache_can_no_longer_grow():
     assert not hasattr(cache, "reserve") and not hasattr(cache, "make_room")
 
 
-def test_begin_alone_allocates_the_window_and_size_for_only_what_a_generation_needs():
+def test_begin_alone_allocates_the_window_and_a_session_only_what_a_generation_needs():
     model = small_gpt2(vocab=40, n_embd=16, n_layer=1, seed=1, n_positions=1024)
     draft = ModelDraft(model)
     draft.begin(4)
     assert draft.cache.kv.max_len == 1024  # a draft used on its own does not know the run
-    draft.size_for(30)
+    draft.join(Session(30))
     draft.begin(4)
     assert draft.cache.kv.max_len == 30
     draft.begin(4)

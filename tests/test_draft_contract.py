@@ -395,8 +395,9 @@ class Misreported(Draft):
     def __init__(self, inner: Draft) -> None:
         self.inner, self.vocab_size, self.feature_layers = inner, inner.vocab_size, inner.feature_layers
 
-    def size_for(self, n_rows: int) -> None:
-        self.inner.size_for(n_rows)
+    def join(self, session) -> None:
+        super().join(session)
+        self.inner.join(session)
 
     def begin(self, batch_size: int) -> None:
         super().begin(batch_size)

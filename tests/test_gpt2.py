@@ -125,7 +125,8 @@ def _module_by_module(model: GPT2, input_ids, cache, position_ids=None, new_mask
         y = torch.nn.functional.scaled_dot_product_attention(
             q, cache.k[layer, :, :, :n_slots], cache.v[layer, :, :, :n_slots], attn_mask=mask)
         x = x + attn.c_proj(y.transpose(1, 2).reshape(B, T, C))
-        x = x + block.mlp(block.ln_2(x))
+        mlp = block.mlp
+        x = x + mlp.c_proj(mlp.act(mlp.c_fc(block.ln_2(x))))
     cache.advance(T)
     return model.lm_head(tr.ln_f(x))
 
@@ -367,93 +368,111 @@ class _ReplayingGraph:
         return "pool"
 
 
+@pytest.fixture
+def captured_on_cpu(monkeypatch):
+    """Capture on the CPU with the stand-in graph (`graphs.capturable` and `graphs.CudaGraph` patched); a fresh
+    copy of the bundled pair, so that what its models keep stays in this test."""
+    import copy
+
+    import specref.models.graphs as graphs
+    from specref.models.pair import load_pair
+
+    monkeypatch.setattr(graphs, "capturable", lambda device: True)
+    monkeypatch.setattr(graphs, "CudaGraph", _ReplayingGraph)
+    _ReplayingGraph.made.clear()
+    target, draft, _ = load_pair()
+    return copy.deepcopy(target), copy.deepcopy(draft)
+
+
+def _graph_keys(model) -> set:
+    from specref.models.session import kept
+
+    return {(role, key) for role, cache in kept(model).caches.items() for key in cache.graphs._captured}
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_decoding_through_captured_passes_replays_them_and_gives_the_same_tokens(monkeypatch, temperature):
-    import specref.models.gpt2 as gpt2_module
+def test_decoding_through_captured_passes_replays_them_and_gives_the_same_tokens(captured_on_cpu, monkeypatch,
+                                                                                  temperature):
+    import specref.models.graphs as graphs
     from specref.decoding.chain import speculative_generate
     from specref.drafts import ModelDraft
-    from specref.models.graphs import CapturedPasses
-    from specref.models.pair import heldout_prompts, load_pair
+    from specref.models.pair import heldout_prompts
+    from specref.models.session import kept
 
-    target, draft, _ = load_pair()
+    target, draft = captured_on_cpu
     ids = torch.tensor([p[:20] for p in heldout_prompts(2, 20)])
 
     def run():
         return speculative_generate(target, ModelDraft(draft), ids, k=4, max_new_tokens=40, temperature=temperature,
                                     generator=torch.Generator().manual_seed(3))[0]
 
-    eager = run()
-    monkeypatch.setattr(gpt2_module, "GRAPHED_DEVICES", ("cpu",))
-    _ReplayingGraph.made.clear()
-    for model in (target, draft):
-        monkeypatch.setattr(model, "graphs", CapturedPasses(graph_factory=_ReplayingGraph, device_types=("cpu",)))
+    with monkeypatch.context() as eager_cpu:
+        eager_cpu.setattr(graphs, "capturable", lambda device: False)
+        eager = run()
     graphed = run()
     assert torch.equal(graphed, eager)
     replays = sum(g.replays for g in _ReplayingGraph.made)
     assert replays > len(_ReplayingGraph.made)  # most passes were replays, not captures
     for model in (target, draft):
-        shapes = {(key[0], key[1], key[2]) for key in model.graphs._captured}  # (B, T, slots) of each graph
+        shapes = {(key[0], key[1], key[2]) for _, key in _graph_keys(model)}  # (B, T, slots) of each graph
         # T: decode, catch-up and verification passes (1 .. k + 1), and the prompt's (19 or 20 tokens, once)
-        assert all(B == 2 and (T <= 5 or T in (19, 20)) and S in (32, 64, 128) for B, T, S in shapes), shapes
-    graphs_off = CapturedPasses(enabled=False)
-    monkeypatch.setattr(target, "graphs", graphs_off)  # the switch: every pass eager again
-    monkeypatch.setattr(draft, "graphs", graphs_off)
-    assert torch.equal(run(), eager) and len(graphs_off) == 0
+        assert shapes and all(B == 2 and (T <= 5 or T in (19, 20)) and S in (32, 64, 128) for B, T, S in shapes)
+    for model in (target, draft):  # the switch: every pass eager again, on caches of its own
+        kept(model).enabled = False
+    made = len(_ReplayingGraph.made)
+    assert torch.equal(run(), eager) and len(_ReplayingGraph.made) == made
 
 
-def test_generations_keep_their_caches_where_passes_are_captured_so_nothing_is_captured_twice(monkeypatch):
-    import specref.models.gpt2 as gpt2_module
+def test_generations_keep_their_caches_where_passes_are_captured_so_nothing_is_captured_twice(captured_on_cpu):
     from specref.decoding.chain import speculative_generate
     from specref.drafts import ModelDraft
-    from specref.models.graphs import CapturedPasses
-    from specref.models.pair import heldout_prompts, load_pair
+    from specref.models.pair import heldout_prompts
+    from specref.models.session import Session, kept
 
-    target, draft, _ = load_pair()
+    target, draft = captured_on_cpu
     ids = torch.tensor([p[:20] for p in heldout_prompts(2, 20)])
 
     def run():
         return speculative_generate(target, ModelDraft(draft), ids, k=4, max_new_tokens=40,
                                     generator=torch.Generator().manual_seed(3))[0]
 
-    eager = run()
-    monkeypatch.setattr(gpt2_module, "GRAPHED_DEVICES", ("cpu",))
-    for model in (target, draft):
-        monkeypatch.setattr(model, "graphs", CapturedPasses(graph_factory=_ReplayingGraph, device_types=("cpu",)))
     first = run()
-    captured = {id(m): set(m.graphs._captured) for m in (target, draft)}
-    kept = target.run_cache("target", 2, 20 + 40)
-    assert kept.max_len % 64 == 0 and int(kept.lengths.abs().sum()) == 0 and kept.bound == 0  # emptied, in place
+    captured = {id(m): _graph_keys(m) for m in (target, draft)}
+    kept_cache = kept(target).caches["target"]
     second = run()
-    assert torch.equal(first, eager) and torch.equal(second, eager)
+    assert torch.equal(first, second)
     for model in (target, draft):  # the second generation replayed the first one's graphs: no new capture
-        assert set(model.graphs._captured) == captured[id(model)]
-    # Roles keep separate caches (a model may be its own draft); a larger need or another batch gets a new one.
-    assert target.run_cache("draft", 2, 60) is not target.run_cache("target", 2, 60)
-    assert target.run_cache("target", 2, 60) is target.run_cache("target", 2, 61)
-    assert target.run_cache("target", 3, 60) is not kept
-    bigger = target.run_cache("target", 3, 200)
-    assert bigger.max_len >= 200 and len(target.graphs) == 0  # a new cache's addresses: the old graphs are dropped
-    monkeypatch.setattr(target, "graphs", CapturedPasses(enabled=False))  # without graphs: a new cache each time
-    assert target.run_cache("target", 2, 60) is not target.run_cache("target", 2, 60)
+        assert _graph_keys(model) == captured[id(model)]
+    n = target.config.n_positions
+    with Session(60) as s:
+        again = s.cache(target, "target", 2, 60, n)
+        assert again is kept_cache and again.max_len % 64 == 0 and again.bound == 0  # emptied, in place
+        assert int(again.lengths.abs().sum()) == 0
+        # Roles keep separate caches (a model may be its own draft)
+        assert s.cache(target, "draft", 2, 60, n) is not again
+    with Session(61) as s:
+        assert s.cache(target, "target", 2, 61, n) is kept_cache
+    with Session(60) as s:  # another batch gets a new one, with no graphs yet
+        other = s.cache(target, "target", 3, 60, n)
+        assert other is not kept_cache and len(other.graphs) == 0
+    kept(target).enabled = False  # without capture: a new cache each time
+    with Session(60) as s:
+        assert s.cache(target, "target", 2, 60, n) is not kept(target).caches["target"]
 
 
-def test_a_generation_nested_on_the_same_model_cannot_take_the_kept_cache_the_outer_one_holds(monkeypatch):
+def test_a_generation_nested_on_the_same_model_cannot_take_the_kept_cache_the_outer_one_holds(captured_on_cpu):
     """Where caches are kept (CUDA, here the CPU with a stand-in graph), an on_step observer that generates on
-    the same model asked for the same role's cache: it got the outer generation's cache, emptied mid-run. Now
-    it gets a RuntimeError; the controls: sequential generations still share the kept cache, an error releases
-    what the generation held, and with the captured passes off the nested generation runs on its own cache."""
-    import specref.models.gpt2 as gpt2_module
+    the same model asks for the same role's cache: it gets a RuntimeError, not the outer generation's cache
+    emptied mid-run; the controls: sequential generations still share the kept cache, an error releases what the
+    generation held, and with capture off the nested generation runs on its own cache."""
     from specref.decoding.chain import generate, speculative_generate
     from specref.drafts import ModelDraft
-    from specref.models.graphs import CapturedPasses
-    from specref.models.pair import heldout_prompts, load_pair
+    from specref.models.pair import heldout_prompts
+    from specref.models.session import Session, kept
 
-    target, draft, _ = load_pair()
+    target, draft = captured_on_cpu
     ids = torch.tensor([p[:20] for p in heldout_prompts(2, 20)])
     alone = generate(target, ids, 8, temperature=0)
-    monkeypatch.setattr(gpt2_module, "GRAPHED_DEVICES", ("cpu",))
-    for model in (target, draft):
-        monkeypatch.setattr(model, "graphs", CapturedPasses(graph_factory=_ReplayingGraph, device_types=("cpu",)))
     inner: list[torch.Tensor] = []
 
     def nested(step) -> None:  # an observer that generates on the outer generation's target
@@ -465,51 +484,47 @@ def test_a_generation_nested_on_the_same_model_cannot_take_the_kept_cache_the_ou
                                     on_step=on_step)[0]
 
     first = run()
-    kept = target.run_cache("target", 2, 60)
+    kept_cache = kept(target).caches["target"]
     with pytest.raises(RuntimeError, match="kept 'target' cache is held by a generation that has not finished"):
         run(nested)
-    assert not inner and target.run_cache("target", 2, 60) is kept  # released by the error; still the kept one
+    assert not inner and kept(target).held == set() and kept(target).caches["target"] is kept_cache
     assert torch.equal(run(), first)  # the next generation takes the kept cache again
-    with target.generation():  # the rule itself: a held role is refused, another role is not
-        held = target.run_cache("target", 2, 60)
-        assert target.run_cache("draft", 2, 60) is not held
-        with pytest.raises(RuntimeError, match="'target'"), target.generation():
-            target.run_cache("target", 2, 60)
-    assert target.run_cache("target", 2, 60) is held  # outside every generation: handed out as before
-    target.graphs.enabled = False  # the way out the error names: the inner generation gets a cache of its own
+    n = target.config.n_positions
+    with Session(60) as outer:  # the rule itself: a held role is refused, another role is not
+        held = outer.cache(target, "target", 2, 60, n)
+        assert outer.cache(target, "draft", 2, 60, n) is not held
+        with pytest.raises(RuntimeError, match="'target'"), Session(60) as inner_session:
+            inner_session.cache(target, "target", 2, 60, n)
+    first_s, second_s = Session(60), Session(60)  # sessions that end out of order release only their own roles
+    first_s.cache(target, "target", 2, 60, n)
+    second_s.cache(target, "draft", 2, 60, n)
+    first_s.close()
+    assert kept(target).held == {"draft"}
+    second_s.close()
+    assert kept(target).held == set()
+    kept(target).enabled = False  # the way out the error names: the inner generation gets a cache of its own
     assert torch.equal(run(nested), first) and torch.equal(inner[0], alone)
 
 
 def test_moving_the_weights_forgets_the_captured_passes_and_kept_caches(monkeypatch):
     from model_factory import small_gpt2
 
-    import specref.models.gpt2 as gpt2_module
-    from specref.models.graphs import CapturedPasses
+    import specref.models.graphs as graphs
+    from specref.models.session import Session
 
+    monkeypatch.setattr(graphs, "capturable", lambda device: True)
+    monkeypatch.setattr(graphs, "CudaGraph", _ReplayingGraph)
     model = small_gpt2(vocab=50, n_embd=32, n_layer=2, seed=5, dtype=torch.float32)
-    monkeypatch.setattr(gpt2_module, "GRAPHED_DEVICES", ("cpu",))
-    model.graphs = CapturedPasses(graph_factory=_ReplayingGraph, device_types=("cpu",))
-    cache = model.run_cache("target", 1, 40)
+    with Session(40) as s:
+        cache = s.cache(model, "target", 1, 40, 64)
     with torch.no_grad():
         model(torch.tensor([[1, 2, 3]]), cache=cache)
-    assert len(model.graphs) == 1 and model.run_cache("target", 1, 40) is cache
+    assert len(cache.graphs) == 1
+    with Session(40) as s:
+        assert s.cache(model, "target", 1, 40, 64) is cache
     with torch.enable_grad():  # with autograd on, nothing is captured: a replay's outputs would carry no history
         model(torch.tensor([[4]]), cache=cache)
-    assert len(model.graphs) == 1
+    assert len(cache.graphs) == 1
     model.to(torch.float64)  # every weight moves: graphs captured on their addresses must go, and the caches
-    assert len(model.graphs) == 0 and model.run_cache("target", 1, 40) is not cache
-
-
-def test_generation_spans_that_end_out_of_order_release_only_their_own_roles():
-    """Two spans on one model that end in the order they began (threads, say): the first releases its roles only."""
-    model = GPT2(GPT2Config(vocab_size=16, n_positions=32, n_embd=8, n_layer=1, n_head=2))
-    first, second = model.generation(), model.generation()
-    first.__enter__()
-    second.__enter__()
-    scopes = model._generation_scopes
-    scopes[0].add("outer")
-    scopes[1].add("inner")
-    first.__exit__(None, None, None)
-    assert scopes == [{"inner"}]  # a stack pop would have released "inner" and kept "outer"
-    second.__exit__(None, None, None)
-    assert scopes == []
+    with Session(40) as s:
+        assert s.cache(model, "target", 1, 40, 64) is not cache

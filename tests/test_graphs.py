@@ -1,5 +1,8 @@
 """CapturedPasses' bookkeeping, on the CPU with a fake graph (tests/test_cuda.py runs the real one).
 
+Every test here patches `graphs.CudaGraph` with the fake and `graphs.capturable` to take the CPU,
+except those that check the unpatched default.
+
 The fake records like a CUDA graph: capture runs nothing of ``fn`` that a replay would see
 (it calls ``fn`` on the static inputs once, with side effects switched off), and ``replay``
 writes fresh results into the *same* static output tensors, as a replay of real kernels does.
@@ -12,6 +15,7 @@ from typing import Any, ClassVar, NamedTuple
 import pytest
 import torch
 
+import specref.models.graphs as graphs
 from specref.models.graphs import CapturedPasses
 
 
@@ -77,13 +81,14 @@ class Counter:
 
 
 @pytest.fixture(autouse=True)
-def _reset():
+def _fake_graphs_on_the_cpu(monkeypatch):
     FakeGraph.made.clear()
-    yield
+    monkeypatch.setattr(graphs, "CudaGraph", FakeGraph)
+    monkeypatch.setattr(graphs, "capturable", lambda device: device.type == "cpu")
 
 
 def fake(enabled: bool = True) -> CapturedPasses:
-    return CapturedPasses(enabled, graph_factory=FakeGraph, device_types=("cpu",))
+    return CapturedPasses(enabled)
 
 
 def test_one_capture_per_key_and_the_first_call_is_the_eager_warm_up():
@@ -187,15 +192,18 @@ def test_the_switch_turns_replay_off_and_on():
     assert FakeGraph.made[0].replays == 1
 
 
-def test_inputs_off_the_graph_device_run_eagerly():
-    passes = CapturedPasses(graph_factory=FakeGraph)  # graphs only for CUDA inputs: these are on the CPU
+def test_inputs_off_the_graph_device_run_eagerly(monkeypatch):
+    monkeypatch.setattr(graphs, "capturable", lambda device: device.type == "cuda")  # the default rule
+    passes = CapturedPasses()  # graphs only for CUDA inputs: these are on the CPU
     fn = Counter()
     for _ in range(3):
         passes.run("k", fn, torch.ones(1, 2))
     assert FakeGraph.made == [] and fn.calls == 3 and len(passes) == 0
 
 
-def test_the_default_on_the_cpu_is_plain_eager():
+def test_the_default_on_the_cpu_is_plain_eager(monkeypatch):
+    monkeypatch.undo()  # the real `capturable` and `CudaGraph`
+    assert not graphs.capturable(torch.device("cpu")) and graphs.capturable(torch.device("cuda"))
     passes, fn = CapturedPasses(), Counter()
     out = passes.run("k", fn, torch.ones(1, 2))
     out2 = passes.run("k", fn, torch.ones(1, 5))
@@ -211,7 +219,7 @@ def test_clear_forgets_graphs_and_captures_again():
     assert len(FakeGraph.made) == 2 and FakeGraph.made[1].pool_seen is None
 
 
-def test_a_capture_failure_warns_names_the_key_keeps_the_eager_result_and_stays_eager():
+def test_a_capture_failure_warns_names_the_key_keeps_the_eager_result_and_stays_eager(monkeypatch):
     made = []
 
     class Failing(FakeGraph):
@@ -222,7 +230,8 @@ def test_a_capture_failure_warns_names_the_key_keeps_the_eager_result_and_stays_
         def capture(self, fn, inputs, pool):
             raise RuntimeError("operation not permitted when stream is capturing")
 
-    passes = CapturedPasses(graph_factory=Failing, device_types=("cpu",))
+    monkeypatch.setattr(graphs, "CudaGraph", Failing)
+    passes = CapturedPasses()
     with pytest.warns(RuntimeWarning, match="key 'k' could not be captured"):
         assert torch.equal(passes.run("k", lambda x: x + 1, torch.ones(1)), torch.full((1,), 2.0))
     assert len(passes) == 0 and "k" not in passes

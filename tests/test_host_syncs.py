@@ -174,14 +174,15 @@ def _drafts(target, draft):
             "medusa": MedusaDraft(target, medusa), "mtp": MTPDraft(target, mtp)}
 
 
-# The most reads back per chain step, by draft kind and temperature (greedy, sampled). Every step reads once:
-# the accepted counts, with the logits' check. A model draft's catch-up reads its width; prompt lookup copies
+# The most reads back per chain step, by draft kind and temperature (greedy, sampled). Every step that verifies
+# drafts reads once: the accepted counts, with the logits' check; a step with nothing proposed (NoDraft, plain
+# decoding's strategy) reads nothing. A model draft's catch-up reads its width; prompt lookup copies
 # the buffer to the host (its proposal is a host search); a feature draft checks the features it is handed
 # (`FeatureBuffer.observe`), the rows it reads (`scored`) and its rollback's n_valid >= 0 (`FeatureBuffer.rollback`);
 # MTP reads each depth's width (k = 3 depths).
 # A sampled step reads no more: the rule's check that q(x) > 0 (`chain_verify.verify_chain_unchecked`) runs only
 # for a draft the package does not vouch for (its own drafts sample their tokens from q).
-BOUNDS = {"model": (2, 2), "nodraft": (1, 1), "prompt_lookup": (2, 2), "eagle": (5, 5), "medusa": (4, 4),
+BOUNDS = {"model": (2, 2), "nodraft": (0, 0), "prompt_lookup": (2, 2), "eagle": (5, 5), "medusa": (4, 4),
           "mtp": (7, 7)}
 
 
@@ -213,3 +214,20 @@ def test_tree_and_lookahead_steps_read_back_a_bounded_number_of_times(pair, prom
     # (specref/tree_shapes.py) and the checked `SamplingParams.probs` it calls: bounds as measured, so
     # that a new read fails here.
     assert max(tree) <= 59 and max(lookahead) <= 9
+
+
+def test_plain_decoding_reads_nothing_back_per_token_and_with_eos_one(pair, prompts):
+    """`generate` is the chain step with nothing drafted: its reads do not grow with the tokens generated (the
+    door's checks only); with an EOS to watch for, each step reads its tokens once (the control)."""
+    from specref.decoding.chain import generate
+
+    target, _ = pair
+
+    def reads(n: int, eos: int | None) -> int:
+        with HostReads() as counter:
+            generate(target, prompts, n, temperature=0, eos_token_id=eos)
+        return counter.count
+
+    assert reads(24, None) == reads(4, None)
+    never = target.config.vocab_size - 1  # an id the greedy run does not emit in 24 tokens
+    assert reads(24, never) - reads(4, never) == 20

@@ -13,7 +13,7 @@ from model_factory import drawn_colder, exact_first_two, sample_first_two, small
 
 from specref.checks.montecarlo import distribution_test
 from specref.decoding.chain import generate, speculative_generate
-from specref.decoding.loop import check_proposal
+from specref.decoding.inputs import check_proposal
 from specref.drafts import ModelDraft, NoDraft
 from specref.sampling import SamplingParams
 

@@ -6,7 +6,7 @@ the rule accepts drafts left to right and adds one token (correction or bonus);
 both caches are rolled back to the accepted prefix by moving their lengths:
 rejected entries are simply overwritten later. The token the target emitted gets
 its K/V entry when it is fed at the start of the next step.
-`speculative_generate` is a loop over that step.
+`speculative_generate` and `generate` (the step with nothing drafted) run it in the one loop, `loop.decode`.
 """
 
 from __future__ import annotations
@@ -18,26 +18,15 @@ import torch
 
 from .._validate import check_int
 from ..chain_verify import verify_chain_unchecked
-from ..drafts import Draft, as_draft
-from ..models.gpt2 import unchecked
+from ..drafts import Draft, NoDraft, as_draft
 from ..models.kvcache import KVCache
 from ..rejection import verify_chain_greedy_unchecked
 from ..sampling import SamplingParams, sample_unchecked
 from ..typical import TypicalAcceptance, as_acceptance
-from .loop import (
-    Sequences,
-    SpecStats,
-    StepObserver,
-    check_logits_total,
-    check_proposal,
-    clock,
-    finish,
-    generation_span,
-    logits_total,
-    run_steps,
-    start_generation,
-    target_pass,
-)
+from .inputs import check_logits_total, check_model, check_proposal, logits_total
+from .loop import Sequences, SpecStats, StepObserver, clock, decode, target_pass
+
+__all__ = ["ChainStep", "generate", "speculative_generate", "speculative_step"]
 
 
 @torch.no_grad()
@@ -53,38 +42,18 @@ def generate(
 ) -> torch.Tensor:  # [B, T + max_new_tokens]
     """Plain autoregressive decoding: one target pass per token, sampling process_logits(logits).
 
+    The strategy that drafts nothing (`NoDraft`), run by the one loop (`loop.decode`): each step is
+    a `speculative_step` with k = 0, which reads nothing back from the device (with `eos_token_id`,
+    the step's tokens, to stop a row). Nothing is prefilled: the first pass reads the whole prompt
+    and gives the first new token, so N new tokens take N passes (the last is never fed back).
     A row stops after emitting `eos_token_id`; its remaining positions are filled with EOS.
-    Inputs are checked once; each pass is the model's unchecked core (`GPT2.step`), and the
-    loop reads the done flags back only when a row can stop (with `eos_token_id`).
     """
-    input_ids, params = start_generation(model, input_ids, max_new_tokens, temperature, top_k, top_p, generator,
-                                         eos_token_id, name="model")
-    B, T = input_ids.shape
-    tokens = Sequences(input_ids, max_new_tokens).tokens  # [B, T + max_new_tokens]
-    lengths = torch.full((B,), T, dtype=torch.long, device=input_ids.device)  # [B]
-    done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)  # [B]
-    if max_new_tokens == 0:
-        return tokens
-    run = unchecked(model)
-    # No more than the run needs: a large batch's cache is the biggest allocation.
-    n_rows = T + max_new_tokens
-    with generation_span(model):  # a cache the model keeps for this run stays its own until it ends
-        cache = model.run_cache("target", B, n_rows) if hasattr(model, "run_cache") \
-            else model.new_cache(B, max_len=n_rows)
-        logits = run(input_ids, cache=cache, logits_to_keep=1)[:, -1]  # [B, V]
-        for i in range(max_new_tokens):
-            x = logits.argmax(-1) if params.greedy else sample_unchecked(params.probs_unchecked(logits), generator)
-            x = torch.where(done, torch.zeros_like(x), x)  # [B]
-            tokens[:, T + i] = x
-            lengths = lengths + (~done).long()
-            if eos_token_id is not None:
-                done = done | (x == eos_token_id)
-                if bool(done.all()):  # the one read back per token, and only when a row can stop
-                    break
-            if i == max_new_tokens - 1:
-                break
-            logits = run(x[:, None], cache=cache)[:, -1]
-    return finish(tokens, lengths, eos_token_id)
+    check_model(model)
+    nothing = NoDraft(model.config.vocab_size)
+    stats = SpecStats(k=0)
+    step = partial(speculative_step, model, nothing, k=0, generator=generator, eos_token_id=eos_token_id, stats=stats)
+    return decode(model, input_ids, max_new_tokens, (temperature, top_k, top_p), generator, eos_token_id, step,
+                  stats, room=0, draft=nothing, timing=False, name="model", cache_prompt=False)
 
 
 @dataclass(frozen=True)
@@ -122,46 +91,46 @@ def speculative_step(
     typical = as_acceptance(acceptance)
     stats = SpecStats(k=check_int("k", k, 1, "k drafted tokens per step")) if stats is None else stats
     dev, B, V = seqs.tokens.device, seqs.batch_size, target.config.vocab_size
-    k = max(0, min(k, seqs.tokens_left() - 1, target.config.n_positions - max(seqs.lengths_h)))
-    # 1. Draft: k tokens per row (or fewer, the same number in every row), with the q each was drawn from.
+    ask = max(0, min(k, seqs.tokens_left() - 1, target.config.n_positions - max(seqs.lengths_h)))
+    # 1. Draft: up to `ask` tokens per row (the same number n in every row), with the q each was drawn from.
     with clock(stats, "time_draft", dev):
-        drafts, q = draft.propose(seqs.tokens, seqs.lengths, k, params, generator)  # [B, k'], [B, k', V]
-    # k' <= k: from here on, k is what was proposed (the values only of a draft the package does not vouch for)
-    trusted = getattr(draft, "trusted", False)
-    k = check_proposal(drafts, q, B, k, V, params.greedy, values=not trusted)
-    stats.draft_passes += k
-    # 2. One target pass over [last token, x_1..x_k]: p_1..p_{k+1} (and its features, for a draft that reads them).
+        drafts, q = draft.propose(seqs.tokens, seqs.lengths, ask, params, generator)  # [B, n], [B, n, V]
+    # The values are checked only for a draft the package does not vouch for.
+    n = check_proposal(drafts, q, B, ask, V, params.greedy, values=not draft.trusted)
+    stats.draft_passes += n
+    # 2. One target pass over [last token, x_1..x_n]: p_1..p_{n+1} (and its features, for a draft that reads them).
+    # Before any pass of plain decoding the cache is empty: the pass reads the whole prompt, its last row gives p_1.
     with clock(stats, "time_target", dev):
-        ids = torch.cat([seqs.last_tokens(), drafts], 1)  # [B, k+1]
-        logits, features = target_pass(target, draft.feature_layers, ids, cache=cache)  # [B, k+1, V], features
+        ids = torch.cat([seqs.uncached(cache), drafts], 1)  # [B, w+n], w = 1 once the prompt is cached
+        logits, features = target_pass(target, draft.feature_layers, ids, cache=cache,
+                                       logits_to_keep=n + 1)  # [B, n+1, V], features
     stats.target_passes += 1
     # 3. Accept or reject left to right, then one token from the target: a correction or the bonus.
     with clock(stats, "time_verify", dev):
-        if k == 0:  # nothing proposed (no token left to draft, or a draft that declined): the target's own token
+        if n == 0:  # nothing proposed: the target's own token, a plain step, which reads nothing back
             out, n_acc = _plain_token(logits[:, 0], params, generator)[:, None], [0] * B
-        elif typical is not None:  # LOSSY: q is ignored
-            out, n_acc = typical.verify(drafts, params.probs_unchecked(logits), generator)
-        elif params.greedy:
-            out, n_acc = verify_chain_greedy_unchecked(drafts, logits)  # [B, k+1], [B]
-        else:  # check_proposal checked q
-            out, n_acc = verify_chain_unchecked(drafts, q, params.probs_unchecked(logits), generator, None,
-                                                check_support=not trusted)
-        n_acc, total = _read_back(n_acc, logits)  # the step's one read back: waits for the rule to finish
-        check_logits_total(total, logits, params)
+        else:
+            if typical is not None:  # LOSSY: q is ignored
+                out, n_acc = typical.verify(drafts, params.probs_unchecked(logits), generator)
+            elif params.greedy:
+                out, n_acc = verify_chain_greedy_unchecked(drafts, logits)  # [B, n+1], [B]
+            else:  # check_proposal checked q
+                out, n_acc = verify_chain_unchecked(drafts, q, params.probs_unchecked(logits), generator, None,
+                                                    check_support=not draft.trusted)
+            n_acc, total = _read_back(n_acc, logits)  # the step's one read back: waits for the rule to finish
+            check_logits_total(total, logits, params)
     # 4. Commit the kept tokens; roll both caches back to context + accepted drafts.
     if features is not None:  # the pass covered positions lengths - 1 ..; rollback keeps the accepted ones
         draft.observe(features, seqs.lengths - 1)
     kept, n_valid = seqs.commit(out, n_acc, eos_token_id)
-    _count(stats, n_acc, kept, k)
+    _count(stats, n_acc, kept, n)
     cache.set(seqs.lengths - 1, max(seqs.lengths_h) - 1)  # every token but the last; the host knows the longest
     draft.rollback(n_valid)
     return ChainStep(drafts, q, logits, out, n_acc, kept)
 
 
-def _read_back(n_acc: torch.Tensor | list[int], logits: torch.Tensor) -> tuple[list[int], float]:  # [B], [B, T, V]
+def _read_back(n_acc: torch.Tensor, logits: torch.Tensor) -> tuple[list[int], float]:  # [B], [B, T, V]
     """The accepted counts and the logits' total (`check_logits_total`), in one read back from the device."""
-    if isinstance(n_acc, list):  # already on the host (nothing was proposed)
-        return n_acc, float(logits_total(logits))
     host = torch.cat([n_acc.to(torch.float64), logits_total(logits).to(torch.float64)[None]]).tolist()
     return [int(n) for n in host[:-1]], host[-1]
 
@@ -206,19 +175,16 @@ def speculative_generate(
     the rest is filled with EOS). For tree drafting see `specref.decoding.tree.tree_generate`.
     `acceptance=TypicalAcceptance(...)` swaps in Medusa's typical acceptance, which is LOSSY:
     the output is then no longer the target's distribution (`specref.typical`).
-    `on_step(step)`, if given, sees each step's `ChainStep` (`specref.decoding.loop.run_steps`).
+    `on_step(step)`, if given, sees each step's `ChainStep` (`specref.decoding.loop.decode`).
     `timing` times the draft's, the target's and the rule's share (`SpecStats.time_*`); None: where
     it costs no host sync, that is off CUDA (`loop.resolve_timing`).
     """
-    as_acceptance(acceptance)
+    typical = as_acceptance(acceptance)
     stats = SpecStats(k=check_int("k", k, 1, "k drafted tokens per step"))
     drafter = as_draft(draft)
-    input_ids, params = start_generation(target, input_ids, max_new_tokens, temperature, top_k, top_p, generator,
-                                         eos_token_id, drafter)
-    step = partial(speculative_step, target, drafter, k=k, params=params, generator=generator,
-                   eos_token_id=eos_token_id, stats=stats, acceptance=acceptance)
+    step = partial(speculative_step, target, drafter, k=k, generator=generator, eos_token_id=eos_token_id,
+                   stats=stats, acceptance=typical or "exact")
     # Rows write up to k drafts past the budget of the longest (k shrinks only with the tokens the shortest has left).
-    out = run_steps(target, input_ids, max_new_tokens, stats, step, room=k,
-                    begin=partial(drafter.begin, input_ids.shape[0]), draft=drafter,
-                    eos_token_id=eos_token_id, on_step=on_step, timing=timing)
+    out = decode(target, input_ids, max_new_tokens, (temperature, top_k, top_p), generator, eos_token_id, step,
+                 stats, room=k, draft=drafter, on_step=on_step, timing=timing)
     return out, stats

@@ -39,7 +39,7 @@ After the pass:
 Cost: a pass processes 1 + W (N-1) + (trie nodes <= G (N-1)) tokens instead of k + 1;
 `LookaheadStats.processed_per_step` reports it next to `tokens_per_step`.
 
-Which loop: `lookahead_generate` runs the one generation loop (`loop.run_steps`) over its own
+Which loop: `lookahead_generate` runs the one generation loop (`loop.decode`) over its own
 step, and the step ends with the tree step's commit (`tree.commit_tree`). The step is its own
 because the lookahead branch rides in the same target pass as the trie, and its outputs flow
 back into the window and pool; `tree_step` scores only a draft's tree and hands it no logits.
@@ -62,7 +62,8 @@ from ..models.gpt2 import unchecked
 from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
 from ..trees import ROOT, Tree, TreeResult, tree_attention_mask, tree_position_ids, verify_tree, verify_tree_greedy
-from .loop import Sequences, StepObserver, clock, run_steps, start_generation
+from .inputs import check_model
+from .loop import Sequences, StepObserver, clock, decode
 from .tree import TreeSpecStats, commit_tree
 
 # -- the lookahead branch's shape ---------------------------------------------------------------
@@ -385,11 +386,10 @@ def lookahead_generate(
     the candidates verified per step. `pool_from_prompt` (an option of the reference
     implementation) also seeds the pool with the prompt's own n-grams. Exactly `max_new_tokens`
     tokens per row unless it emits `eos_token_id`. `on_step(step)`, if given, sees each step's
-    `LookaheadStep` (`specref.decoding.loop.run_steps`); `timing` as in `speculative_generate`.
+    `LookaheadStep` (`specref.decoding.loop.decode`); `timing` as in `speculative_generate`.
     """
     state = LookaheadState(window, ngram, guesses)  # raises on bad W, N, G
-    input_ids, params = start_generation(target, input_ids, max_new_tokens, temperature, top_k, top_p, generator,
-                                         eos_token_id)
+    check_model(target, "target")
     n_ctx = target.config.n_positions
     if 1 + (window + guesses) * (ngram - 1) > n_ctx:
         raise ValueError(f"window={window}, ngram={ngram}, guesses={guesses}: one pass would hold "
@@ -399,12 +399,11 @@ def lookahead_generate(
         raise TypeError(f"pool_from_prompt must be a bool, got {pool_from_prompt!r}")
     stats = LookaheadStats(k=ngram - 1, window=window, ngram=ngram, guesses=guesses,
                            tree=f"lookahead(W={window}, N={ngram}, G={guesses})")
-    step = partial(lookahead_step, target, state, params=params, generator=generator, eos_token_id=eos_token_id,
-                   stats=stats)
+    step = partial(lookahead_step, target, state, generator=generator, eos_token_id=eos_token_id, stats=stats)
     # A pass holds more tokens than it keeps: room for one pass's window and candidates (`lookahead_step` keeps
     # a pass within the cache).
-    out = run_steps(target, input_ids, max_new_tokens, stats, step, room=(window + guesses) * (ngram - 1),
-                    begin=partial(state.begin, input_ids, pool_from_prompt), eos_token_id=eos_token_id,
-                    on_step=on_step, timing=timing)
+    out = decode(target, input_ids, max_new_tokens, (temperature, top_k, top_p), generator, eos_token_id, step,
+                 stats, room=(window + guesses) * (ngram - 1),
+                 begin=partial(state.begin, pool_from_prompt=pool_from_prompt), on_step=on_step, timing=timing)
     stats.pool_ngrams = state.pool_size()
     return out, stats

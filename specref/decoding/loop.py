@@ -1,44 +1,41 @@
-"""What every decoding loop shares: the stats, the token buffer, prefill, finish, the input checks, one timer.
+"""The one decoding loop (`decode`) and what every strategy's step shares: the stats, the token buffer, prefill.
 
-The chain step (`chain.speculative_step`) and the tree step (`tree.tree_step`) both
-write into a `Sequences` buffer and count into a `SpecStats`; only what they draft
-and how they verify differ.
+Plain (`chain.generate`), chain, tree and lookahead decoding are strategies: each hands `decode`
+its step, the room its passes write past the budget and its draft (plain decoding's drafts
+nothing); `decode` checks the inputs once, opens the run's `Session` (its caches), prefills, and
+calls the step until every row is done. `on_step(record)`, if given, sees each step's record
+(a `ChainStep`, `TreeStep` or `LookaheadStep`); instrumentation watches a run through it.
 
-The feature hook: every target pass goes through `target_pass`, which asks the target
-for its hidden states only when the draft reads some (`Draft.feature_layers`) and
-returns the requested ones; the step then hands them to `draft.observe` before
-`draft.rollback` (see `specref.drafts.base`). A plain draft's passes are unchanged.
+The feature hook: every target pass goes through `target_pass`, which asks the target for its
+hidden states only when the draft reads some (`Draft.feature_layers`); the step hands them to
+`draft.observe` before `draft.rollback` (see `specref.drafts.base`).
 
-The driver: `run_steps` is the one generation loop (set-up, prefill, a step until every
-row is done, finish); chain, tree and lookahead decoding hand it only their step. The
-step observer: `on_step(record)`, if given, is called with each step's record (a
-`ChainStep`, `TreeStep` or `LookaheadStep`) after the step; instrumentation
-(`specref.decoding.record`, the checks) watches a run through it and changes nothing.
-
-Checked once, read back little: `start_generation` makes every check where a generation
-starts; inside it the passes are the model's unchecked core (`GPT2.step`, through
-`models.gpt2.unchecked`), the caches are allocated once at the run's size (`run_steps`), and
-a chain step reads the device back once (its accepted counts, with the logits' check), plus
-what a draft needs (tests/test_host_syncs.py counts them). The passes are timed only when
-asked (`resolve_timing`): on a GPU each timer waits for the device.
+Checked once, read back little: inside a generation the passes are the model's unchecked core
+(`GPT2.step`, through `models.gpt2.unchecked`), and a chain step reads the device back once (its
+accepted counts, with the logits' check), plus what a draft needs (tests/test_host_syncs.py).
+The passes are timed only when asked (`resolve_timing`): on a GPU each timer waits for the device.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
 
-from .._validate import check_generator, check_int, check_probs, check_tokens
+from .._validate import check_generator, check_int
+from ..drafts import Draft
 from ..models.gpt2 import unchecked
 from ..models.kvcache import KVCache
+from ..models.session import Session
 from ..sampling import SamplingParams
 from ..timing import sync, timed
+from .inputs import check_eos, check_inputs, check_pair
+
+__all__ = ["Sequences", "SpecStats", "decode", "prefill"]
 
 
 @dataclass
@@ -109,125 +106,12 @@ class SpecStats:
         self.proposed_hist[n_drafts] += rows
 
     def as_dict(self) -> dict[str, float | int | list[int]]:
-        return {
-            "k": self.k,
-            "target_passes": self.target_passes,
-            "draft_passes": self.draft_passes,
-            "steps": self.steps,
-            "accepted_hist": self.accepted_hist.tolist(),
-            "proposed": self.proposed,
-            "proposed_hist": self.proposed_hist.tolist(),
-            "examined": self.examined,
-            "accepted": self.accepted,
-            "acceptance_rate": self.acceptance_rate,
-            "mean_accepted": self.mean_accepted,
-            "tokens_per_step": self.tokens_per_step,
-            "time_target": self.time_target,
-            "time_draft": self.time_draft,
-            "time_verify": self.time_verify,
-            "time_overhead": self.time_overhead,
-            "time_total": self.time_total,
-        }
-
-
-# -- checks ------------------------------------------------------------------------------------
-
-
-def check_model(model: object, name: str = "model") -> None:
-    """Raise a TypeError unless `model` is a GPT-2-like model: callable, with `config` and `new_cache()`."""
-    if not (callable(model) and hasattr(model, "config") and hasattr(model, "new_cache")):
-        raise TypeError(f"{name} must be a GPT-2-like model (specref.models.gpt2.GPT2: config, new_cache()), "
-                        f"got {type(model).__name__}")
-
-
-def check_eos(eos_token_id: object, vocab_size: int) -> None:
-    """eos_token_id must be None (no stop token) or a token id in [0, vocab_size)."""
-    if eos_token_id is None:
-        return
-    if check_int("eos_token_id", eos_token_id, 0, f"a token id in [0, {vocab_size}) or None") >= vocab_size:
-        raise ValueError(f"eos_token_id must be a token id in [0, {vocab_size}) or None, got {eos_token_id}")
-
-
-def check_inputs(model: torch.nn.Module, input_ids: object, max_new_tokens: object, name: str = "model") -> torch.Tensor:
-    """input_ids as a [B, T] long tensor on the model's device; T + max_new_tokens must fit the window."""
-    check_model(model, name)
-    if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(f"input_ids must be a [B, T] torch.Tensor of token ids, got {type(input_ids).__name__}")
-    if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool or input_ids.is_complex():
-        raise TypeError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
-    if input_ids.dim() == 1:
-        input_ids = input_ids[None]
-    if input_ids.dim() != 2 or input_ids.shape[0] == 0:
-        raise ValueError(f"input_ids must have shape [B, T] with B >= 1, got {tuple(input_ids.shape)}")
-    if input_ids.shape[1] == 0:
-        raise ValueError("input_ids is an empty prompt: give at least one token")
-    check_tokens("input_ids", input_ids, model.config.vocab_size)
-    check_int("max_new_tokens", max_new_tokens, 0, "tokens to generate per row", ValueError)
-    n_ctx = model.config.n_positions
-    if input_ids.shape[1] + max_new_tokens > n_ctx:
-        raise ValueError(
-            f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
-            f"{name}'s context window n_positions={n_ctx}"
-        )
-    return input_ids.to(model.device, torch.long)
-
-
-def check_pair(target: torch.nn.Module, draft: object) -> None:
-    """Draft and target must share one vocabulary and one device."""
-    check_model(target, "target")
-    if draft.vocab_size != target.config.vocab_size:
-        raise ValueError(f"draft and target vocabularies differ ({draft.vocab_size} vs "
-                         f"{target.config.vocab_size}): they must share one tokenizer")
-    draft_device = getattr(getattr(draft, "model", None), "device", target.device)
-    if draft_device != target.device:
-        raise ValueError(f"target is on {target.device} but the draft is on {draft_device}: put both on one device")
-    n_hidden = target.config.n_layer + 1  # GPT2Output.hidden_states: the embeddings, then one per block
-    layers = tuple(getattr(draft, "feature_layers", ()))
-    if any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < n_hidden for i in layers):
-        raise ValueError(f"the draft reads hidden states {list(layers)} but the target has {n_hidden} "
-                         f"(indices 0..{n_hidden - 1}): it was built for another target")
-
-
-def check_proposal(drafts: object, q: object, B: int, k: int, V: int, greedy: bool,
-                   values: bool = True) -> int:  # [B, k'], [B, k', V]
-    """A proposal must be k' <= k token ids per row (the same k' in every row) and, when sampling, k' q's per row.
-
-    Returns k'. A draft may propose fewer tokens than asked, none included (prompt lookup when
-    nothing matches); the step then verifies the k' it got. The shapes are checked on the host;
-    the values (ids in the vocabulary, q rows that are distributions: two reads back) only with
-    `values`, which the loop clears for the package's own drafts (`Draft.trusted`).
-    """
-    if not (isinstance(drafts, torch.Tensor) and drafts.dim() == 2 and drafts.shape[0] == B and drafts.shape[1] <= k):
-        raise ValueError(f"the draft must propose a [B, k'] tensor of token ids with B = {B} and k' <= k = {k}, "
-                         f"got {tuple(getattr(drafts, 'shape', ())) or type(drafts).__name__}")
-    n = drafts.shape[1]
-    if values:
-        check_tokens("draft tokens", drafts, V)
-    if not greedy:
-        if not isinstance(q, torch.Tensor) or tuple(q.shape) != (B, n, V):
-            raise ValueError(f"the draft must return q of shape [B, k', V] = [{B}, {n}, {V}] (k' = the tokens it "
-                             f"proposed), got {tuple(getattr(q, 'shape', ())) or type(q).__name__}")
-        if values:
-            check_probs("the draft's q", q)
-    return n
-
-
-def check_logits(logits: torch.Tensor, params: SamplingParams) -> None:  # [..., V]
-    """The target's logits may hold -inf (masked tokens) but no NaN or +inf, and no row that is all -inf."""
-    check_logits_total(float(logits_total(logits)), logits, params)  # one read back
-
-
-def logits_total(logits: torch.Tensor) -> torch.Tensor:  # [..., V] -> [] float32, on the device
-    """One reduction for `check_logits`: NaN or +inf anywhere makes the sum NaN or +inf (read it with other values)."""
-    return logits.sum(dtype=torch.float32)  # float16 logits would overflow a sum in their own dtype
-
-
-def check_logits_total(total: float, logits: torch.Tensor, params: SamplingParams) -> None:
-    """The verdict of `check_logits` from the total read back; a -inf total (masked tokens) takes the full check."""
-    if math.isnan(total) or total == math.inf:
-        raise ValueError("the target's logits contain NaN or +inf")
-    if total == -math.inf:
-        params.probs(logits)  # refuses a row that is all -inf
+        """Every count and time, the rates beside them (histograms as lists)."""
+        d = {f.name: getattr(self, f.name) for f in fields(SpecStats) if f.name not in ("timing", "emitted")}
+        d.update(accepted_hist=self.accepted_hist.tolist(), proposed_hist=self.proposed_hist.tolist(),
+                 acceptance_rate=self.acceptance_rate, mean_accepted=self.mean_accepted,
+                 tokens_per_step=self.tokens_per_step, time_overhead=self.time_overhead)
+        return d
 
 
 # -- the token buffer ----------------------------------------------------------------------------
@@ -265,6 +149,12 @@ class Sequences:
     def last_tokens(self) -> torch.Tensor:  # [B, 1]
         """Each row's last token: not yet in the target's cache, it is fed first at the next pass."""
         return self.tokens.gather(1, (self.lengths - 1)[:, None])
+
+    def uncached(self, cache: KVCache) -> torch.Tensor:  # [B, w]
+        """The tokens the target's cache lacks, fed first at the next pass: each row's last token (w = 1), or
+        the whole prompt when nothing is cached yet. w comes from the cache's host bound (exact in a chain loop)."""
+        w = max(self.lengths_h) - cache.bound
+        return self.tokens.gather(1, (self.lengths - w)[:, None] + torch.arange(w, device=self.tokens.device))
 
     def commit(
         self,
@@ -333,8 +223,8 @@ def target_pass(
     return out.logits, tuple(out.hidden_states[i] for i in feature_layers)
 
 
-def prefill(target: torch.nn.Module, input_ids: torch.Tensor, cache, stats: SpecStats,
-            draft: object = None) -> None:  # [B, T]
+def prefill(target: torch.nn.Module, input_ids: torch.Tensor, cache: KVCache, stats: SpecStats,
+            draft: Draft | None = None) -> None:  # [B, T]
     """Cache every prompt token but the last: each step feeds the last one first, then the drafts.
 
     A draft that reads features observes the prompt's (positions 0 .. T-2).
@@ -343,7 +233,7 @@ def prefill(target: torch.nn.Module, input_ids: torch.Tensor, cache, stats: Spec
     with clock(stats, "time_target", target.device):
         if input_ids.shape[1] > 1:
             # Only the cache is needed (and the features, for a draft that reads them).
-            layers = getattr(draft, "feature_layers", ())
+            layers = () if draft is None else draft.feature_layers
             _, features = target_pass(target, layers, input_ids[:, :-1], cache=cache, logits_to_keep=1)
             stats.target_passes += 1
     if features is not None:
@@ -367,90 +257,61 @@ def resolve_timing(timing: bool | None, device: torch.device) -> bool:
     return timing
 
 
-def start_generation(
+def decode(
     target: torch.nn.Module,
     input_ids: object,  # [B, T] or [T]
     max_new_tokens: object,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
+    sampling: tuple[float, int | None, float | None],  # temperature, top_k, top_p: one `SamplingParams`
     generator: object,
     eos_token_id: object,
-    draft: object = None,
+    step: Callable[..., object],  # step(seqs, cache, params=params) -> the step's record
+    stats: SpecStats,
+    room: int,  # cache slots a step may write past the budget: its drafts, tree or window
+    draft: Draft | None = None,  # joins the run's session and begins; a feature draft observes the prompt's
+    begin: Callable[[torch.Tensor], None] | None = None,  # begin(input_ids): readies a strategy's own state
+    on_step: StepObserver | None = None,
+    timing: bool | None = None,  # time the passes (`resolve_timing`)
     name: str = "the target",  # what the model is called in errors
-) -> tuple[torch.Tensor, SamplingParams]:  # input_ids [B, T] long on the target's device, params
-    """Every check a generation makes, once, where it starts (chain, tree and lookahead alike).
+    cache_prompt: bool = True,  # False: nothing is prefilled, the first step's pass reads the whole prompt
+) -> torch.Tensor:  # [B, T + max_new_tokens]
+    """The one generation loop behind every front door: check once, open a session, prefill, step, EOS fill.
 
-    The sampling arguments, the pair (when there is a draft), the prompt and its budget, EOS, and
-    the generator, which must draw on the target's device. Inside the generation no pass checks
-    its inputs again.
+    Every check a generation makes happens here, where it starts: the sampling arguments, the pair
+    (when there is a draft), the prompt and its budget, EOS, and the generator, which must draw on the
+    target's device; inside, no pass checks its inputs again. The run is one `Session`: the target's
+    cache and the draft's (`Draft.join`) come from it, allocated once for prompt + max_new_tokens +
+    room tokens (within the window), and are released when it ends. `stats.time_total` gets the wall
+    time from the cache's allocation to the last step (one wait for the device at each end).
     """
-    params = SamplingParams(temperature, top_k, top_p)  # raises on bad sampling arguments
+    params = SamplingParams(*sampling)  # raises on bad sampling arguments
     if draft is not None:
         check_pair(target, draft)
     input_ids = check_inputs(target, input_ids, max_new_tokens, name)
     check_eos(eos_token_id, target.config.vocab_size)
     check_generator(generator, target.device)
-    return input_ids, params
-
-
-def run_steps(
-    target: torch.nn.Module,
-    input_ids: torch.Tensor,  # [B, T], checked
-    max_new_tokens: int,
-    stats: SpecStats,
-    step: Callable[[Sequences, KVCache], object],  # step(seqs, cache) -> the step's record
-    room: int,  # cache slots a step may write past the budget: its drafts, tree or window
-    begin: Callable[[], None],  # readies the draft (or lookahead's state) for this batch
-    draft: object = None,  # a draft: sized to the run; one that reads the target's features observes the prompt's
-    eos_token_id: int | None = None,
-    on_step: StepObserver | None = None,
-    timing: bool | None = None,  # time the passes (`resolve_timing`)
-) -> torch.Tensor:  # [B, T + max_new_tokens]
-    """The generation loop: caches sized to the run, prefill, `step` until every row is done, EOS fill.
-
-    The target's cache and the draft's (`Draft.size_for`) are allocated once, for prompt +
-    max_new_tokens + room tokens (within the window): nothing grows or moves during the run. The run
-    is one `generation_span` of the target and the draft's model: the caches they keep for it
-    (`GPT2.run_cache` where passes are captured) stay its own until it ends.
-    `stats.time_total` gets the wall time from the cache's allocation to the last step (one
-    wait for the device at each end).
-    """
     stats.timing = resolve_timing(timing, target.device)
     seqs = Sequences(input_ids, max_new_tokens)
     if max_new_tokens == 0:
         return seqs.tokens
-    with generation_span(target, getattr(draft, "cache_module", None)):  # the kept caches stay this run's
+    B, T = input_ids.shape
+    # Sized to the run, not the whole window for every row: a large batch's cache is the biggest allocation.
+    n_ctx = target.config.n_positions
+    n_rows = min(n_ctx, T + max_new_tokens + room)
+    with Session(n_rows) as session:
         sync(target.device)
         t_start = time.perf_counter()
-        B, T = input_ids.shape
-        # Sized to the run, not the whole window for every row: a large batch's cache is the biggest allocation.
-        n_rows = min(target.config.n_positions, T + max_new_tokens + room)
-        cache = target.run_cache("target", B, n_rows) if hasattr(target, "run_cache") \
-            else target.new_cache(B, max_len=n_rows)
-        if draft is not None and hasattr(draft, "size_for"):
-            draft.size_for(n_rows)
-        begin()
-        prefill(target, input_ids, cache, stats, draft)  # the last prompt token is fed first by the first step
+        cache = session.cache(target, "target", B, n_rows, n_ctx)
+        if draft is not None:
+            draft.join(session)
+            draft.begin(B)
+        if begin is not None:
+            begin(input_ids)
+        if cache_prompt:  # the last prompt token is fed first by the first step
+            prefill(target, input_ids, cache, stats, draft)
         while not seqs.done:
-            record = step(seqs, cache)
+            record = step(seqs, cache, params=params)
             if on_step is not None:
                 on_step(record)
         sync(target.device)
         stats.time_total = time.perf_counter() - t_start
     return seqs.finish(eos_token_id)
-
-
-@contextmanager
-def generation_span(*models: object) -> Iterator[None]:
-    """One generation's span on each distinct model that has one (`GPT2.generation`): its kept caches are its own.
-
-    The spans open when the `with` starts and close when it ends, in reverse order.
-    """
-    with ExitStack() as stack:
-        seen: set[int] = set()
-        for model in models:
-            if model is not None and id(model) not in seen and hasattr(model, "generation"):
-                seen.add(id(model))
-                stack.enter_context(model.generation())
-        yield

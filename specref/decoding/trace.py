@@ -15,7 +15,8 @@ from .._validate import check_generator, check_int
 from ..drafts import ModelDraft, as_draft
 from ..sampling import SamplingParams
 from .chain import speculative_step
-from .loop import Sequences, SpecStats, check_inputs, check_pair, prefill
+from .inputs import check_inputs, check_pair
+from .loop import Sequences, SpecStats, prefill
 
 
 @dataclass

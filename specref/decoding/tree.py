@@ -17,7 +17,7 @@ One step (`tree_step`), per sequence:
    features observes the same rows: the root's and the accepted path's
    (`path_rows`), laid out as a sequence.
 
-`tree_generate` is a loop over that step (`specref.decoding.loop.run_steps`). `commit_tree`
+`tree_generate` is a loop over that step (`specref.decoding.loop.decode`). `commit_tree`
 is step 4 for any tree-shaped result, lookahead's included.
 """
 
@@ -34,7 +34,7 @@ from ..models.kvcache import KVCache
 from ..sampling import SamplingParams
 from ..tree_shapes import DynamicTree, TreeShape, as_tree_spec
 from ..trees import Tree, TreeResult, stack_tree_masks, verify_tree, verify_tree_greedy
-from .loop import Sequences, SpecStats, StepObserver, clock, run_steps, start_generation, target_pass
+from .loop import Sequences, SpecStats, StepObserver, clock, decode, target_pass
 
 
 def score_tree(
@@ -269,23 +269,19 @@ def tree_generate(
     `tree` is a static shape (a tuple of branching factors or a TreeShape, top-k or
     sampled children) or a dynamic tree (an int node budget or a DynamicTree).
     Exactly `max_new_tokens` tokens per row unless it emits `eos_token_id`.
-    `on_step(step)`, if given, sees each step's `TreeStep` (`specref.decoding.loop.run_steps`);
+    `on_step(step)`, if given, sees each step's `TreeStep` (`specref.decoding.loop.decode`);
     `timing` as in `speculative_generate`.
     """
     spec = as_tree_spec(tree)
     drafter = as_tree_draft(draft)
-    input_ids, params = start_generation(target, input_ids, max_new_tokens, temperature, top_k, top_p, generator,
-                                         eos_token_id, drafter)
     stats = TreeSpecStats(k=spec.depth, tree=repr(spec))
-    step = partial(tree_step, target, drafter, spec=spec, params=params, generator=generator,
-                   eos_token_id=eos_token_id, stats=stats)
+    step = partial(tree_step, target, drafter, spec=spec, generator=generator, eos_token_id=eos_token_id, stats=stats)
     # Room for a full tree past the budget; `tree_step` cuts a draft's tree to the room the cache has. A dynamic
     # tree's draft scores every candidate it grows (at most beam x top_k per level) before the budget keeps
     # n_nodes of them, and its cache holds them all until the step rolls it back.
     room = spec.n_nodes
     if isinstance(spec, DynamicTree):
         room += spec.max_depth * spec.beam * spec.top_k
-    out = run_steps(target, input_ids, max_new_tokens, stats, step, room=room,
-                    begin=partial(drafter.begin, input_ids.shape[0]), draft=drafter,
-                    eos_token_id=eos_token_id, on_step=on_step, timing=timing)
+    out = decode(target, input_ids, max_new_tokens, (temperature, top_k, top_p), generator, eos_token_id, step,
+                 stats, room=room, draft=drafter, on_step=on_step, timing=timing)
     return out, stats

@@ -12,7 +12,8 @@ A draft keeps its state in parts it owns and hands `begin` and `rollback` on to 
 cache over the buffer's rows (`specref.drafts.cached.DraftCache`), the target's hidden states
 (`specref.drafts.features.FeatureBuffer`). What every draft shares lives here once: whether
 the generation has begun (`begun`, the batch size), whether the package vouches for its
-proposals (`trusted`), its pass count and the run's size (`size_for`).
+proposals (`trusted`), its pass count and the generation's `Session` (`join`), which hands out its
+caches sized to the run.
 
 The feature hook (Medusa, EAGLE, MTP read the target's hidden states): a draft that sets
 `feature_layers` (indices into `GPT2Output.hidden_states`: 0 = the embeddings, i = the
@@ -31,9 +32,12 @@ from collections.abc import Callable
 import torch
 
 from .._validate import check_int, check_rows
+from ..models.session import Session
 from ..sampling import SamplingParams, sample_unchecked
 from ..tree_shapes import TreeSpec
 from ..trees import Tree
+
+__all__ = ["Draft", "NoDraft", "TreeDraft", "draw", "one_hot"]
 
 # sampler(logits [B, V], params, generator) -> (x [B], q [B, V]): how a draft draws one token when sampling.
 Sampler = Callable[[torch.Tensor, SamplingParams, torch.Generator | None], tuple[torch.Tensor, torch.Tensor]]
@@ -79,24 +83,22 @@ class Draft(ABC):
     feature_layers: tuple[int, ...] = ()  # the target's hidden states this draft reads; () reads none
     batch_size: int | None = None  # None until `begin`
     passes: int = 0  # the draft's forward passes so far (the tree step reports how many a tree took)
-    rows_needed: int | None = None  # the longest row of the next generation (`size_for`); None: unknown
-    run_rows: int | None = None  # the longest row of this generation, as `size_for` said before `begin`
+    session: Session | None = None  # this generation's (`join`, then `begin`); None: a draft begun by hand
+    _joined: Session | None = None
+
+    def join(self, session: Session) -> None:
+        """The next generation runs in `session`: the draft takes its caches from it, sized to its rows.
+
+        The decoding loop calls it before `begin`; `begin` makes it that generation's `session`.
+        """
+        if not isinstance(session, Session):
+            raise TypeError(f"session must be a specref.models.session.Session, got {type(session).__name__}")
+        self._joined = session
 
     @property
-    def cache_module(self) -> torch.nn.Module | None:
-        """The module whose KV cache the draft keeps (its `cache` part's, a `DraftCache`), else None.
-
-        The loop runs each generation inside that module's span (`GPT2.generation`), as it does the
-        target's, so the cache a captured pass reuses (`GPT2.run_cache`) belongs to one run at a time.
-        """
-        return getattr(getattr(self, "cache", None), "module", None)
-
-    def size_for(self, n_rows: int) -> None:
-        """The next generation's rows hold at most `n_rows` tokens: a draft with buffers sizes them once for it.
-
-        The decoding loop calls it before `begin`; `begin` turns it into `run_rows` for that generation only.
-        """
-        self.rows_needed = check_int("n_rows", n_rows, 1, "tokens per row")
+    def run_rows(self) -> int | None:
+        """The longest row of this generation (its session's); None for a draft begun by hand (its window)."""
+        return None if self.session is None else self.session.rows
 
     @property
     def trusted(self) -> bool:
@@ -113,7 +115,7 @@ class Draft(ABC):
     def begin(self, batch_size: int) -> None:
         """Start a new generation of `batch_size` sequences (a subclass then has its parts forget their state)."""
         self.batch_size = check_int("batch_size", batch_size, 1, "sequences in the batch")
-        self.run_rows, self.rows_needed = self.rows_needed, None
+        self.session, self._joined = self._joined, None
 
     def begun(self, what: str = "propose") -> int:
         """The batch size; RuntimeError if `begin` has not been called before `what`."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..models.kvcache import KVCache
+from ..models.session import Session
 from ..sampling import SamplingParams
 from ..tree_shapes import TreeGrower, TreeSpec
 from ..trees import Tree, ancestor_inputs
@@ -46,17 +47,17 @@ class DraftCache:
         """The rows the KV cache holds per batch row (tree and draft rows included until dropped)."""
         return self.kv.lengths
 
-    def begin(self, batch_size: int, window: int, run_rows: int | None) -> None:
-        """A fresh cache for `batch_size` rows of at most `window` tokens, allocated at min(window, run_rows) rows.
+    def begin(self, batch_size: int, window: int, session: Session | None) -> None:
+        """An empty cache for `batch_size` rows of at most `window` tokens, from the generation's `session`.
 
-        Allocated once, at the size the generation needs (`Draft.size_for`): a batch of thousands
-        would otherwise hold the whole window per row.
+        Allocated once, at the size the generation needs (the session's rows): a batch of thousands
+        would otherwise hold the whole window per row. Without a session: a new cache of the window.
         """
         self.window = window
-        n = window if run_rows is None else min(window, run_rows)
-        module = self.module
-        self.kv = module.run_cache("draft", batch_size, n) if hasattr(module, "run_cache") \
-            else module.new_cache(batch_size, max_len=n)
+        if session is None:
+            self.kv = self.module.new_cache(batch_size, max_len=window)
+        else:
+            self.kv = session.cache(self.module, "draft", batch_size, min(window, session.rows), window)
         self.fed = torch.zeros(batch_size, dtype=torch.long, device=self.kv.device)
 
     def rollback(self, n_valid: torch.Tensor) -> None:  # [B]

@@ -60,7 +60,7 @@ class EagleDraft(Draft):
 
     def begin(self, batch_size: int) -> None:
         super().begin(batch_size)
-        self.cache.begin(batch_size, self.window, self.run_rows)
+        self.cache.begin(batch_size, self.window, self.session)
         self.features.begin(batch_size, self.run_rows)
 
     def observe(self, features: tuple[torch.Tensor, ...], starts: torch.Tensor) -> None:  # ([B, T, C], ...), [B]

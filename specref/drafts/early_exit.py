@@ -60,8 +60,6 @@ def early_exit_model(target: torch.nn.Module, n_layers: int) -> GPT2:
     mine.wte, mine.wpe, mine.ln_f = tr.wte, tr.wpe, tr.ln_f
     mine.h = torch.nn.ModuleList(list(tr.h)[:n_layers])
     model.lm_head = target.lm_head
-    model.graphs.enabled = target.graphs.enabled
-    model.graph_max_tokens = target.graph_max_tokens
     return model.train(target.training)
 
 

@@ -39,7 +39,7 @@ class FeatureBuffer:
         self.layers = layers
         self.reader, self.what = reader, what  # the module that reads the features (its width, device, dtype)
         self.batch_size: int | None = None  # from `begin`
-        self.run_rows: int | None = None  # the run's longest row (`Draft.size_for`), from `begin`
+        self.run_rows: int | None = None  # the run's longest row (`Draft.run_rows`, its session's), from `begin`
         self.buffers: list[torch.Tensor] | None = None  # per layer [B, capacity, C]
         self.n_held: torch.Tensor | None = None  # [B]
 
@@ -90,7 +90,7 @@ class FeatureBuffer:
         cap = 0 if self.buffers is None else self.buffers[0].shape[1]
         if n <= cap:
             return
-        new_cap = max(n, 2 * cap, 64, self.run_rows or 0)  # sized to the run (`size_for`): allocated once
+        new_cap = max(n, 2 * cap, 64, self.run_rows or 0)  # sized to the run (`Draft.run_rows`): allocated once
         grown = [torch.zeros((B, new_cap, C), dtype=dtype, device=dev) for _ in self.layers]
         if self.buffers is not None:
             for g, old in zip(grown, self.buffers):

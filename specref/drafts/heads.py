@@ -26,15 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .._validate import as_int_tuple, check_int, check_tensor
-from ..models.gpt2 import (
-    GPT2,
-    Block,
-    GPT2Config,
-    additive_mask,
-    attention_mask_over_slots,
-    check_attention_mask,
-    check_cache,
-)
+from ..models.gpt2 import GPT2, Block, GPT2Config, check_attention_mask, check_cache, new_slots, run_blocks
 from ..models.kvcache import KVCache
 
 KINDS = ("medusa", "eagle", "mtp")
@@ -84,7 +76,7 @@ class OneBlock(nn.Module):
 
     def attend(self, x: torch.Tensor, cache: KVCache | None, attention_mask: torch.Tensor | None,
                check: bool = True) -> torch.Tensor:  # [B, T, C] -> [B, T, C]
-        """The block over new rows ``x``, attending as ``GPT2.forward`` does (cache + mask among new rows).
+        """The block over new rows ``x``: the target's own pass over a cache (`gpt2.run_blocks`), one layer.
 
         ``check=True`` validates the mask and the cache (reading back); ``check=False`` is the
         core pass a draft runs inside a generation: no read back, the cache's slots chosen on the
@@ -95,16 +87,11 @@ class OneBlock(nn.Module):
             attention_mask = check_attention_mask(attention_mask, B, T, x.device)
             if cache is not None:
                 check_cache(cache, 1, self.n_head, C // self.n_head, B, x.device, T)
-        new = torch.arange(T, device=x.device)
-        if cache is None:
-            mask = attention_mask_over_slots(None, new.expand(B, T), T, attention_mask)  # [B or 1, 1, T, T]
-            return self.block(x, mask, None, 0, None, T)
-        n_slots = cache.capacity(T)
-        slots = cache.lengths[:, None] + new  # [B, T]
-        mask = additive_mask(attention_mask_over_slots(cache.lengths, slots, n_slots, attention_mask), x.dtype)
-        y = self.block(x, mask, cache, 0, slots, n_slots)
-        cache.advance(T)
-        return y
+        n_slots = T if cache is None else cache.capacity(T)
+        y = run_blocks([self.block], x, cache, new_slots(cache, B, T, x.device), n_slots, attention_mask)
+        if cache is not None:
+            cache.advance(T)
+        return y.view(B, T, C)
 
 
 # -- Medusa ----------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ from ..trees import Tree
 from .base import Draft, Sampler, TreeDraft, check_k, draw, one_hot
 from .cached import DraftCache, pick
 
+__all__ = ["ModelDraft", "TreeModelDraft", "as_draft", "as_tree_draft"]
+
 
 class ModelDraft(Draft):
     """A smaller language model as draft: k autoregressive steps with its own KV cache.
@@ -43,7 +45,7 @@ class ModelDraft(Draft):
 
     def begin(self, batch_size: int) -> None:
         super().begin(batch_size)
-        self.cache.begin(batch_size, self.window, self.run_rows)
+        self.cache.begin(batch_size, self.window, self.session)
 
     def rollback(self, n_valid: torch.Tensor) -> None:  # [B]
         super().rollback(n_valid)

@@ -85,7 +85,7 @@ class MTPDraft(Draft):
         return self.caches[d - 1].lengths.clone()
 
     def _allocate(self, B: int) -> None:
-        # Rows never exceed the run's longest row (`size_for`, else the window); padding rows of one pass
+        # Rows never exceed the run's longest row (`Draft.run_rows`, else the window); padding rows of one pass
         # can reach up to that many further. Allocated once per generation.
         n = 2 * (self.run_rows or self.target.config.n_positions)
         p = next(self.modules[0].parameters())

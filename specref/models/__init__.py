@@ -1,7 +1,7 @@
 """Transformer models used as targets and drafts: GPT-2 with a speculative-decoding KV cache (chapters 1, 4).
 
 gpt2 (the model), kvcache (per-row lengths, truncate, compact), graphs (passes captured as CUDA
-graphs), tokenizer, pretrained (HF-layout loading and saving, the GPU timing pair, the real GPT-2
+graphs), session (one generation's caches and graphs), tokenizer, pretrained (HF-layout loading and saving, the GPU timing pair, the real GPT-2
 family pair), pair (the bundled pair, its training record, held-out prompts).
 """
 
@@ -25,6 +25,7 @@ _LAZY: dict[str, str] = {
     "TimingPair": "specref.models.pretrained",
     "normalize_state_dict": "specref.models.gpt2",
     "save_pretrained": "specref.models.pretrained",
+    "Session": "specref.models.session",
     "train_tokenizer": "specref.models.tokenizer",
     "training_record": "specref.models.pair",
 }
@@ -46,6 +47,7 @@ __all__ = [
     "TimingPair",
     "normalize_state_dict",
     "save_pretrained",
+    "Session",
     "train_tokenizer",
     "training_record",
 ]

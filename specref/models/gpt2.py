@@ -23,8 +23,8 @@ numbers, for far fewer Python calls per layer. Hooks therefore go on the `GPT2` 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache, partial
 from typing import Any, NamedTuple
@@ -35,18 +35,19 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .._validate import check_int, check_tokens
-from .graphs import CapturedPasses
-from .kernels import MAX_ROWS, KernelPath, SmallLinear, kernel_path
+from .kernels import KernelPath, SmallLinear, kernel_path
 from .kvcache import KVCache
+
+__all__ = ["GPT2", "GPT2Config", "GPT2Output", "normalize_state_dict", "use_small_kernel"]
 
 # cuDNN's attention, torch's first choice for half precision on recent GPUs, builds a
 # graph for every new key length, so for every decoding step: that costs more than the
 # step itself. Decoding therefore uses the other fused kernels.
 _DECODE_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
-# Devices whose passes `GPT2.step` routes through `GPT2.graphs` (CUDA graphs). A test adds "cpu" to run the
-# routing and the keys on the CPU with a stand-in graph.
-GRAPHED_DEVICES = ("cuda",)
+# The longest pass replayed from a captured graph: a verification of k + 1 tokens, a tree of up to 31 nodes. Longer
+# passes (a prompt's, once per generation) are not worth a capture.
+GRAPH_MAX_TOKENS = 32
 
 
 @dataclass
@@ -161,14 +162,13 @@ def attention_mask_over_slots(
     New token ``i`` of row ``b`` sees every cached slot ``< past[b]`` and the new
     token ``j`` iff ``new_mask[b, i, j]``; every other slot (stale, or past the row's
     tokens) is masked, whatever the lengths, so nothing is read back to choose a case.
-    Any one-block model with a ``KVCache`` (the EAGLE layer, the MTP modules) builds its
-    mask here, so it attends exactly as the target does.
+    The one coding of the rule: every pass over a cache (`run_blocks`) builds its mask here.
     """
     B, T = slots.shape
     dev = slots.device
     if past is None:
-        return (_causal(torch.arange(T, device=dev)) if new_mask is None else new_mask)[:, None]  # [B or 1, 1, T, T]
-    s = torch.arange(n_slots, device=dev)
+        return (_causal(_arange(T, dev)) if new_mask is None else new_mask)[:, None]  # [B or 1, 1, T, T]
+    s = _arange(n_slots, dev)
     if new_mask is None:  # causal: slot s is visible to new token i iff s <= its own slot
         return (s[None, None, :] <= slots[:, :, None])[:, None]  # [B, 1, T, S]
     # Slot s of sequence b is visible to new token i iff it is cached (s < past[b])
@@ -221,7 +221,7 @@ class Conv1D(nn.Module):
         self.bias = nn.Parameter(torch.zeros(n_out))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
+        return _linear(self, x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], -1)
 
 
 class Attention(nn.Module):
@@ -231,19 +231,6 @@ class Attention(nn.Module):
         self.c_attn = Conv1D(config.n_embd, 3 * config.n_embd)
         self.c_proj = Conv1D(config.n_embd, config.n_embd)
 
-    def forward(
-        self,
-        x: torch.Tensor,  # [B, T, C]
-        mask: torch.Tensor,  # [B or 1, 1, T, S]: bool, True = may attend, or scores to add (`additive_mask`)
-        cache: KVCache | None,
-        layer: int,
-        slots: torch.Tensor | None,  # [B, T] cache slots of the new tokens
-        n_slots: int,  # S: how many cache slots to attend over
-    ) -> torch.Tensor:  # [B, T, C]
-        B, T, C = x.shape
-        k_slots, v_slots, idx = _layer_slots(cache, layer, slots, n_slots, self.n_head, self.head_dim)
-        return _attend(self, x.reshape(B * T, C), B, T, mask, k_slots, v_slots, idx).view(B, T, C)
-
 
 class MLP(nn.Module):
     def __init__(self, config: GPT2Config) -> None:
@@ -252,9 +239,6 @@ class MLP(nn.Module):
         self.c_fc = Conv1D(config.n_embd, inner)
         self.c_proj = Conv1D(inner, config.n_embd)
         self.act = _ACTIVATIONS[config.activation_function]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, C]
-        return self.c_proj(self.act(self.c_fc(x)))
 
 
 class Block(nn.Module):
@@ -266,12 +250,6 @@ class Block(nn.Module):
         self.attn = Attention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.mlp = MLP(config)
-
-    def forward(self, x, mask, cache, layer, slots, n_slots):  # [B, T, C] -> [B, T, C]
-        B, T, C = x.shape
-        attn = self.attn
-        k_slots, v_slots, idx = _layer_slots(cache, layer, slots, n_slots, attn.n_head, attn.head_dim)
-        return _block(self, x.reshape(B * T, C), B, T, mask, k_slots, v_slots, idx).view(B, T, C)
 
 
 # -- the block as functions over its parameters ---------------------------------------------------
@@ -286,34 +264,15 @@ def _linear(conv: Conv1D, x: torch.Tensor) -> torch.Tensor:  # [N, in] -> [N, ou
     """``Conv1D.forward`` on rows: ``bias + x @ weight`` (the few-token kernel where `use_small_kernel` set one)."""
     p = conv._parameters
     fast = conv.__dict__.get("fast")
-    if fast is not None and _fast_applies(fast, p["weight"], p["bias"], x):
+    if fast is not None and fast.serves(p["weight"], p["bias"], x):
         return fast(x)
     return torch.addmm(p["bias"], x, p["weight"])
-
-
-def _fast_applies(fast: SmallLinear, weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> bool:
-    """A packed kernel serves a few float32 CPU rows of an unchanged weight and bias, when no gradient is asked for."""
-    return (x.shape[0] <= MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu"
-            and fast.fresh(weight, bias)
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                                  or (bias is not None and bias.requires_grad))))
 
 
 def _norm(ln: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:  # [N, C] -> [N, C]
     """``nn.LayerNorm.forward``, one row at a time (``F.layer_norm`` without its Python wrapper)."""
     p = ln._parameters
     return torch.layer_norm(x, ln.normalized_shape, p["weight"], p["bias"], ln.eps)
-
-
-def _layer_slots(
-    cache: KVCache | None, layer: int, slots: torch.Tensor | None, n_slots: int, n_head: int, head_dim: int
-) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:  # [B, H, S, D] x 2, [B, H, T, D]
-    """One layer's first ``n_slots`` cache slots (views of K and V) and the scatter index of the new tokens."""
-    if cache is None:
-        return None, None, None
-    B, T = slots.shape
-    idx = slots[:, None, :, None].expand(B, n_head, T, head_dim)
-    return cache.k[layer].narrow(2, 0, n_slots), cache.v[layer].narrow(2, 0, n_slots), idx
 
 
 def _attend(
@@ -350,6 +309,51 @@ def _block(block: Block, x: torch.Tensor, B: int, T: int, mask: torch.Tensor, k_
     return x + _linear(fc["c_proj"], mlp.act(_linear(fc["c_fc"], _norm(m["ln_2"], x))))
 
 
+def new_slots(cache: KVCache | None, B: int, T: int, device: torch.device) -> torch.Tensor:  # [B, T] long
+    """Each new token's cache slot, ``lengths[b] + arange(T)`` (its default position); ``arange(T)`` without a cache."""
+    new = _arange(T, device)
+    return new.expand(B, T) if cache is None else cache.lengths[:, None] + new
+
+
+def run_blocks(
+    blocks: Iterable[Block],
+    x: torch.Tensor,  # [B, T, C] the new tokens' inputs
+    cache: KVCache | None,  # one layer per block
+    slots: torch.Tensor,  # [B, T] each new token's cache slot (`new_slots`)
+    n_slots: int,  # S: the slots attended over (`KVCache.capacity(T)`; T without a cache)
+    new_mask: torch.Tensor | None,  # [B or 1, T, T] bool among the new tokens (checked), None = causal
+    hidden: list[torch.Tensor] | None = None,  # gets each block's input [B, T, C] when given
+) -> torch.Tensor:  # [B * T, C]
+    """The one pass of blocks over a KV cache, the target's layers and a one-block head's alike.
+
+    Each block writes the new tokens' K/V at their slots and attends over the first S slots under
+    `attention_mask_over_slots`'s rule; nothing is read back. The caller advances the lengths.
+    """
+    B, T, C = x.shape
+    mask = additive_mask(attention_mask_over_slots(None if cache is None else cache.lengths, slots, n_slots,
+                                                   new_mask), x.dtype)  # [B or 1, 1, T, S]
+    k_slots = v_slots = idx = None
+    # Without autograd, every layer's first S slots as views made at once (with it, autograd refuses in-place
+    # writes into unbind's views: each layer takes its own as it comes).
+    lazy = cache is not None and torch.is_grad_enabled()
+    if cache is not None:
+        idx = slots.view(B, 1, T, 1).expand(B, cache.k.shape[2], T, cache.k.shape[4])  # [B, H, T, D]
+        if not lazy:
+            k_slots = cache.k.narrow(3, 0, n_slots).unbind(0)  # L x [B, H, S, D]
+            v_slots = cache.v.narrow(3, 0, n_slots).unbind(0)
+    x = x.reshape(B * T, C)  # [N, C]: the blocks work on rows
+    with sdpa_kernel(_DECODE_SDPA_BACKENDS) if x.is_cuda else nullcontext():
+        for layer, block in enumerate(blocks):
+            if hidden is not None:
+                hidden.append(x.view(B, T, C))
+            if lazy:
+                k_l, v_l = cache.k[layer].narrow(2, 0, n_slots), cache.v[layer].narrow(2, 0, n_slots)
+            else:
+                k_l, v_l = (None, None) if cache is None else (k_slots[layer], v_slots[layer])
+            x = _block(block, x, B, T, mask, k_l, v_l, idx)
+    return x
+
+
 class Transformer(nn.Module):
     # A container only, so that parameter names carry HF's "transformer." prefix.
     def __init__(self, config: GPT2Config) -> None:
@@ -383,10 +387,6 @@ class GPT2(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
-        self.graphs = CapturedPasses()  # on CUDA, `step` replays captured passes (graphs.enabled = False: eager)
-        # Longer passes (a prompt's, once per generation) are not worth a capture: 32 holds a verification of
-        # k + 1 tokens and a tree of up to 31 nodes.
-        self.graph_max_tokens = 32
         self.apply(self._init_weights)
         # GPT-2 scales residual projections by 1/sqrt(2 * n_layer) so the residual
         # stream's variance does not grow with depth.
@@ -406,25 +406,9 @@ class GPT2(nn.Module):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
 
-    def _forget_addresses(self) -> None:
-        """The weights move (.to(), .half(), a load with assign=True): captured passes and kept caches go."""
-        if "graphs" in self.__dict__:
-            self.graphs.clear()
-        self.__dict__["_run_caches"] = {}
-        for module in self.modules():  # packed copies of the old weights (`use_small_kernel`)
-            module.__dict__.pop("fast", None)
-
-    def _apply(self, fn, *args, **kwargs):  # .to(), .cuda(), .half() ... all go through here
-        self._forget_addresses()
+    def _apply(self, fn, *args, **kwargs):  # .to(), .half() ...: the packed copies of the old weights go
+        drop_small_kernel(self)
         return super()._apply(fn, *args, **kwargs)
-
-    def __getstate__(self) -> dict[str, Any]:
-        """A copy (``copy.deepcopy``, pickling) gets its own empty `CapturedPasses`: graphs belong to addresses."""
-        state = dict(super().__getstate__())
-        state["graphs"] = CapturedPasses(self.graphs.enabled)
-        state.pop("_run_caches", None)  # a generation's caches belong to this model's graphs
-        state.pop("_generation_scopes", None)  # and so do the generations running on them
-        return state
 
     # -- convenience -------------------------------------------------------------------
     @property
@@ -450,12 +434,9 @@ class GPT2(nn.Module):
     ) -> KVCache:
         """An empty cache for ``batch_size`` sequences of up to ``max_len`` (default ``n_positions``) tokens.
 
-        A new cache lives at new addresses, so the graphs captured on earlier caches' addresses are
-        dropped here (`self.graphs.clear()`): a run of generations holds only its own. Generations
-        take their caches from `run_cache`, which keeps them where graphs are captured.
+        A generation takes its caches from its `specref.models.session.Session`, which keeps them where
+        passes are captured.
         """
-        self.graphs.clear()
-        self._run_caches = {}
         c = self.config
         max_len = c.n_positions if max_len is None else max_len
         if check_int("max_len", max_len, 1, f"cache slots, at most n_positions={c.n_positions}", ValueError) \
@@ -464,62 +445,6 @@ class GPT2(nn.Module):
         return KVCache(c.n_layer, batch_size, c.n_head, c.head_dim, max_len,
                        device=self.device if device is None else device,
                        dtype=self.dtype if dtype is None else dtype)
-
-    def run_cache(self, role: str, batch_size: int, max_len: int) -> KVCache:
-        """An empty cache for one generation's `role` ("target", "draft"...), of at least ``max_len`` slots.
-
-        Where passes are captured as graphs (`GPT2.graphs` on CUDA), the model keeps one cache per
-        role and hands it out again, emptied, to the next generation that fits in it (same batch
-        size and dtype, at most its slots): the captured passes stay valid because the cache keeps
-        its addresses, and nothing is captured twice. New caches are rounded up to 64 slots so that
-        prompts of nearby lengths share one. Elsewhere it is `new_cache`. A cache handed out
-        belongs to its generation until the next call with the same role; inside `generation`, until that
-        generation ends: asking for a role held by an unfinished generation raises a RuntimeError.
-        """
-        if not isinstance(role, str):
-            raise TypeError(f"role must be a str, got {type(role).__name__}")
-        if self.device.type not in GRAPHED_DEVICES:
-            return self.new_cache(batch_size, max_len=max_len)
-        if not self.graphs.enabled:  # switched off for now: a plain cache, and the kept graphs and caches stay
-            c = self.config
-            return KVCache(c.n_layer, batch_size, c.n_head, c.head_dim, check_int(
-                "max_len", max_len, 1, "cache slots"), device=self.device, dtype=self.dtype)
-        scopes = self.__dict__.get("_generation_scopes", [])
-        if any(role in held for held in scopes):
-            raise RuntimeError(
-                f"this model's kept {role!r} cache is held by a generation that has not finished: a generation "
-                f"nested inside another on the same model (from an on_step observer, say) would empty it under the "
-                f"outer one. Run the inner generation on a copy of the model (copy.deepcopy), or with its captured "
-                f"passes switched off (model.graphs.enabled = False), which gives it a cache of its own")
-        if scopes:
-            scopes[-1].add(role)
-        kept = getattr(self, "_run_caches", {}).get(role)
-        if kept is not None and kept.batch_size == batch_size and kept.dtype == self.dtype \
-                and kept.device == self.device and max_len <= kept.max_len:
-            kept.reset()
-            return kept
-        rounded = min(self.config.n_positions, -(-max_len // 64) * 64)
-        others = {r: c for r, c in getattr(self, "_run_caches", {}).items() if r != role}
-        cache = self.new_cache(batch_size, max_len=max(rounded, max_len))  # clears the graphs and the kept caches
-        self._run_caches = {**others, role: cache}
-        return cache
-
-    @contextmanager
-    def generation(self) -> Iterator[None]:
-        """The span of one generation (the decoding loops open it): the kept caches it takes stay its own.
-
-        Inside it, each role `run_cache` hands out a kept cache for is held until the span ends, normally
-        or by an error. A generation nested inside another on the same model (an ``on_step`` observer that
-        generates) that asks for a held role gets a RuntimeError, not the outer generation's cache
-        emptied under it. Where no cache is kept (a CPU, graphs switched off) nothing is held.
-        """
-        scopes = self.__dict__.setdefault("_generation_scopes", [])
-        mine: set[str] = set()
-        scopes.append(mine)
-        try:
-            yield
-        finally:  # this span's own set, by identity: spans that end out of order release only their roles
-            scopes[:] = [held for held in scopes if held is not mine]
 
     # -- forward -----------------------------------------------------------------------
     def forward(
@@ -553,16 +478,10 @@ class GPT2(nn.Module):
             return self.step(input_ids, cache, position_ids, attention_mask, return_hidden, logits_to_keep)
         c = self.config
         check_int("logits_to_keep", logits_to_keep, 0, "0 = all tokens", ValueError)
-        if not isinstance(input_ids, torch.Tensor):
-            raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
-        if input_ids.dtype.is_floating_point or input_ids.is_complex() or input_ids.dtype == torch.bool:
-            raise TypeError(f"input_ids must be an integer tensor, got dtype {input_ids.dtype}")
-        if input_ids.ndim != 2:
-            raise ValueError(f"input_ids must have shape [B, T], got {tuple(input_ids.shape)}")
-        B, T = input_ids.shape
-        if B == 0 or T == 0:
-            raise ValueError(f"input_ids must be non-empty, got shape {tuple(input_ids.shape)}")
         check_tokens("input_ids", input_ids, c.vocab_size)
+        if input_ids.ndim != 2 or 0 in input_ids.shape:
+            raise ValueError(f"input_ids must have shape [B, T], non-empty, got {tuple(input_ids.shape)}")
+        B, T = input_ids.shape
         dev = self.device
         input_ids = input_ids.to(device=dev, dtype=torch.long)
         n_slots = T if cache is None else check_cache(cache, c.n_layer, c.n_head, c.head_dim, B, dev, T)
@@ -594,31 +513,26 @@ class GPT2(nn.Module):
 
         It reads nothing back from the device, and its shapes depend only on (B, T) and the
         slots it attends over, ``cache.capacity(T)`` (chosen on the host from the cache's
-        bound), so on CUDA a pass with a cache and at most ``graph_max_tokens`` new tokens runs
-        as a captured graph (`self.graphs`), one per key: the shapes, the cache's addresses,
-        its dtype, the weights' addresses (a model moved or cast captures afresh) and the
-        outputs asked for. A decode pass (T = 1), a verification (T = k + 1),
-        each catch-up width and each tree shape get their own graph; a longer pass (a prompt's,
-        once per generation) runs eagerly. The lengths advance in place after the pass.
+        bound), so a pass with at most ``GRAPH_MAX_TOKENS`` new tokens over a cache that carries
+        captured passes (``cache.graphs``, from a `Session`) replays one graph per key: the shapes
+        and the outputs asked for (the cache's addresses and the weights' are the session's). A
+        decode pass (T = 1), a verification (T = k + 1), each catch-up width and each tree shape
+        get their own graph; a longer pass (a prompt's) runs eagerly. The lengths advance in
+        place after the pass.
         """
         B, T = input_ids.shape
         n_slots = T if cache is None else cache.capacity(T)
         shape = (cache, n_slots, return_hidden, logits_to_keep, position_ids is not None, attention_mask is not None)
         inputs = tuple(t for t in (input_ids, position_ids, attention_mask) if t is not None)
         # Captured only without autograd (the decoding loops run under no_grad): a replay's outputs have no history.
-        if cache is not None and input_ids.device.type in GRAPHED_DEVICES and T <= self.graph_max_tokens \
-                and not torch.is_grad_enabled():
-            weights = (self.transformer.wte.weight.data_ptr(), self.transformer.h[-1].mlp.c_proj.weight.data_ptr())
-            key = (B, T, n_slots, cache.k.data_ptr(), cache.v.data_ptr(), cache.lengths.data_ptr(), cache.dtype,
-                   tuple(cache.k.shape), weights, return_hidden, logits_to_keep, tuple(t.shape for t in inputs))
-            out = self.graphs.run(key, partial(self._core, *shape), *inputs)
+        if cache is not None and cache.graphs is not None and T <= GRAPH_MAX_TOKENS and not torch.is_grad_enabled():
+            key = (B, T, n_slots, return_hidden, logits_to_keep, tuple(t.shape for t in inputs))
+            out = cache.graphs.run(key, partial(self._core, *shape), *inputs)
         else:
             out = self._core(*shape, *inputs)
         if cache is not None:
             cache.advance(T)
-        if return_hidden:
-            return GPT2Output(out[0], tuple(out[1:]))
-        return out
+        return GPT2Output(out[0], tuple(out[1:])) if return_hidden else out
 
     def _core(
         self, cache: KVCache | None, n_slots: int, return_hidden: bool, logits_to_keep: int,
@@ -628,51 +542,22 @@ class GPT2(nn.Module):
         position_ids = rest[0] if has_positions else None
         new_mask = rest[-1] if has_mask else None
         B, T = input_ids.shape
-        dev = input_ids.device
-        past = cache.lengths if cache is not None else None  # [B]
-        new = _arange(T, dev)
-        slots = new.expand(B, T) if past is None else past[:, None] + new  # [B, T] slot (= default position)
+        slots = new_slots(cache, B, T, input_ids.device)  # [B, T]
         tr = self.transformer._modules
         x = torch.embedding(tr["wte"]._parameters["weight"], input_ids) \
             + torch.embedding(tr["wpe"]._parameters["weight"], slots if position_ids is None else position_ids)
         C = x.shape[-1]
-        blocks = tr["h"]._modules.values()
-        k_slots = v_slots = idx = None
-        # Without autograd, every layer's first n_slots cache slots as views made at once (with it, autograd
-        # refuses in-place writes into unbind's views: each layer takes its own as it comes).
-        lazy_slots = cache is not None and torch.is_grad_enabled()
-        if cache is None or new_mask is not None:
-            mask = additive_mask(attention_mask_over_slots(past, slots, n_slots, new_mask), x.dtype)  # [B or 1, 1, T, S]
-        else:  # causal over the cache (`attention_mask_over_slots`): slot s is hidden from token i iff s > its slot
-            hide = _arange(n_slots, dev) > slots.view(B, 1, T, 1)  # [B, 1, T, S]
-            mask = torch.zeros(hide.shape, dtype=x.dtype, device=dev).masked_fill_(hide, float("-inf"))
-        if cache is not None:
-            idx = slots.view(B, 1, T, 1).expand(B, cache.k.shape[2], T, cache.k.shape[4])  # [B, H, T, D]
-            if not lazy_slots:
-                k_slots = cache.k.narrow(3, 0, n_slots).unbind(0)  # L x [B, H, S, D]
-                v_slots = cache.v.narrow(3, 0, n_slots).unbind(0)
-        hidden: list[torch.Tensor] = []
-        x = x.view(B * T, C)  # [N, C]: the blocks work on rows
-        with sdpa_kernel(_DECODE_SDPA_BACKENDS) if x.is_cuda else nullcontext():
-            for layer, block in enumerate(blocks):
-                if return_hidden:
-                    hidden.append(x.view(B, T, C))
-                if lazy_slots:
-                    k_l, v_l = cache.k[layer].narrow(2, 0, n_slots), cache.v[layer].narrow(2, 0, n_slots)
-                else:
-                    k_l, v_l = (None, None) if cache is None else (k_slots[layer], v_slots[layer])
-                x = _block(block, x, B, T, mask, k_l, v_l, idx)
+        hidden: list[torch.Tensor] | None = [] if return_hidden else None
+        x = run_blocks(tr["h"]._modules.values(), x, cache, slots, n_slots, new_mask, hidden)
         x = _norm(tr["ln_f"], x).view(B, T, C)
         # lm_head as nn.Linear computes it, on [B, T or logits_to_keep, C]
         x_out = x[:, -logits_to_keep:] if logits_to_keep else x
         head, fast = self.lm_head.weight, self.lm_head.__dict__.get("fast")
-        if fast is not None and _fast_applies(fast, head, None, x_out.reshape(-1, C)):
+        if fast is not None and fast.serves(head, None, x_out.reshape(-1, C)):
             logits = fast(x_out.reshape(-1, C)).view(*x_out.shape[:-1], -1)
         else:
             logits = F.linear(x_out, head)
-        if return_hidden:
-            return (logits, *hidden, x)
-        return logits
+        return (logits, *hidden, x) if return_hidden else logits
 
     # -- HF interop ----------------------------------------------------------------------
     def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True, assign: bool = False):
@@ -681,7 +566,7 @@ class GPT2(nn.Module):
         Tolerates a missing ``lm_head.weight`` (it is tied to ``wte``) and drops HF's
         non-persistent ``attn.bias`` / ``attn.masked_bias`` buffers.
         """
-        self._forget_addresses()
+        drop_small_kernel(self)
         sd = normalize_state_dict(state_dict)
         if "lm_head.weight" not in sd and self.config.tie_word_embeddings:
             sd["lm_head.weight"] = sd.get("transformer.wte.weight", self.transformer.wte.weight)
@@ -715,6 +600,12 @@ def use_small_kernel(model: GPT2) -> KernelPath:
             module.fast = SmallLinear(module.weight, module.bias)
     model.lm_head.fast = SmallLinear(model.lm_head.weight, None, transposed=True)
     return path
+
+
+def drop_small_kernel(model: nn.Module) -> None:
+    """Forget the packed copies `use_small_kernel` made (the weights move or are replaced): PyTorch's kernels serve."""
+    for module in model.modules():
+        module.__dict__.pop("fast", None)
 
 
 def unchecked(model: nn.Module) -> Callable[..., Any]:

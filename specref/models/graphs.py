@@ -19,7 +19,7 @@ The rule of a captured pass (``CapturedPasses.run(key, fn, *inputs)``):
   replay runs on the addresses seen at capture.  ``clear()`` forgets every graph, e.g. when
   a new cache is allocated.
 * A key's inputs must match its static buffers in shape, dtype and device (``ValueError``).
-* Disabled, or with inputs not on a CUDA device: plain ``fn(*inputs)``.
+* Disabled, or with inputs on a device that has no graphs (`capturable`): plain ``fn(*inputs)``.
 
 All graphs of one ``CapturedPasses`` share one memory pool, so the intermediate buffers of
 many shapes cost about what the largest needs.
@@ -28,34 +28,22 @@ many shapes cost about what the largest needs.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Hashable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-__all__ = ["CapturedPasses", "CudaGraph", "Graph"]
+__all__ = ["CapturedPasses", "capturable"]
 
 
-class Graph(Protocol):
-    """What ``CapturedPasses`` needs of a graph: record ``fn`` once, replay it later."""
-
-    def capture(self, fn: Callable[..., Any], inputs: Sequence[torch.Tensor], pool: Any) -> Any:
-        """Record ``fn(*inputs)`` into this graph and return its (static) outputs."""
-        ...
-
-    def replay(self) -> None:
-        """Run the recorded kernels again, on the same buffers."""
-        ...
-
-    def pool(self) -> Any:
-        """A handle to this graph's memory pool, for the next graph to share."""
-        ...
+def capturable(device: torch.device) -> bool:
+    """Whether passes on `device` are captured as graphs: CUDA devices only."""
+    return device.type == "cuda"
 
 
 class CudaGraph:
-    """A ``torch.cuda.CUDAGraph`` captured with ``torch.cuda.graph`` (on torch's capture stream)."""
+    """A ``torch.cuda.CUDAGraph`` captured with ``torch.cuda.graph`` (on torch's capture stream): record, replay, pool."""
 
     def __init__(self) -> None:
         self.graph = torch.cuda.CUDAGraph()
@@ -73,7 +61,7 @@ class CudaGraph:
 
 @dataclass
 class _Captured:
-    graph: Graph
+    graph: CudaGraph
     inputs: tuple[torch.Tensor, ...]  # the static buffers the graph reads
     outputs: Any  # the static buffers the graph writes: a tensor or a tuple/NamedTuple of them
 
@@ -94,27 +82,16 @@ def _clone(out: Any) -> Any:
     return out._make(items) if hasattr(out, "_make") else tuple(items)  # a NamedTuple keeps its type
 
 
-@contextmanager
-def _no_grad() -> Iterator[None]:
-    # Not inference_mode: the static buffers are written in place outside of it on every replay.
-    with torch.no_grad():
-        yield
-
-
 class CapturedPasses:
     """One CUDA graph per key, captured on first use and replayed after; see the module docstring.
 
-    ``enabled`` is the switch (``False``: every call is eager).  ``graph_factory`` and
-    ``device_types`` exist for tests: a fake graph lets the bookkeeping run on the CPU.
+    ``enabled`` is the switch (``False``: every call is eager).
     """
 
-    def __init__(self, enabled: bool = True, *, graph_factory: Callable[[], Graph] | None = None,
-                 device_types: Sequence[str] = ("cuda",)) -> None:
+    def __init__(self, enabled: bool = True) -> None:
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
         self.enabled = enabled
-        self._factory: Callable[[], Graph] = graph_factory or CudaGraph
-        self._device_types = tuple(device_types)
         self._captured: dict[Hashable, _Captured] = {}
         self._eager: set[Hashable] = set()  # keys whose capture failed: they run eagerly
         self._pool: Any = None
@@ -145,7 +122,7 @@ class CapturedPasses:
             return self._replay(key, held, inputs)
         if key in self._eager:
             return fn(*inputs)
-        if not inputs or any(x.device.type not in self._device_types for x in inputs):
+        if not inputs or not all(capturable(x.device) for x in inputs):
             return fn(*inputs)
         return self._warm_up_and_capture(key, fn, inputs)
 
@@ -154,9 +131,9 @@ class CapturedPasses:
         _check_output(out, key)
         with torch.inference_mode(False):  # buffers a later replay outside inference mode may write
             static_inputs = tuple(x.detach().clone() for x in inputs)
-        graph = self._factory()
+        graph = CudaGraph()
         try:
-            with _no_grad():
+            with torch.no_grad():  # not inference_mode: every replay writes the static buffers in place
                 static_outputs = graph.capture(fn, static_inputs, self._pool)
         except RuntimeError as err:  # this call's result stands (the eager pass ran); later calls stay eager
             warnings.warn(f"the pass of key {key!r} could not be captured as a CUDA graph and runs eagerly from "
@@ -178,7 +155,7 @@ class CapturedPasses:
                 raise ValueError(f"input {i} of key {key!r} must match the captured buffer "
                                  f"({tuple(s.shape)}, {s.dtype}, {s.device}), got "
                                  f"({tuple(x.shape)}, {x.dtype}, {x.device}): use another key for another shape")
-        with _no_grad():
+        with torch.no_grad():
             for x, s in zip(inputs, held.inputs):
                 if x.data_ptr() != s.data_ptr():
                     s.copy_(x)

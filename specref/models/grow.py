@@ -96,5 +96,4 @@ def widen(model: GPT2, r: int) -> GrownGPT2:
             out[name] = out[name] * q_scale
     grown.load_state_dict({k: v.to(model.dtype) for k, v in out.items()}, assign=True)
     grown.to(model.device)
-    grown.graphs.enabled = model.graphs.enabled
     return grown.eval().requires_grad_(False)

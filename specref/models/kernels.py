@@ -217,6 +217,14 @@ class SmallLinear:
         """
         return self.packed is not None and self._stamp == (_stamp(weight), _stamp(bias))
 
+    def serves(self, weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> bool:  # x [M, K]
+        """Whether this kernel computes ``bias + x @ weight``: at most `MAX_ROWS` float32 CPU rows, the weight and
+        bias it was packed from (`fresh`), no gradient asked for; otherwise the caller runs PyTorch's kernel."""
+        return (x.shape[0] <= MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu"
+                and self.fresh(weight, bias)
+                and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                                      or (bias is not None and bias.requires_grad))))
+
     def __getstate__(self) -> dict:
         """A copy holds no packed weights (it could be loaded where no kernel runs): it is never fresh."""
         return {**self.__dict__, "packed": None, "bias": None, "_stamp": None}

@@ -19,6 +19,9 @@ from collections.abc import Sequence
 import torch
 
 from .._validate import check_int
+from .graphs import CapturedPasses
+
+__all__ = ["KVCache", "attended_slots"]
 
 
 def attended_slots(need: int, max_len: int) -> int:
@@ -52,6 +55,9 @@ class KVCache:
     ``T`` adds ``T``, ``set`` takes the bound from a caller that knows the lengths on the
     host, shrinking keeps it.  A pass chooses its shapes from ``bound`` and never reads
     ``lengths`` back from the device.
+
+    ``graphs``: the passes captured over this cache (`specref.models.session` gives a cache them
+    where passes are captured); a model's pass over a cache with graphs replays them. None: eager.
     """
 
     def __init__(
@@ -76,6 +82,7 @@ class KVCache:
         self.v = torch.zeros(shape, device=device, dtype=dtype)  # [L, B, H, S, D]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.k.device)  # [B]
         self.bound = 0  # host-side: >= max(lengths), never read from the device
+        self.graphs: CapturedPasses | None = None  # the passes captured over these addresses
 
     # -- shape information -------------------------------------------------------------
     @property
@@ -218,6 +225,7 @@ class KVCache:
         """An independent copy (e.g. to branch a decode without disturbing the original)."""
         out = KVCache.__new__(KVCache)
         out.k, out.v, out.lengths, out.bound = self.k.clone(), self.v.clone(), self.lengths.clone(), self.bound
+        out.graphs = None  # graphs belong to addresses
         return out
 
 
