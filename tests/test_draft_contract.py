@@ -302,14 +302,7 @@ def test_negative_control_a_draft_that_does_not_roll_back_is_caught(target64):
         assert_as_if_alone("learner", target64, draft, tokens, lengths)
 
 
-# A fresh ModelDraft (and SelfDraft, one) reads the wrong position for a row shorter than the widest catch-up:
-# `DraftCache.catch_up` starts such a row at 0 and feeds padding past its length, and `ModelDraft.context_logits`
-# takes the last fed row's logits instead of the row's own last. The loop never starts on rows of unequal length.
-RAGGED_FIRST_CALL = pytest.mark.xfail(strict=True, reason="specref/drafts/model.py context_logits on unequal rows")
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=RAGGED_FIRST_CALL) if n in ("model", "early_exit") else n
-                                  for n in NAMES])
+@pytest.mark.parametrize("name", NAMES)
 def test_a_first_proposal_on_rows_of_unequal_length_is_each_rows_own(target64, name):
     tokens, lengths = buffer([24, 9, 17], 40)
     draft = make(name, target64)

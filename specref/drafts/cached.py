@@ -41,6 +41,7 @@ class DraftCache:
         self.window = 0  # the most rows a row may reach (the context window), from `begin`
         self.kv: KVCache | None = None
         self.fed: torch.Tensor | None = None  # [B] leading cache rows with true inputs
+        self.padded = False  # whether the last catch-up fed some row padding (rows of unequal length)
 
     @property
     def lengths(self) -> torch.Tensor:  # [B]
@@ -76,12 +77,13 @@ class DraftCache:
         (the buffer's width), upto must lie in [1, limit] (the same read checks it). Truncates
         the cache to each row's first fed row. A row whose upto is below W starts at 0 and its
         rows past upto - 1 are padding (the caller feeds them the last true row's inputs and
-        truncates them away); `fed` becomes upto.
+        truncates them away); `fed` becomes upto, and `padded` says whether any row was padded.
         """
         lo, hi, gap = torch.stack([upto.min(), upto.max(), (upto - self.fed).max()]).tolist()  # one read back
         if limit is not None and (lo < 1 or hi > limit):
             raise ValueError(f"lengths must be in [1, {limit}] (the buffer's width), got {upto.tolist()}")
         width = max(gap, 1)
+        self.padded = lo < width  # some row starts at 0 and is fed padding past upto - 1
         start = (upto - width).clamp(min=0)  # [B]
         self.kv.truncate(start, check=False, bound=max(hi - width, 0))  # start <= fed = the cached rows
         self.kv.check_room(width, "the draft's catch-up")

@@ -65,7 +65,12 @@ class ModelDraft(Draft):
         lengths = check_rows("lengths", lengths, self.begun()).to(tokens.device, torch.long)  # shapes only
         width = check_rows("tokens", tokens, self.batch_size, "[B, L]").shape[1]
         rows = self.cache.catch_up(lengths, limit=width)  # [B, W]
-        return self.step(tokens.gather(1, rows), cache=self.cache.kv, logits_to_keep=1)[:, -1]
+        if not self.cache.padded:  # every row's catch-up ends at its own last token
+            return self.step(tokens.gather(1, rows), cache=self.cache.kv, logits_to_keep=1)[:, -1]
+        last = lengths[:, None] - 1  # [B, 1] rows of unequal length: padding repeats the last true token
+        logits = self.step(tokens.gather(1, torch.minimum(rows, last)), cache=self.cache.kv)  # [B, W, V]
+        self.cache.keep_fed()  # drop the padding rows
+        return pick(logits, last - rows[:, :1])[:, 0]
 
     @torch.no_grad()
     def propose(

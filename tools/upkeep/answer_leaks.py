@@ -248,7 +248,7 @@ KNOWN: dict[tuple[str, str], str] = {
         "E(0.8, 4), an input of the answer that section 1 computes; the answer is the speedup made from it",
     **{("solutions/ex05_prompt_lookup.ipynb, Task 6", tau): "the ablation's tau values, which notebook 05 prints; "
        "the task asks for the explanation (flagged to the exercise's owner)"
-       for tau in ("1.35", "1.38", "1.64", "2.31", "3.12", "4.57")},
+       for tau in ("1.35", "1.64", "3.12", "4.57")},
 }
 
 
