@@ -154,6 +154,9 @@ def _by_library(env: dict[str, str]) -> portable.Fingerprint:
 
 
 def _record_runs(monkeypatch) -> list[str]:
+    for env in portable.ENVIRONMENTS.values():  # inside a portable run the outer variables are set already
+        for name in env.variables:
+            monkeypatch.delenv(name, raising=False)
     names = []
 
     def run(cmd, env, **k):
