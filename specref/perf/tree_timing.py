@@ -30,7 +30,7 @@ from ..tree_shapes import DynamicTree, TreeShape
 from ..trees import Tree
 from .costs import repeat_times
 from .live import Repeats
-from .verify_cost import _CLOCK_NAMES, PassCosts, _kernel_of
+from .verify_cost import PassCosts, _kernel_of, timing_setup
 
 
 def complete_tree(n_nodes: int, branching: int = 2) -> Tree:
@@ -75,16 +75,8 @@ def measure_tree_pass_costs(
     check_int("repeats", repeats, 1, "paired repeats")
     trees = {n: complete_tree(n, branching) for n in ns}
     dev = target.device
-    clock = clock or ("cpu" if dev.type == "cpu" else "wall")
-    if clock not in _CLOCK_NAMES or (clock == "cpu" and dev.type != "cpu"):
-        raise ValueError(f"clock must be one of {sorted(_CLOCK_NAMES)} ('wall' on a {dev.type}), got {clock!r}")
     n_max = context + max(ns) + 1
-    for name, model in (("target", target), ("draft", draft)):
-        if model is not None and n_max > model.config.n_positions:
-            raise ValueError(f"context + max(n_nodes) + 1 = {n_max} exceeds the {name}'s n_positions "
-                             f"{model.config.n_positions}")
-    if generator is None:
-        generator = torch.Generator().manual_seed(0)
+    clock, generator = timing_setup(target, draft, clock, n_max, "context + max(n_nodes) + 1", generator)
     ids = torch.randint(0, target.config.vocab_size, (1, context + 1), generator=generator).to(dev)
     caches = {}
     for model in (target, draft):

@@ -94,6 +94,20 @@ class PassCosts:
 
 
 @torch.no_grad()
+
+def timing_setup(target, draft, clock: str | None, n_max: int, what: str,
+                 generator: torch.Generator | None) -> tuple[str, torch.Generator]:
+    """The clock (default: CPU time on a CPU, wall time elsewhere; CPU time refused on another device), the check
+    that `n_max` positions fit both models, and the generator (seed 0 when none is given)."""
+    dev = target.device
+    clock = clock or ("cpu" if dev.type == "cpu" else "wall")
+    if clock not in _CLOCK_NAMES or (clock == "cpu" and dev.type != "cpu"):
+        raise ValueError(f"clock must be one of {sorted(_CLOCK_NAMES)} ('wall' on a {dev.type}), got {clock!r}")
+    for name, model in (("target", target), ("draft", draft)):
+        if model is not None and n_max > model.config.n_positions:
+            raise ValueError(f"{what} = {n_max} exceeds the {name}'s n_positions {model.config.n_positions}")
+    return clock, generator if generator is not None else torch.Generator().manual_seed(0)
+
 def measure_pass_costs(
     target: torch.nn.Module,
     ks: Sequence[int],
@@ -122,16 +136,8 @@ def measure_pass_costs(
     check_int("batch_size", batch_size, 1, "rows per pass")
     check_int("repeats", repeats, 1, "paired repeats")
     dev = target.device
-    clock = clock or ("cpu" if dev.type == "cpu" else "wall")
-    if clock not in _CLOCK_NAMES or (clock == "cpu" and dev.type != "cpu"):
-        raise ValueError(f"clock must be one of {sorted(_CLOCK_NAMES)} ('wall' on a {dev.type}), got {clock!r}")
     n_max = context + max(ks) + 1
-    for name, model in (("target", target), ("draft", draft)):
-        if model is not None and n_max > model.config.n_positions:
-            raise ValueError(f"context + max(ks) + 1 = {n_max} exceeds the {name}'s n_positions "
-                             f"{model.config.n_positions}")
-    if generator is None:
-        generator = torch.Generator().manual_seed(0)
+    clock, generator = timing_setup(target, draft, clock, n_max, "context + max(ks) + 1", generator)
     ids = torch.randint(0, target.config.vocab_size, (batch_size, n_max), generator=generator).to(dev)
 
     caches: dict[int, object] = {}  # one cache per model, prefilled once: every pass rolls it back to `context`
