@@ -1,9 +1,7 @@
-"""The speculative rule on a chain of drafts: accept left to right with probability min(1, p/q), then correct.
+"""The speculative rule on a chain of drafts (the rule and its parts: `specref.rejection`).
 
-Each draft x_i ~ q_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)); at the first
-rejection a replacement is drawn from residual(p_i, q_i) (`specref.rejection`) and the step stops;
-when all k are accepted a bonus token is drawn from p_{k+1}. Every emitted token then has the
-target's distribution: the rule is exact.
+Each draft x_i ~ q_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection a
+replacement is drawn from residual(p_i, q_i) and the step stops; all k accepted: a bonus from p_{k+1}.
 """
 
 from __future__ import annotations
@@ -11,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from ._validate import check_generator
-from .rejection import _check_uniforms, _unbatch, check_chain, residual_unchecked
-from .sampling import sample_unchecked
+from .rejection import _unbatch, check_chain, residual_unchecked
+from .sampling import check_uniforms, sample_unchecked
 
 
 def verify_chain(
@@ -24,16 +22,14 @@ def verify_chain(
 ) -> tuple[torch.Tensor, torch.Tensor | int]:
     """One speculative step: accept drafts left to right with probability min(1, p/q).
 
-    On the first rejection emit a sample of residual(p_i, q_i) and stop; if all k are
-    accepted emit a bonus sample of p_{k+1}. Returns (tokens, n_accepted): unbatched,
-    tokens has length n_accepted + 1; batched, tokens is [B, k+1] padded with -1 and
-    n_accepted is [B]. Random numbers: k + 1 uniforms per row, from `generator`, or
-    given as `u` (exact enumeration drives the rule this way).
+    Returns (tokens, n_accepted): unbatched, n_accepted + 1 tokens; batched, tokens [B, k+1] padded with -1 and
+    n_accepted [B]. k + 1 uniforms per row, from `generator` or given as `u` (as exact enumeration does).
     """
     k, V = check_chain(draft_tokens, q, p, probs=True)
     batched = draft_tokens.dim() == 2
     if u is not None:
-        _check_uniforms(u, tuple(draft_tokens.shape[:-1]) + (k + 1,))
+        shape = tuple(draft_tokens.shape[:-1]) + (k + 1,)
+        check_uniforms(u, shape, f"[B?, k+1] = {list(shape)} (one uniform per draft plus one)")
     else:
         check_generator(generator, p.device)
     if not batched:
@@ -53,11 +49,8 @@ def verify_chain_unchecked(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, k+1] padded with -1, n_accepted [B]
     """`verify_chain`'s rule on batched inputs whose shapes and values were already checked.
 
-    The decoding loop calls this directly: its p comes from a checked `process_logits`
-    and its q from a draft it has checked, so the per-step input checks would only
-    repeat work. Everyone else calls `verify_chain`. ``check_support`` refuses a draft token
-    that q gives probability 0 (one read back); the loop clears it for the package's own drafts,
-    which sample their tokens from q.
+    The decoding loop's call (everyone else calls `verify_chain`). ``check_support`` refuses a draft token
+    that q gives probability 0 (one read back); the loop clears it for the package's own drafts.
     """
     B, k = draft_tokens.shape
     dtype = torch.promote_types(p.dtype, q.dtype)

@@ -1,11 +1,9 @@
 """The speculative accept/reject rule (Leviathan et al. 2022; Chen et al. 2023).
 
-Draft x ~ q is accepted with probability min(1, p(x) / q(x)); on rejection a
-replacement is drawn from the residual max(0, p - q) / sum(max(0, p - q)).
-Then P(emit x) = min(p(x), q(x)) + (1 - beta) * residual(x) = p(x), where
-beta = sum_x min(p(x), q(x)) is the probability of accepting: the rule is exact.
-This module holds the rule's parts (beta, the residual, the input checks); `specref.chain_verify`
-applies it to a chain of drafts (`verify_chain`), and `verify_chain_greedy` is its one-hot case.
+Draft x ~ q is accepted with probability min(1, p(x) / q(x)); on rejection a replacement is drawn
+from the residual max(0, p - q) normalized. Then P(emit x) = min(p(x), q(x)) + (1 - beta) * residual(x)
+= p(x), beta = sum_x min(p(x), q(x)): the rule is exact. Here: its parts and checks, and the greedy
+(one-hot) case; `specref.chain_verify` applies it to a chain of drafts (`verify_chain`).
 """
 
 from __future__ import annotations
@@ -36,10 +34,8 @@ def residual(
 ) -> torch.Tensor:  # [..., V]
     """The distribution sampled after a rejection: max(0, p - q) normalized.
 
-    When p == q the residual has zero mass. Then a rejection has probability
-    1 - beta = 0 and the residual is never sampled, so any distribution would do;
-    we return p itself, without dividing by zero, so the result is always a
-    valid distribution and no NaN can leak into a batch.
+    When p == q it has zero mass and is never sampled (a rejection has probability 0): p itself is
+    returned, so the result is always a distribution and no NaN leaks into a batch.
     """
     _check_pair(p, q)
     return residual_unchecked(p, q)
@@ -98,26 +94,13 @@ def _unbatch(tokens: torch.Tensor, n_accepted: torch.Tensor, batched: bool) -> t
     return tokens[0, : n + 1], n
 
 
-def _check_uniforms(u: object, shape: tuple[int, ...]) -> None:
-    u = check_tensor("u", u)
-    if not u.is_floating_point():
-        raise TypeError(f"u must be a floating-point tensor of uniforms, got {u.dtype}")
-    if tuple(u.shape) != shape:
-        raise ValueError(
-            f"u must have shape [B?, k+1] = {list(shape)} (one uniform per draft plus one), got {tuple(u.shape)}"
-        )
-    if u.numel() and (torch.isnan(u).any() or (u < 0).any() or (u >= 1).any()):
-        raise ValueError("u must hold uniforms in [0, 1) (no NaN)")
-
-
 def verify_chain_greedy(
     draft_tokens: torch.Tensor,  # [k] or [B, k]
     p: torch.Tensor,  # [k+1, V] or [B, k+1, V]: target probabilities or logits
 ) -> tuple[torch.Tensor, torch.Tensor | int]:
     """Greedy rule: accept while the draft equals the target's argmax, then emit the argmax.
 
-    The one-hot special case of `verify_chain` (p and q both one-hot). Only the argmax
-    of p is used, so logits work too. Same return as `verify_chain`.
+    The one-hot case of `verify_chain`; only p's argmax is used, so logits work too. Same return as `verify_chain`.
     """
     k, V = check_chain(draft_tokens, None, p, probs=False)
     if not p.is_floating_point():
@@ -135,12 +118,11 @@ def verify_chain_greedy_unchecked(
     draft_tokens: torch.Tensor,  # [B, k] long
     p: torch.Tensor,  # [B, k+1, V] probabilities or logits
 ) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, k+1] padded with -1, n_accepted [B]
-    """`verify_chain_greedy`'s rule on batched inputs that were already checked (the decoding loop)."""
+    """`verify_chain_greedy`'s rule on batched, checked inputs (the decoding loop)."""
     k = draft_tokens.shape[1]
     best = p.argmax(-1)  # [B, k+1]
     n_accepted = (draft_tokens == best[:, :k]).long().cumprod(-1).sum(-1)  # [B]
     positions = torch.arange(k + 1, device=p.device)
-    # Accepted drafts equal the argmax there, so the emitted tokens are the argmax
-    # up to and including position n_accepted (the correction or the bonus).
+    # Accepted drafts equal the argmax, so the tokens are the argmax up to position n_accepted (correction or bonus).
     return torch.where(positions <= n_accepted[:, None], best, torch.full_like(best, -1)), n_accepted
 

@@ -1,10 +1,8 @@
 """Turning logits into the distribution we sample from, and sampling it (chapter 2).
 
-The same `process_logits` call must produce both `p` (target) and `q` (draft):
-the acceptance rule is exact only when both are processed the same way.
-`TorchRNG` is the rng protocol (uniform(), categorical(probs)) that the tree rules
-and the exercises draw through, on a real `torch.Generator`; its symbolic twin,
-for exact enumeration, is in `specref.checks.rng`.
+The same `process_logits` must produce both `p` (target) and `q` (draft): the acceptance rule is exact
+only then. `TorchRNG` is the rng protocol (uniform(), categorical(probs)) the tree rules and exercises
+draw through; its symbolic twin, for exact enumeration, is `specref.checks.rng`.
 """
 
 from __future__ import annotations
@@ -79,11 +77,9 @@ def _process_logits(
         # Greedy is the limit temperature -> 0: all mass on the argmax.
         return torch.nn.functional.one_hot(x.argmax(-1), x.shape[-1]).to(x.dtype)
     if temperature < 1:
-        # Finite logits divided by a small temperature can overflow to inf (and softmax then gives NaN).
-        # Shifting each row's max to 0 first keeps every value <= 0; no distribution changes.
+        # Shifting each row's max to 0 keeps a small temperature from overflowing to inf (softmax: NaN).
         x = x - x.amax(-1, keepdim=True)
-    # In float32 a temperature below its smallest normal number loses precision or rounds to 0 (0 / 0 = NaN):
-    # divide in float64 then.
+    # A temperature below float32's smallest normal number loses precision or rounds to 0: divide in float64.
     x = (x.double() / temperature).to(x.dtype) if temperature < torch.finfo(x.dtype).tiny else x / temperature
     neg_inf = torch.tensor(float("-inf"), dtype=x.dtype, device=x.device)
     if top_k is not None and top_k < x.shape[-1]:
@@ -92,8 +88,7 @@ def _process_logits(
     if top_p is not None and top_p < 1:
         probs = torch.softmax(x, dim=-1)
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-        # Mass strictly before each sorted token; a token is kept while that mass < top_p,
-        # so the most likely token is always kept.
+        # A token is kept while the mass strictly before it is < top_p (the most likely always is).
         before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
         keep_sorted = before < top_p
         keep_sorted[..., 0] = True  # a top_p below the dtype's smallest number would round to 0 and keep none
@@ -109,23 +104,25 @@ def sample(
 ) -> torch.Tensor:  # [...] long
     """Draw one token per row by inverse CDF: the first index whose cumulative mass exceeds u.
 
-    Zero-probability tokens are never returned (their CDF step is empty). One uniform
-    per row, drawn from `generator` (or passed as `u`), so the random stream is explicit.
-    probs must be probability rows (`check_probs`); u, if given, one uniform in [0, 1) per row.
+    Zero-probability tokens are never returned. One uniform per row, from `generator` or given as `u`.
     """
     probs = check_probs("probs", probs)
     if u is None:
         check_generator(generator, probs.device)
     else:
-        u = check_tensor("u", u)
-        if not u.is_floating_point():
-            raise TypeError(f"u must be a floating-point tensor of uniforms, got {u.dtype}")
-        if tuple(u.shape) != tuple(probs.shape[:-1]):
-            raise ValueError(f"u must have shape {list(probs.shape[:-1])} (one uniform per row of probs), "
-                             f"got {tuple(u.shape)}")
-        if u.numel() and not bool(((u >= 0) & (u < 1)).all()):
-            raise ValueError("u must hold uniforms in [0, 1) (no NaN)")
+        check_uniforms(u, tuple(probs.shape[:-1]), f"{list(probs.shape[:-1])} (one uniform per row of probs)")
     return sample_unchecked(probs, generator, u)
+
+
+def check_uniforms(u: object, shape: tuple[int, ...], expected: str) -> None:
+    """Raise unless `u` is a float tensor of `shape` (`expected` describes it) holding uniforms in [0, 1)."""
+    u = check_tensor("u", u)
+    if not u.is_floating_point():
+        raise TypeError(f"u must be a floating-point tensor of uniforms, got {u.dtype}")
+    if tuple(u.shape) != shape:
+        raise ValueError(f"u must have shape {expected}, got {tuple(u.shape)}")
+    if u.numel() and not bool(((u >= 0) & (u < 1)).all()):
+        raise ValueError("u must hold uniforms in [0, 1) (no NaN)")
 
 
 def sample_unchecked(
@@ -164,10 +161,7 @@ class SamplingParams:
         return process_logits(logits, self.temperature, self.top_k, self.top_p)
 
     def probs_unchecked(self, logits: torch.Tensor) -> torch.Tensor:  # [..., V] -> [..., V]
-        """The same distribution without the per-call checks, for a draft's inner loop.
-
-        The decoding loop checks the stacked q of every step once (`specref.decoding`).
-        """
+        """The same distribution without the per-call checks (the decoding loop checks once)."""
         return _process_logits(logits, self.temperature, self.top_k, self.top_p)
 
 
@@ -208,9 +202,8 @@ def as_distribution(probs: object, who: str = "probs") -> torch.Tensor:  # [V] -
 class TorchRNG:
     """The rng protocol on a real generator: uniform() -> u ~ U[0, 1), categorical(probs) -> i w.p. probs[i].
 
-    One float64 uniform per call, from `generator` (None: torch's default generator).
-    Rules that take an `rng` (`verify_tree`, `grow_trees`, the exercises) draw through
-    this; exact enumeration passes a symbolic rng with the same two methods instead.
+    One float64 uniform per call, from `generator` (None: torch's default). Exact enumeration passes a
+    symbolic rng with the same two methods instead.
     """
 
     def __init__(self, generator: torch.Generator | None) -> None:

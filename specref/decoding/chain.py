@@ -1,11 +1,8 @@
 """Plain and speculative decoding with a KV cache (chapter 4).
 
-A speculative step (`speculative_step`), per sequence: the draft proposes k tokens
-(keeping q); one target pass over [last token, x_1..x_k] gives p_1..p_{k+1};
-the rule accepts drafts left to right and adds one token (correction or bonus);
-both caches are rolled back to the accepted prefix by moving their lengths:
-rejected entries are simply overwritten later. The token the target emitted gets
-its K/V entry when it is fed at the start of the next step.
+A speculative step (`speculative_step`), per row: the draft proposes k tokens (keeping q); one target
+pass over [last token, x_1..x_k] gives p_1..p_{k+1}; the rule accepts drafts left to right and adds one
+token (correction or bonus); both caches roll back to the accepted prefix by moving their lengths.
 `speculative_generate` and `generate` (the step with nothing drafted) run it in the one loop, `loop.decode`.
 """
 
@@ -19,11 +16,12 @@ import torch
 from .._validate import check_int
 from ..chain_verify import verify_chain_unchecked
 from ..drafts import Draft, NoDraft, as_draft
+from ..drafts.base import draw
 from ..models.kvcache import KVCache
 from ..rejection import verify_chain_greedy_unchecked
-from ..sampling import SamplingParams, sample_unchecked
+from ..sampling import SamplingParams
 from ..typical import TypicalAcceptance, as_acceptance
-from .inputs import check_logits_total, check_model, check_proposal, logits_total
+from .inputs import check_logits_total, check_model, check_proposal
 from .loop import Sequences, SpecStats, StepObserver, clock, decode, target_pass
 
 __all__ = ["ChainStep", "generate", "speculative_generate", "speculative_step"]
@@ -42,11 +40,9 @@ def generate(
 ) -> torch.Tensor:  # [B, T + max_new_tokens]
     """Plain autoregressive decoding: one target pass per token, sampling process_logits(logits).
 
-    The strategy that drafts nothing (`NoDraft`), run by the one loop (`loop.decode`): each step is
-    a `speculative_step` with k = 0, which reads nothing back from the device (with `eos_token_id`,
-    the step's tokens, to stop a row). Nothing is prefilled: the first pass reads the whole prompt
-    and gives the first new token, so N new tokens take N passes (the last is never fed back).
-    A row stops after emitting `eos_token_id`; its remaining positions are filled with EOS.
+    A `speculative_step` with k = 0 (`NoDraft`), reading nothing back (with `eos_token_id`, the tokens). Nothing is
+    prefilled: the first pass reads the whole prompt, so N new tokens take N passes. A row stops after emitting
+    `eos_token_id`; its remaining positions are filled with EOS.
     """
     check_model(model)
     nothing = NoDraft(model.config.vocab_size)
@@ -83,10 +79,8 @@ def speculative_step(
 ) -> ChainStep:
     """One speculative step for every unfinished row: draft k, one target pass, accept left to right, commit.
 
-    Near the end of the budget or the context window k shrinks, so nothing is drafted
-    that could never be emitted (the last token always comes from the target). A draft
-    may also propose fewer than k tokens, none included (`PromptLookupDraft(on_miss="skip")`
-    when nothing matches); the step verifies what it got, and with none it is a plain step.
+    Near the end of the budget or the window k shrinks (the last token always comes from the target); a draft
+    may propose fewer, none included (then it is a plain step).
     """
     typical = as_acceptance(acceptance)
     stats = SpecStats(k=check_int("k", k, 1, "k drafted tokens per step")) if stats is None else stats
@@ -108,7 +102,7 @@ def speculative_step(
     # 3. Accept or reject left to right, then one token from the target: a correction or the bonus.
     with clock(stats, "time_verify", dev):
         if n == 0:  # nothing proposed: the target's own token, a plain step, which reads nothing back
-            out, n_acc = _plain_token(logits[:, 0], params, generator)[:, None], [0] * B
+            out, n_acc = draw(logits[:, 0], params, generator)[0][:, None], [0] * B
         else:
             if typical is not None:  # LOSSY: q is ignored
                 out, n_acc = typical.verify(drafts, params.probs_unchecked(logits), generator)
@@ -131,21 +125,13 @@ def speculative_step(
 
 def _read_back(n_acc: torch.Tensor, logits: torch.Tensor) -> tuple[list[int], float]:  # [B], [B, T, V]
     """The accepted counts and the logits' total (`check_logits_total`), in one read back from the device."""
-    host = torch.cat([n_acc.to(torch.float64), logits_total(logits).to(torch.float64)[None]]).tolist()
+    total = logits.sum(dtype=torch.float32)  # float16 logits would overflow a sum in their own dtype
+    host = torch.cat([n_acc.to(torch.float64), total.to(torch.float64)[None]]).tolist()
     return [int(n) for n in host[:-1]], host[-1]
 
 
-def _plain_token(logits: torch.Tensor, params: SamplingParams,
-                 generator: torch.Generator | None) -> torch.Tensor:  # [B, V] -> [B]
-    """The argmax when greedy, else one draw from p: the k = 0 case of the rule (the same uniform it would use)."""
-    return logits.argmax(-1) if params.greedy else sample_unchecked(params.probs_unchecked(logits), generator)
-
-
 def _count(stats: SpecStats, n_acc: list[int], kept: list[int], k: int) -> None:
-    """Count a chain step over the rows it served (kept > 0): k proposed, min(accepted + 1, k) examined.
-
-    `accepted_hist` counts only steps that drafted the full k; `proposed_hist` counts every step by what it drafted.
-    """
+    """Count a chain step over the rows it served (kept > 0): k proposed, min(accepted + 1, k) examined."""
     active = [n for n, m in zip(n_acc, kept) if m]
     examined = sum(min(n + 1, k) for n in active)
     stats.count_step(active, sum(kept), k * len(active), examined, hist=k == stats.k)  # a shrunk k: no histogram
@@ -173,18 +159,15 @@ def speculative_generate(
     Each row accepts its own number of drafts per step. Exactly `max_new_tokens`
     tokens are generated per row unless it emits `eos_token_id` (nothing after EOS;
     the rest is filled with EOS). For tree drafting see `specref.decoding.tree.tree_generate`.
-    `acceptance=TypicalAcceptance(...)` swaps in Medusa's typical acceptance, which is LOSSY:
-    the output is then no longer the target's distribution (`specref.typical`).
-    `on_step(step)`, if given, sees each step's `ChainStep` (`specref.decoding.loop.decode`).
-    `timing` times the draft's, the target's and the rule's share (`SpecStats.time_*`); None: where
-    it costs no host sync, that is off CUDA (`loop.resolve_timing`).
+    `acceptance=TypicalAcceptance(...)` (Medusa's) is LOSSY (`specref.typical`). `on_step` sees each `ChainStep`;
+    `timing` times the draft, target and rule (`SpecStats.time_*`; None: off CUDA, `loop.resolve_timing`).
     """
     typical = as_acceptance(acceptance)
     stats = SpecStats(k=check_int("k", k, 1, "k drafted tokens per step"))
     drafter = as_draft(draft)
     step = partial(speculative_step, target, drafter, k=k, generator=generator, eos_token_id=eos_token_id,
                    stats=stats, acceptance=typical or "exact")
-    # Rows write up to k drafts past the budget of the longest (k shrinks only with the tokens the shortest has left).
+    # Rows write up to k drafts past the longest's budget (k shrinks only with what the shortest has left).
     out = decode(target, input_ids, max_new_tokens, (temperature, top_k, top_p), generator, eos_token_id, step,
                  stats, room=k, draft=drafter, on_step=on_step, timing=timing)
     return out, stats

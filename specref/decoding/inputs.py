@@ -1,8 +1,7 @@
 """What a generation checks where its inputs enter (`loop.decode` calls these once), and a proposal's shape.
 
-Validate at the door, not in every pass: inside a generation the passes are unchecked, and a
-step checks only what an untrusted party hands it (a draft's proposal) and, with the accepted
-counts it reads back anyway, the target's logits.
+Inside a generation the passes are unchecked; a step checks only a draft's proposal and, with the
+accepted counts it reads back anyway, the target's logits.
 """
 
 from __future__ import annotations
@@ -74,10 +73,8 @@ def check_proposal(drafts: object, q: object, B: int, k: int, V: int, greedy: bo
                    values: bool = True) -> int:  # [B, k'], [B, k', V]
     """A proposal must be k' <= k token ids per row (the same k' in every row) and, when sampling, k' q's per row.
 
-    Returns k'. A draft may propose fewer tokens than asked, none included (prompt lookup when
-    nothing matches); the step then verifies the k' it got. The shapes are checked on the host;
-    the values (ids in the vocabulary, q rows that are distributions: two reads back) only with
-    `values`, which the loop clears for the package's own drafts (`Draft.trusted`).
+    Returns k' (fewer than asked, none included, is allowed). Shapes are checked on the host; the values
+    (ids in the vocabulary, q distributions: two reads back) only with `values` (cleared for `Draft.trusted`).
     """
     if not (isinstance(drafts, torch.Tensor) and drafts.dim() == 2 and drafts.shape[0] == B and drafts.shape[1] <= k):
         raise ValueError(f"the draft must propose a [B, k'] tensor of token ids with B = {B} and k' <= k = {k}, "
@@ -94,13 +91,8 @@ def check_proposal(drafts: object, q: object, B: int, k: int, V: int, greedy: bo
     return n
 
 
-def logits_total(logits: torch.Tensor) -> torch.Tensor:  # [..., V] -> [] float32, on the device
-    """One reduction for `check_logits`: NaN or +inf anywhere makes the sum NaN or +inf (read it with other values)."""
-    return logits.sum(dtype=torch.float32)  # float16 logits would overflow a sum in their own dtype
-
-
 def check_logits_total(total: float, logits: torch.Tensor, params: SamplingParams) -> None:
-    """The verdict of `check_logits` from the total read back; a -inf total (masked tokens) takes the full check."""
+    """The logits' check from their float32 total (NaN or +inf shows in it); -inf (masked) takes the full check."""
     if math.isnan(total) or total == math.inf:
         raise ValueError("the target's logits contain NaN or +inf")
     if total == -math.inf:

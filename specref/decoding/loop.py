@@ -1,19 +1,12 @@
 """The one decoding loop (`decode`) and what every strategy's step shares: the stats, the token buffer, prefill.
 
 Plain (`chain.generate`), chain, tree and lookahead decoding are strategies: each hands `decode`
-its step, the room its passes write past the budget and its draft (plain decoding's drafts
-nothing); `decode` checks the inputs once, opens the run's `Session` (its caches), prefills, and
-calls the step until every row is done. `on_step(record)`, if given, sees each step's record
-(a `ChainStep`, `TreeStep` or `LookaheadStep`); instrumentation watches a run through it.
-
-The feature hook: every target pass goes through `target_pass`, which asks the target for its
-hidden states only when the draft reads some (`Draft.feature_layers`); the step hands them to
-`draft.observe` before `draft.rollback` (see `specref.drafts.base`).
-
-Checked once, read back little: inside a generation the passes are the model's unchecked core
-(`GPT2.step`, through `models.gpt2.unchecked`), and a chain step reads the device back once (its
-accepted counts, with the logits' check), plus what a draft needs (tests/test_host_syncs.py).
-The passes are timed only when asked (`resolve_timing`): on a GPU each timer waits for the device.
+its step, the room its passes write past the budget and its draft; `decode` checks the inputs
+once, opens the run's `Session`, prefills, and calls the step until every row is done, handing
+each step's record to `on_step`. Every target pass goes through `target_pass`: the model's
+unchecked core, with hidden states only for a draft that reads them (`Draft.feature_layers`,
+handed to `draft.observe` before `draft.rollback`). A chain step reads the device back once
+(tests/test_host_syncs.py); the passes are timed only when asked (`resolve_timing`).
 """
 
 from __future__ import annotations
@@ -57,9 +50,7 @@ class SpecStats:
     time_draft: float = 0.0  # the draft's proposals, its own sampling included
     time_verify: float = 0.0  # the acceptance rule: logits check, p = process_logits, verify
     time_total: float = 0.0
-    # Whether the passes are timed (time_target, time_draft, time_verify): on a GPU each timer waits for
-    # the device, two host syncs per block, so a generation times them only when asked (`resolve_timing`).
-    timing: bool = True
+    timing: bool = True  # whether the passes are timed: on a GPU each timer waits for the device (`resolve_timing`)
 
     def __post_init__(self) -> None:
         check_int("k", self.k, 0, "drafts per step")
@@ -114,15 +105,10 @@ class SpecStats:
         return d
 
 
-# -- the token buffer ----------------------------------------------------------------------------
-
-
 class Sequences:
     """The batch being decoded: a token buffer [B, T + max_new] holding the prompt, each row's length, done flags.
 
-    Lengths and done flags live on the host as Python ints: a step needs them as ints,
-    and one list beats a dozen tiny tensor ops (and device syncs). `lengths` holds the
-    same lengths on the device.
+    Lengths and done flags are host ints (`lengths_h`, `done_h`: no device sync); `lengths` is on the device.
     """
 
     def __init__(self, input_ids: torch.Tensor, max_new_tokens: int) -> None:  # [B, T]
@@ -151,8 +137,7 @@ class Sequences:
         return self.tokens.gather(1, (self.lengths - 1)[:, None])
 
     def uncached(self, cache: KVCache) -> torch.Tensor:  # [B, w]
-        """The tokens the target's cache lacks, fed first at the next pass: each row's last token (w = 1), or
-        the whole prompt when nothing is cached yet. w comes from the cache's host bound (exact in a chain loop)."""
+        """The tokens the target's cache lacks, fed first at the next pass: each row's last (w = 1), or the prompt."""
         w = max(self.lengths_h) - cache.bound
         return self.tokens.gather(1, (self.lengths - w)[:, None] + torch.arange(w, device=self.tokens.device))
 
@@ -165,9 +150,8 @@ class Sequences:
     ) -> tuple[list[int], torch.Tensor]:  # kept [B], n_valid [B]
         """Append out[b, :n_b] to each unfinished row, n_b = n_acc[b] + 1 cut by the budget and after EOS.
 
-        Returns how many tokens each row kept (0: it was already done) and n_valid [B]
-        on the device: how many leading tokens of each row are still what the draft
-        saw (context + accepted drafts), for its rollback.
+        Returns the tokens each row kept (0: already done) and n_valid [B] on the device: the leading tokens
+        of each row still what the draft saw (context + accepted drafts), for its rollback.
         """
         B, W = out.shape
         width = self.tokens.shape[1]
@@ -195,27 +179,17 @@ class Sequences:
         return kept, n_valid_t
 
     def finish(self, eos_token_id: int | None) -> torch.Tensor:  # [B, T + max_new]
-        """The buffer, each row filled with EOS after its last emitted token (see `finish`)."""
-        return finish(self.tokens, self.lengths, eos_token_id)
-
-
-def finish(
-    tokens: torch.Tensor,  # [B, T + max_new]
-    lengths: torch.Tensor,  # [B]
-    eos_token_id: int | None,
-) -> torch.Tensor:  # [B, T + max_new]
-    """Fill each row after its last emitted token with EOS (rows that stopped early)."""
-    if eos_token_id is None:
-        return tokens
-    pos = torch.arange(tokens.shape[1], device=tokens.device)
-    return torch.where(pos[None] < lengths[:, None], tokens, torch.full_like(tokens, eos_token_id))
+        """The buffer, each row filled with EOS after its last emitted token (rows that stopped early)."""
+        if eos_token_id is None:
+            return self.tokens
+        pos = torch.arange(self.tokens.shape[1], device=self.tokens.device)
+        return torch.where(pos[None] < self.lengths[:, None], self.tokens, torch.full_like(self.tokens, eos_token_id))
 
 
 def target_pass(
     target: torch.nn.Module, feature_layers: tuple[int, ...], input_ids: torch.Tensor, **kwargs: object
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:  # logits [B, T, V], features ([B, T, C], ...) or None
-    """One target pass, unchecked (`GPT2.step`: the generation checked its inputs once); with the hidden
-    states `feature_layers` (a draft's) if there are any, else None."""
+    """One target pass, unchecked (`GPT2.step`), with the hidden states `feature_layers` (a draft's) or None."""
     run = unchecked(target)
     if not feature_layers:
         return run(input_ids, **kwargs), None
@@ -225,14 +199,10 @@ def target_pass(
 
 def prefill(target: torch.nn.Module, input_ids: torch.Tensor, cache: KVCache, stats: SpecStats,
             draft: Draft | None = None) -> None:  # [B, T]
-    """Cache every prompt token but the last: each step feeds the last one first, then the drafts.
-
-    A draft that reads features observes the prompt's (positions 0 .. T-2).
-    """
+    """Cache every prompt token but the last (each step feeds it first); a feature draft observes positions 0 .. T-2."""
     features = None
     with clock(stats, "time_target", target.device):
         if input_ids.shape[1] > 1:
-            # Only the cache is needed (and the features, for a draft that reads them).
             layers = () if draft is None else draft.feature_layers
             _, features = target_pass(target, layers, input_ids[:, :-1], cache=cache, logits_to_keep=1)
             stats.target_passes += 1
@@ -276,12 +246,10 @@ def decode(
 ) -> torch.Tensor:  # [B, T + max_new_tokens]
     """The one generation loop behind every front door: check once, open a session, prefill, step, EOS fill.
 
-    Every check a generation makes happens here, where it starts: the sampling arguments, the pair
-    (when there is a draft), the prompt and its budget, EOS, and the generator, which must draw on the
-    target's device; inside, no pass checks its inputs again. The run is one `Session`: the target's
-    cache and the draft's (`Draft.join`) come from it, allocated once for prompt + max_new_tokens +
-    room tokens (within the window), and are released when it ends. `stats.time_total` gets the wall
-    time from the cache's allocation to the last step (one wait for the device at each end).
+    Every check happens here, at the start: sampling, the pair, the prompt and its budget, EOS, the generator
+    (on the target's device); no pass checks again. The target's and the draft's (`Draft.join`) caches come
+    from one `Session`, sized to prompt + max_new_tokens + room (within the window) and released at its end.
+    `stats.time_total`: wall time from the cache's allocation to the last step.
     """
     params = SamplingParams(*sampling)  # raises on bad sampling arguments
     if draft is not None:
@@ -294,7 +262,7 @@ def decode(
     if max_new_tokens == 0:
         return seqs.tokens
     B, T = input_ids.shape
-    # Sized to the run, not the whole window for every row: a large batch's cache is the biggest allocation.
+    # Sized to the run, not the window: a large batch's cache is the biggest allocation.
     n_ctx = target.config.n_positions
     n_rows = min(n_ctx, T + max_new_tokens + room)
     with Session(n_rows) as session:

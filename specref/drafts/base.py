@@ -1,27 +1,18 @@
 """Drafts: anything that proposes tokens with the distribution q it drew them from.
 
-One contract, `Draft`. `begin(batch_size)` starts a generation; `propose(tokens, lengths, k,
-params, generator)` answers drafts [B, k'] and q [B, k', V] (for `speculative_generate`); a
-draft that grows trees also defines `propose_tree(tokens, lengths, spec, params, generator,
-max_depth, max_nodes)`, one `Tree` per row (for `tree_generate`; `TreeDraft` names those
-drafts). Either sees the shared token buffer (row b holds lengths[b] valid tokens); after each
-verification `rollback(n_valid)` says how many leading tokens of each row are still the ones
-it saw, and it forgets the rest.
+One contract, `Draft`: `begin(batch_size)` starts a generation; `propose(tokens, lengths, k, params,
+generator)` answers drafts [B, k'] and q [B, k', V]; a tree draft (`TreeDraft`) also defines
+`propose_tree(tokens, lengths, spec, params, generator, max_depth, max_nodes)`, one `Tree` per row.
+Both see the shared token buffer (row b holds lengths[b] valid tokens); after each verification
+`rollback(n_valid)` says how many leading tokens of each row are still the ones it saw. A draft
+hands `begin` and `rollback` on to the parts that hold its state (`drafts.cached.DraftCache`,
+`drafts.features.FeatureBuffer`); the generation's `Session` (`join`) hands out its caches.
 
-A draft keeps its state in parts it owns and hands `begin` and `rollback` on to them: a KV
-cache over the buffer's rows (`specref.drafts.cached.DraftCache`), the target's hidden states
-(`specref.drafts.features.FeatureBuffer`). What every draft shares lives here once: whether
-the generation has begun (`begun`, the batch size), whether the package vouches for its
-proposals (`trusted`), its pass count and the generation's `Session` (`join`), which hands out its
-caches sized to the run.
-
-The feature hook (Medusa, EAGLE, MTP read the target's hidden states): a draft that sets
-`feature_layers` (indices into `GPT2Output.hidden_states`: 0 = the embeddings, i = the
-input of block i, n_layer = the final hidden state after ln_f) is handed them by the loop
-through `observe(features, starts)` after every target pass (prefill included) and before
-`rollback`: features[j] is [B, T, C] for positions starts[b] .. starts[b]+T-1 of row b (in a
-tree step, the root and the accepted path, gathered contiguous). They come from the
-verification pass itself; a draft without `feature_layers` is not asked for them.
+The feature hook (Medusa, EAGLE, MTP): a draft that sets `feature_layers` (indices into
+`GPT2Output.hidden_states`: 0 = the embeddings, i = the input of block i, n_layer = after ln_f)
+gets them from the verification pass itself through `observe(features, starts)`, after every
+target pass (prefill included) and before `rollback`: features[j] is [B, T, C] for positions
+starts[b] .. starts[b]+T-1 of row b (in a tree step, the root and the accepted path, contiguous).
 """
 
 from __future__ import annotations
@@ -44,18 +35,14 @@ Sampler = Callable[[torch.Tensor, SamplingParams, torch.Generator | None], tuple
 
 
 def one_hot(x: torch.Tensor, V: int, dtype: torch.dtype) -> torch.Tensor:  # [...] -> [..., V]
-    """q for a deterministic token: 1 at x, 0 elsewhere. Unlike `F.one_hot`, it reads nothing back from the
-    device (that one checks the ids' range on the host); the ids must lie in [0, V)."""
+    """q for a deterministic token: 1 at x (in [0, V)), 0 elsewhere; unlike `F.one_hot`, it reads nothing back."""
     return torch.zeros((*x.shape, V), dtype=dtype, device=x.device).scatter_(-1, x[..., None], 1)
 
 
 def draw(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [..., V] -> x [...], q [..., V]
-    """One draft token per row and the q it was drawn from: the argmax with one-hot q when greedy, else x ~ q.
-
-    q = `params.probs_unchecked(logits)`, the same processing as p (the loop checks the stacked q).
-    """
+    """One token per row and the q it was drawn from: the argmax (one-hot q) when greedy, else x ~ q (as p)."""
     if params.greedy:
         x = logits.argmax(-1)
         return x, one_hot(x, logits.shape[-1], logits.dtype)
@@ -74,8 +61,7 @@ def check_k(k: object, max_k: int | None, why: str = "") -> int:
 class Draft(ABC):
     """A draft: `begin`, then alternately `propose` (or `propose_tree`), `observe` if it reads features, `rollback`.
 
-    A subclass defines `propose`, and `propose_tree` if it grows trees; it extends `begin` and
-    `rollback` (calling these first) to hand them on to the parts that hold its state.
+    A subclass defines `propose` (and `propose_tree`); it extends `begin` and `rollback`, calling these first.
     """
 
     vocab_size: int
@@ -87,10 +73,7 @@ class Draft(ABC):
     _joined: Session | None = None
 
     def join(self, session: Session) -> None:
-        """The next generation runs in `session`: the draft takes its caches from it, sized to its rows.
-
-        The decoding loop calls it before `begin`; `begin` makes it that generation's `session`.
-        """
+        """The next generation runs in `session` (its caches come from it); `begin` then makes it `self.session`."""
         if not isinstance(session, Session):
             raise TypeError(f"session must be a specref.models.session.Session, got {type(session).__name__}")
         self._joined = session
@@ -104,9 +87,8 @@ class Draft(ABC):
     def trusted(self) -> bool:
         """Whether the package vouches for this draft's proposals (ids in the vocabulary, q a distribution).
 
-        True when its `propose` is one of `specref.drafts`' own and it draws with `draw`: the loop
-        then checks a proposal's shapes only, not its values (which costs reads back from the device).
-        A learner's draft, or one with its own sampler, is checked every step.
+        True when its `propose` is one of `specref.drafts`' own and it draws with `draw`: the loop then checks
+        a proposal's shapes only (values cost reads back). A learner's draft is checked every step.
         """
         propose = getattr(type(self), "propose", None)
         return getattr(propose, "__module__", "").startswith("specref.drafts.") \
@@ -148,8 +130,7 @@ class Draft(ABC):
     ) -> tuple[torch.Tensor, torch.Tensor]:  # draft tokens [B, k'], q [B, k', V]
         """Propose k' <= k tokens after each sequence (k' the same in every row), with the q each was drawn from.
 
-        Most drafts propose all k; one with nothing worth proposing may return fewer, none
-        included (the step then verifies only those, and with none it is a plain decoding step).
+        Fewer, none included, is allowed (with none the step is a plain decoding step).
         """
 
     def propose_tree(
@@ -167,10 +148,7 @@ class Draft(ABC):
 
 
 class TreeDraft(ABC):
-    """The drafts that grow trees: `isinstance(d, TreeDraft)` holds for a `Draft` whose class defines `propose_tree`.
-
-    Not a base to inherit: a tree draft subclasses `Draft` and defines `propose_tree`.
-    """
+    """`isinstance(d, TreeDraft)` holds for a `Draft` whose class defines `propose_tree` (not a base to inherit)."""
 
     @abstractmethod
     def propose_tree(self, *args: object, **kwargs: object) -> list[Tree]:

@@ -1,11 +1,9 @@
 """A smaller language model as the draft, with its own KV cache: a chain of k tokens (`ModelDraft`) or a tree
 (`TreeModelDraft`) per step (chapters 4-6).
 
-Rule: feed the tokens the cache has not seen (the target's correction, the last accepted
-draft) in one pass, which gives the draft's logits after the context; then each draft token
-is drawn from q = the draft's processed logits (one-hot on the argmax when greedy) and fed
-to get the next one. The last draft is never fed: the target scores it. A tree grows one
-masked pass per depth over the ancestors of the nodes being expanded (`DraftCache.feed_ancestors`).
+Rule: feed the tokens the cache has not seen in one pass (the draft's logits after the context); then each
+draft is drawn from q = the processed logits (one-hot when greedy) and fed to get the next; the last is never
+fed. A tree grows one masked pass per depth over the nodes' ancestors (`DraftCache.feed_ancestors`).
 """
 
 from __future__ import annotations
@@ -28,9 +26,8 @@ __all__ = ["ModelDraft", "TreeModelDraft", "as_draft", "as_tree_draft"]
 class ModelDraft(Draft):
     """A smaller language model as draft: k autoregressive steps with its own KV cache.
 
-    `sampler(logits [B, V], params, generator) -> (x [B], q [B, V])` draws each token when
-    sampling (default `draw`: x ~ q, q processed as p is); greedy drafts are the argmax.
-    Its state is one part, `cache` (a `DraftCache` of the model; lag 0: cache row s reads x_s).
+    `sampler(logits [B, V], params, generator) -> (x [B], q [B, V])` draws each token when sampling (default
+    `draw`); greedy drafts are the argmax. Its state: `cache` (a `DraftCache`; lag 0: cache row s reads x_s).
     """
 
     def __init__(self, model: torch.nn.Module, sampler: Sampler = draw) -> None:
@@ -112,12 +109,7 @@ def as_draft(draft: object) -> Draft:
 
 
 class TreeModelDraft(ModelDraft):
-    """A smaller language model that grows one draft tree per row (and chains, as a `ModelDraft`).
-
-    The cache is brought up to the context (which gives q after it), then each depth is one
-    pass feeding the ancestors of the nodes being expanded with the tree mask; `rollback`
-    forgets all tree rows.
-    """
+    """A smaller language model that grows one draft tree per row (and chains, as a `ModelDraft`)."""
 
     @torch.no_grad()
     def propose_tree(

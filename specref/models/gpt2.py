@@ -1,23 +1,13 @@
 """GPT-2 in one readable file, with Hugging Face's parameter names and layouts.
 
-``GPT2(config).state_dict()`` has exactly the keys and tensor shapes of
-``transformers.GPT2LMHeadModel``: each model loads the other's weights.  Linear
-layers are GPT-2's ``Conv1D``: the weight is stored ``[in, out]`` and applied as
-``x @ weight + bias``.
-
-What is added for speculative decoding:
-
-* a static KV cache with one length per sequence (``KVCache``), so rejected
-  drafts are dropped by moving a length back;
-* ``position_ids`` and a boolean ``attention_mask`` among the *new* tokens, so a
-  flattened tree of drafts can be scored in one pass (a node sees the cache and
-  its ancestors only);
-* ``return_hidden=True`` returns every layer's hidden states, the features that
-  Medusa/EAGLE-style drafts read.
-
-A pass calls the blocks as plain functions over their parameters (`_block`), on 2-D
-activations ``[B * T, C]``: the modules' own kernels on the same operands, so the same
-numbers, for far fewer Python calls per layer. Hooks therefore go on the `GPT2` itself.
+``GPT2(config).state_dict()`` has exactly the keys and shapes of ``transformers.GPT2LMHeadModel``.
+Linear layers are GPT-2's ``Conv1D``: weight ``[in, out]``, applied as ``x @ weight + bias``.
+Added for speculative decoding: a static KV cache with one length per row (``KVCache``: rejected
+drafts are dropped by moving a length back); ``position_ids`` and a bool ``attention_mask`` among
+the new tokens (a flattened tree scored in one pass); ``return_hidden=True``, every layer's hidden
+states (the features Medusa/EAGLE-style drafts read). A pass calls the blocks as functions over
+their parameters on rows ``[B * T, C]`` (`_block`): the same kernels, fewer Python calls; hooks go
+on the `GPT2` itself.
 """
 
 from __future__ import annotations
@@ -40,13 +30,10 @@ from .kvcache import KVCache
 
 __all__ = ["GPT2", "GPT2Config", "GPT2Output", "normalize_state_dict", "use_small_kernel"]
 
-# cuDNN's attention, torch's first choice for half precision on recent GPUs, builds a
-# graph for every new key length, so for every decoding step: that costs more than the
-# step itself. Decoding therefore uses the other fused kernels.
+# cuDNN attention builds a graph per new key length, so per decoding step: decoding uses the other fused kernels.
 _DECODE_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
-# The longest pass replayed from a captured graph: a verification of k + 1 tokens, a tree of up to 31 nodes. Longer
-# passes (a prompt's, once per generation) are not worth a capture.
+# The longest pass replayed from a captured graph (a verification of k + 1 tokens, a tree); a prompt runs eagerly.
 GRAPH_MAX_TOKENS = 32
 
 
@@ -63,8 +50,7 @@ class GPT2Config:
     activation_function: str = "gelu_new"
     layer_norm_epsilon: float = 1e-5
     initializer_range: float = 0.02
-    # Dropout rates are kept for config.json round-trips; this reference model is
-    # used for inference and short single-epoch training, so it applies none.
+    # Dropout rates are kept for config.json round-trips; this model applies none.
     resid_pdrop: float = 0.0
     embd_pdrop: float = 0.0
     attn_pdrop: float = 0.0
@@ -107,11 +93,6 @@ class GPT2Config:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def _causal(new: torch.Tensor) -> torch.Tensor:  # [T] -> [1, T, T] bool
-    """New token i may attend to new token j iff j <= i."""
-    return new[None, :, None] >= new[None, None, :]
-
-
 def check_attention_mask(
     attention_mask: torch.Tensor | None, B: int, T: int, device: torch.device
 ) -> torch.Tensor | None:  # [B or 1, T, T] bool on device, or None (causal)
@@ -132,10 +113,9 @@ def check_attention_mask(
 
 def check_cache(cache: object, n_layer: int, n_head: int, head_dim: int, batch_size: int,
                 device: torch.device, n_new: int) -> int:
-    """Raise unless `cache` is a KVCache of this shape, batch and device with room for n_new more tokens per row.
+    """Raise unless `cache` fits this model, batch and device with room for n_new more tokens per row.
 
-    The checked path may read back: it makes the cache's host bound exact (`KVCache.tighten`).
-    Returns the longest cached row + n_new.
+    Reads back (`KVCache.tighten`); returns the longest cached row + n_new.
     """
     if not isinstance(cache, KVCache):
         raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
@@ -157,17 +137,16 @@ def attention_mask_over_slots(
     n_slots: int,  # S: how many cache slots the new tokens attend over
     new_mask: torch.Tensor | None,  # [B or 1, T, T] bool among the new tokens (checked), None = causal
 ) -> torch.Tensor:  # [B or 1, 1, T, S] bool
-    """The attention rule of ``GPT2.forward`` as a mask over cache slots, built on the device.
+    """The attention rule, the one coding of it: a mask over cache slots, built on the device (no read back).
 
-    New token ``i`` of row ``b`` sees every cached slot ``< past[b]`` and the new
-    token ``j`` iff ``new_mask[b, i, j]``; every other slot (stale, or past the row's
-    tokens) is masked, whatever the lengths, so nothing is read back to choose a case.
-    The one coding of the rule: every pass over a cache (`run_blocks`) builds its mask here.
+    New token ``i`` of row ``b`` sees every cached slot ``< past[b]`` and new token ``j`` iff
+    ``new_mask[b, i, j]`` (None: ``j <= i``); every other slot (stale, or past the row) is masked.
     """
     B, T = slots.shape
     dev = slots.device
     if past is None:
-        return (_causal(_arange(T, dev)) if new_mask is None else new_mask)[:, None]  # [B or 1, 1, T, T]
+        t = _arange(T, dev)
+        return ((t[:, None] >= t[None, :])[None] if new_mask is None else new_mask)[:, None]  # [B or 1, 1, T, T]
     s = _arange(n_slots, dev)
     if new_mask is None:  # causal: slot s is visible to new token i iff s <= its own slot
         return (s[None, None, :] <= slots[:, :, None])[:, None]  # [B, 1, T, S]
@@ -180,18 +159,14 @@ def attention_mask_over_slots(
 
 
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # bool [..., T, S] -> dtype, same shape
-    """The mask as attention scores to add: 0 where a key is visible, -inf where not.
-
-    Built once per pass: `scaled_dot_product_attention` would otherwise convert a bool mask in
-    every layer. Softmax gives the same weights either way.
-    """
+    """The mask as scores to add, 0 where visible, -inf where not: converted once per pass, not in every layer."""
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 def _arange(n: int, device: torch.device) -> torch.Tensor:  # [n] long
-    """``arange(n)`` on ``device``: a pass's token and slot numbers, made once and shared (read, never written).
+    """``arange(n)`` on ``device``, made once and shared (never written).
 
-    Not while a CUDA graph is being captured: a tensor made there holds its values only once the graph replays.
+    Made afresh while a CUDA graph is captured: a tensor made there holds its values only once the graph replays.
     """
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return torch.arange(n, device=device)
@@ -204,11 +179,7 @@ def _shared_arange(n: int, device: torch.device) -> torch.Tensor:  # [n] long
         return torch.arange(n, device=device)
 
 
-def _gelu_new(x: torch.Tensor) -> torch.Tensor:
-    # GPT-2's tanh approximation of GELU (HF "gelu_new").
-    return F.gelu(x, approximate="tanh")
-
-
+_gelu_new = partial(F.gelu, approximate="tanh")  # GPT-2's tanh approximation (HF "gelu_new")
 _ACTIVATIONS = {"gelu_new": _gelu_new, "gelu_pytorch_tanh": _gelu_new, "gelu": F.gelu, "relu": F.relu}
 
 
@@ -252,12 +223,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
 
-# -- the block as functions over its parameters ---------------------------------------------------
-# A pass runs every block through these, not through each submodule's ``__call__``: the arithmetic
-# is the modules' own (the same kernels on the same operands), with a fraction of the Python calls
-# per layer. The activations stay 2-D, ``[N, C]`` with ``N = B * T`` rows. Parameters and submodules
-# are read at each call (`_modules`, `_parameters`), so a model whose weights were replaced runs
-# with the new ones. Hooks on a block or its submodules do not fire; a hook on the `GPT2` does.
+# -- the block as functions over its parameters, on rows [N, C], N = B * T ------------------------
+# Parameters are read at each call, so replaced weights are used; hooks on a block or submodule do not fire.
 
 
 def _linear(conv: Conv1D, x: torch.Tensor) -> torch.Tensor:  # [N, in] -> [N, out]
@@ -324,17 +291,16 @@ def run_blocks(
     new_mask: torch.Tensor | None,  # [B or 1, T, T] bool among the new tokens (checked), None = causal
     hidden: list[torch.Tensor] | None = None,  # gets each block's input [B, T, C] when given
 ) -> torch.Tensor:  # [B * T, C]
-    """The one pass of blocks over a KV cache, the target's layers and a one-block head's alike.
+    """The one pass of blocks over a KV cache (the target's and a head's): write K/V at `slots`, attend over S slots.
 
-    Each block writes the new tokens' K/V at their slots and attends over the first S slots under
-    `attention_mask_over_slots`'s rule; nothing is read back. The caller advances the lengths.
+    Under `attention_mask_over_slots`; nothing is read back; the caller advances the lengths.
     """
     B, T, C = x.shape
     mask = additive_mask(attention_mask_over_slots(None if cache is None else cache.lengths, slots, n_slots,
                                                    new_mask), x.dtype)  # [B or 1, 1, T, S]
     k_slots = v_slots = idx = None
-    # Without autograd, every layer's first S slots as views made at once (with it, autograd refuses in-place
-    # writes into unbind's views: each layer takes its own as it comes).
+    # Every layer's first S slots as views made at once; with autograd (which refuses in-place writes into
+    # unbind's views) each layer takes its own.
     lazy = cache is not None and torch.is_grad_enabled()
     if cache is not None:
         idx = slots.view(B, 1, T, 1).expand(B, cache.k.shape[2], T, cache.k.shape[4])  # [B, H, T, D]
@@ -366,8 +332,7 @@ class Transformer(nn.Module):
 
 class GPT2Output(NamedTuple):
     logits: torch.Tensor  # [B, T, V]
-    # n_layer + 1 tensors [B, T, C], HF's convention: the embedding output, the
-    # output of blocks 0..n_layer-2, and finally ln_f(output of the last block).
+    # n_layer + 1 tensors [B, T, C] (HF's): the embeddings, the outputs of blocks 0..n_layer-2, ln_f(the last's)
     hidden_states: tuple[torch.Tensor, ...]
 
 
@@ -432,11 +397,7 @@ class GPT2(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> KVCache:
-        """An empty cache for ``batch_size`` sequences of up to ``max_len`` (default ``n_positions``) tokens.
-
-        A generation takes its caches from its `specref.models.session.Session`, which keeps them where
-        passes are captured.
-        """
+        """An empty cache for ``batch_size`` sequences of up to ``max_len`` (default ``n_positions``) tokens."""
         c = self.config
         max_len = c.n_positions if max_len is None else max_len
         if check_int("max_len", max_len, 1, f"cache slots, at most n_positions={c.n_positions}", ValueError) \
@@ -460,19 +421,12 @@ class GPT2(nn.Module):
     ) -> torch.Tensor | GPT2Output:
         """Logits ``[B, T, V]`` for ``input_ids`` (appended after ``cache`` if one is given).
 
-        The attention rule: new token ``i`` of sequence ``b`` sees every cached
-        slot ``< cache.lengths[b]`` and the new tokens ``j`` with
-        ``attention_mask[b, i, j]`` (default: causal, ``j <= i``).  Positions
-        default to ``cache.lengths[b] + arange(T)``.  The cache gets the new
-        tokens' K/V at slots ``lengths[b] ..`` and ``lengths`` grows by ``T``.
-
-        With ``return_hidden=True`` returns ``GPT2Output(logits, hidden_states)``.
-        ``logits_to_keep=n`` (HF's name) computes logits for the last ``n`` tokens only,
-        ``[B, n, V]``: a prompt's pass needs just the last; 0 keeps all.
-
-        Every argument is checked (which reads values back from the device); ``checked=False``
-        is the decoding loops' call, inside a generation that checked its inputs once: it runs
-        `step`, the unchecked core, still through ``nn.Module.__call__`` (hooks see every pass).
+        The rule: new token ``i`` of row ``b`` sees every cached slot ``< cache.lengths[b]`` and new token
+        ``j`` iff ``attention_mask[b, i, j]`` (default causal, ``j <= i``); positions default to
+        ``cache.lengths[b] + arange(T)``; the new K/V go to slots ``lengths[b] ..`` and ``lengths`` grows by T.
+        ``return_hidden=True`` returns ``GPT2Output(logits, hidden_states)``; ``logits_to_keep=n`` (HF's name)
+        keeps the last ``n`` tokens' logits (0: all). Every argument is checked (reads back); ``checked=False``,
+        the decoding loops' call, runs the unchecked `step`, still through ``__call__`` (hooks see every pass).
         """
         if not checked:
             return self.step(input_ids, cache, position_ids, attention_mask, return_hidden, logits_to_keep)
@@ -509,16 +463,11 @@ class GPT2(nn.Module):
         return_hidden: bool = False,
         logits_to_keep: int = 0,
     ) -> torch.Tensor | GPT2Output:
-        """``forward`` without its checks: the unchecked core pass that the decoding loops call.
+        """``forward`` without its checks, reading nothing back; the lengths advance in place after the pass.
 
-        It reads nothing back from the device, and its shapes depend only on (B, T) and the
-        slots it attends over, ``cache.capacity(T)`` (chosen on the host from the cache's
-        bound), so a pass with at most ``GRAPH_MAX_TOKENS`` new tokens over a cache that carries
-        captured passes (``cache.graphs``, from a `Session`) replays one graph per key: the shapes
-        and the outputs asked for (the cache's addresses and the weights' are the session's). A
-        decode pass (T = 1), a verification (T = k + 1), each catch-up width and each tree shape
-        get their own graph; a longer pass (a prompt's) runs eagerly. The lengths advance in
-        place after the pass.
+        Its shapes depend only on (B, T) and ``cache.capacity(T)`` (from the host bound), so a pass of at most
+        ``GRAPH_MAX_TOKENS`` tokens over a cache with ``graphs`` (from a `Session`) replays one graph per key
+        (the shapes and the outputs asked for); a longer pass (a prompt's) runs eagerly.
         """
         B, T = input_ids.shape
         n_slots = T if cache is None else cache.capacity(T)
@@ -579,11 +528,9 @@ class GPT2(nn.Module):
 def use_small_kernel(model: GPT2) -> KernelPath:
     """Pack `model`'s weights for the few-token CPU kernel (`specref.models.kernels`); returns the path it runs.
 
-    Passes over at most `kernels.MAX_ROWS` rows (batch x new tokens) of a float32 model on the CPU then read each
-    weight once; longer passes, other devices and dtypes, training passes and weights or biases changed since
-    keep PyTorch's kernels. The packed copies take as much memory as the weights. Moving, casting or
-    reloading the model drops them (call again); so does copying or pickling it.
-    Where no kernel can be compiled, nothing changes and the path says why.
+    Serves passes of at most `kernels.MAX_ROWS` rows (batch x new tokens) of a float32 model on the CPU; other
+    passes, and weights changed since, keep PyTorch's. Moving, casting, reloading, copying or pickling the model
+    drops the packed copies (as large as the weights). Where no kernel compiles, the path says why.
     """
     if not isinstance(model, GPT2):
         raise TypeError(f"model must be a GPT2, got {type(model).__name__}")
@@ -609,19 +556,12 @@ def drop_small_kernel(model: nn.Module) -> None:
 
 
 def unchecked(model: nn.Module) -> Callable[..., Any]:
-    """The pass a decoding loop calls once its inputs are checked: a GPT2 with ``checked=False`` (`GPT2.step`).
-
-    Any other model (a grader's pass counter, a deliberately broken model) is called as it is.
-    """
+    """The pass a decoding loop calls once its inputs are checked: ``checked=False`` for a GPT2, else the model."""
     return partial(model, checked=False) if isinstance(model, GPT2) else model
 
 
 def normalize_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """HF GPT-2 state dict -> ``GPT2`` keys: add the ``transformer.`` prefix where absent, drop buffers.
-
-    The original hub checkpoints of ``gpt2`` store ``h.0.attn...``/``wte.weight``
-    without the prefix; ``GPT2LMHeadModel.state_dict()`` has it.
-    """
+    """HF GPT-2 state dict -> ``GPT2`` keys: the ``transformer.`` prefix added where absent, buffers dropped."""
     if not isinstance(state_dict, dict):
         raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
     out: dict[str, torch.Tensor] = {}

@@ -1,28 +1,20 @@
 """Passes captured once as CUDA graphs and replayed: the launch cost of a small pass, paid once.
 
-A decode pass of a GPT-2 launches hundreds of small kernels, one by one from Python.  On a
-GPU that launch cost, not the arithmetic nor the weight reads, is what a small pass costs.
-A CUDA graph records the kernels of one call and launches them all again with one call.
+A small GPU pass costs its hundreds of kernel launches more than its arithmetic; a CUDA graph
+records the kernels of one call and launches them all again with one call. The rule of a captured
+pass (``CapturedPasses.run(key, fn, *inputs)``):
 
-The rule of a captured pass (``CapturedPasses.run(key, fn, *inputs)``):
+* The first call with a key runs ``fn(*inputs)`` eagerly (the warm-up, whose result is returned),
+  then captures ``fn`` on static copies of the inputs. Capture executes no kernel, so a side effect
+  on a persistent buffer (a KV cache and its lengths) happens once per call; Python code in ``fn``
+  runs twice on that call: keep host-side counting outside ``fn``.
+* A later call copies its inputs into the static buffers (same shape, dtype and device, else
+  ``ValueError``), replays, and returns clones of the static outputs.
+* ``fn`` must keep its shapes for a key, read nothing back, draw no random numbers, and keep the
+  buffers it reads and writes where they are (a replay runs on the captured addresses).
+* Disabled, or with inputs on a device without graphs (`capturable`): plain ``fn(*inputs)``.
 
-* The first call with a key runs ``fn(*inputs)`` eagerly (the warm-up, whose result is
-  returned), then captures ``fn`` once on static copies of the inputs.  Capture executes
-  no kernel, so a side effect on a persistent buffer (a KV cache written and its lengths
-  advanced in place) happens once per call, never twice.  Python code in ``fn`` does run
-  twice on that first call (warm-up and capture): keep host-side counting outside ``fn``.
-* A later call with the key copies its inputs into the static buffers, replays, and returns
-  clones of the static outputs: the next replay overwrites those buffers, never what an
-  earlier call returned.
-* ``fn`` must have fixed shapes for a key, read nothing back to the host, draw no random
-  numbers, and keep the buffers it reads and writes (weights, caches) where they are: a
-  replay runs on the addresses seen at capture.  ``clear()`` forgets every graph, e.g. when
-  a new cache is allocated.
-* A key's inputs must match its static buffers in shape, dtype and device (``ValueError``).
-* Disabled, or with inputs on a device that has no graphs (`capturable`): plain ``fn(*inputs)``.
-
-All graphs of one ``CapturedPasses`` share one memory pool, so the intermediate buffers of
-many shapes cost about what the largest needs.
+All graphs of one ``CapturedPasses`` share one memory pool (about what the largest needs).
 """
 
 from __future__ import annotations
@@ -43,7 +35,7 @@ def capturable(device: torch.device) -> bool:
 
 
 class CudaGraph:
-    """A ``torch.cuda.CUDAGraph`` captured with ``torch.cuda.graph`` (on torch's capture stream): record, replay, pool."""
+    """A ``torch.cuda.CUDAGraph`` captured with ``torch.cuda.graph``: record, replay, pool."""
 
     def __init__(self) -> None:
         self.graph = torch.cuda.CUDAGraph()
@@ -83,10 +75,7 @@ def _clone(out: Any) -> Any:
 
 
 class CapturedPasses:
-    """One CUDA graph per key, captured on first use and replayed after; see the module docstring.
-
-    ``enabled`` is the switch (``False``: every call is eager).
-    """
+    """One CUDA graph per key, captured on first use, replayed after (the module's rule); ``enabled=False``: eager."""
 
     def __init__(self, enabled: bool = True) -> None:
         if not isinstance(enabled, bool):
@@ -120,9 +109,7 @@ class CapturedPasses:
         held = self._captured.get(key)
         if held is not None:
             return self._replay(key, held, inputs)
-        if key in self._eager:
-            return fn(*inputs)
-        if not inputs or not all(capturable(x.device) for x in inputs):
+        if key in self._eager or not inputs or not all(capturable(x.device) for x in inputs):
             return fn(*inputs)
         return self._warm_up_and_capture(key, fn, inputs)
 

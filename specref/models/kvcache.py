@@ -1,15 +1,8 @@
 """A static, preallocated key/value cache with one length per sequence.
 
-The rule speculative decoding needs from a cache: the target writes K/V entries
-for every drafted token, and *rejecting* drafts costs nothing -- we only move
-the length back (``truncate``).  Slots past a sequence's length hold stale
-values, but the model never attends to them, so they are simply overwritten by
-the next forward pass.
-
-Sequences in a batch may accept different numbers of drafts, so each sequence
-has its own length: ``lengths`` is a ``[B]`` long tensor.  Tree verification
-writes a whole flattened tree into the cache and then keeps only the accepted
-path: ``compact`` copies the kept slots to consecutive positions.
+Rejecting drafts costs nothing: the length moves back (``truncate``) and the stale slots past it are
+never attended to, then overwritten. Each row has its own length (``lengths`` ``[B]``); after tree
+verification ``compact`` moves the kept path's slots to consecutive positions.
 """
 
 from __future__ import annotations
@@ -25,11 +18,7 @@ __all__ = ["KVCache", "attended_slots"]
 
 
 def attended_slots(need: int, max_len: int) -> int:
-    """The K/V slots a pass attends over when `need` slots are in use after it: `need` rounded up to a power of two.
-
-    At least 16 and at most `max_len` (`KVCache.capacity`'s rule, here for a cost model that counts
-    what a pass reads). Raises unless 1 <= need <= max_len.
-    """
+    """`KVCache.capacity`'s rule, checked (for a cost model): `need` rounded up to a power of two, in [16, max_len]."""
     check_int("max_len", max_len, 1, "slots")
     check_int("need", need, 1, "slots in use")
     if need > max_len:
@@ -44,20 +33,11 @@ def _bucket(need: int, max_len: int) -> int:  # the rule, unchecked (every pass 
 class KVCache:
     """Per-layer keys and values, ``k[layer]`` and ``v[layer]`` of shape ``[B, n_head, max_len, head_dim]``.
 
-    Slot ``s`` of sequence ``b`` is valid iff ``s < lengths[b]``.  The model
-    writes ``T`` new tokens of sequence ``b`` at slots ``lengths[b] .. lengths[b]+T-1``
-    and then advances ``lengths`` by ``T``.
-
-    The cache is the one owner of ``lengths``: its methods change the ``[B]`` tensor in
-    place (so its address never moves, which a captured CUDA graph needs), and nothing
-    else assigns it.  Anyone who needs the old values keeps a ``clone()``.  Beside it,
-    ``bound`` is a host-side int with ``bound >= max(lengths)`` at all times: advancing by
-    ``T`` adds ``T``, ``set`` takes the bound from a caller that knows the lengths on the
-    host, shrinking keeps it.  A pass chooses its shapes from ``bound`` and never reads
-    ``lengths`` back from the device.
-
-    ``graphs``: the passes captured over this cache (`specref.models.session` gives a cache them
-    where passes are captured); a model's pass over a cache with graphs replays them. None: eager.
+    Slot ``s`` of row ``b`` is valid iff ``s < lengths[b]``; a pass writes its ``T`` new tokens at slots
+    ``lengths[b] ..`` and advances ``lengths`` by ``T``. The cache is the one owner of ``lengths`` and
+    changes it in place (a captured graph needs its address). ``bound``, a host-side int, is always
+    ``>= max(lengths)``: a pass chooses its shapes from it and never reads ``lengths`` back.
+    ``graphs``: the passes captured over this cache (from a `Session`), which a pass replays; None: eager.
     """
 
     def __init__(
@@ -76,15 +56,13 @@ class KVCache:
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         shape = (n_layer, batch_size, n_head, max_len, head_dim)
-        # zeros, not empty: stale slots are masked out anyway, but NaN garbage in
-        # uninitialised memory would still poison 0 * NaN in some kernels.
+        # zeros, not empty: masked stale slots holding NaN would still poison 0 * NaN in some kernels.
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # [L, B, H, S, D]
         self.v = torch.zeros(shape, device=device, dtype=dtype)  # [L, B, H, S, D]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.k.device)  # [B]
         self.bound = 0  # host-side: >= max(lengths), never read from the device
         self.graphs: CapturedPasses | None = None  # the passes captured over these addresses
 
-    # -- shape information -------------------------------------------------------------
     @property
     def n_layer(self) -> int:
         return self.k.shape[0]
@@ -109,23 +87,15 @@ class KVCache:
         return (f"KVCache(n_layer={self.n_layer}, batch_size={self.batch_size}, max_len={self.max_len}, "
                 f"lengths={self.lengths.tolist()}, dtype={self.dtype}, device={self.device})")
 
-    # -- the lengths, changed in place -------------------------------------------------
     def advance(self, n: int) -> None:
         """Every row took ``n`` more tokens (what a pass over ``T = n`` new tokens does); no read back."""
         self.lengths += n
         self.bound += n
 
     def set(self, new_lengths: torch.Tensor, bound: int | None = None) -> None:  # [B]
-        """Copy ``new_lengths`` into ``lengths`` in place, unchecked; ``bound`` is the host's ``max(new_lengths)``.
-
-        For a caller that knows the lengths on the host (the decoding loop): no read back.
-        ``bound=None`` reads the maximum back (`tighten`).
-        """
+        """Copy ``new_lengths`` into ``lengths``, unchecked; ``bound``: their max, from the host (None: read back)."""
         self.lengths.copy_(new_lengths)
-        if bound is None:
-            self.tighten()
-        else:
-            self.bound = bound
+        self.bound = self.tighten() if bound is None else bound
 
     def reset(self) -> None:
         """Empty every row in place (lengths 0, ``bound`` 0): the cache keeps its storage and addresses."""
@@ -154,14 +124,10 @@ class KVCache:
 
     def truncate(self, new_lengths: int | Sequence[int] | torch.Tensor, check: bool = True,
                  bound: int | None = None) -> None:
-        """Roll back to ``new_lengths`` (an int for all sequences or a ``[B]`` tensor), in place.
+        """Roll back to ``new_lengths`` (an int for all rows or a ``[B]`` tensor), in place; growing is refused.
 
-        Only moves lengths back: the entries of dropped tokens stay in memory as
-        stale slots that will be overwritten.  Growing is refused, because slots
-        past the current length were never computed for this prefix (``check=False``,
-        for a caller that guarantees it, skips that check and its read back).
-        The host bound stays an upper bound; ``bound``, a host-side upper bound of
-        ``new_lengths`` the caller knows, tightens it.
+        Dropped tokens stay as stale slots. ``check=False`` (a caller that guarantees it) skips the check and its
+        read back; ``bound``, a host-side upper bound of ``new_lengths``, tightens the host bound.
         """
         new = self._as_lengths(new_lengths)
         if check and not bool(((new >= 0) & (new <= self.lengths)).all()):
@@ -172,10 +138,7 @@ class KVCache:
             self.bound = min(self.bound, bound)
 
     def check_room(self, n_new: int, what: str) -> None:
-        """Raise unless the cache has room for `n_new` more tokens per sequence (`what` names them).
-
-        Room is the free slots, max_len - bound: host-side, by `bound`, so it never reads back.
-        """
+        """Raise unless `n_new` more tokens per row (`what`) fit the free slots, max_len - bound (no read back)."""
         if self.bound + n_new > self.max_len:
             raise ValueError(
                 f"{what} needs {n_new} new cache slots after up to {self.bound} cached tokens, but the cache "
@@ -185,9 +148,8 @@ class KVCache:
     def capacity(self, n_new: int) -> int:
         """The slots a pass of ``n_new`` tokens attends over: ``bound + n_new`` rounded up to a power of two.
 
-        At least 16 and at most ``max_len``, so a pass reads at most about twice the K/V it
-        needs, and the shapes (and a captured graph) change only when the bound crosses a
-        power of two.  Raises if ``bound + n_new`` does not fit.
+        In [16, max_len]: at most about twice the K/V needed, and the shapes (a captured graph) change only when
+        the bound crosses a power of two. Raises if ``bound + n_new`` does not fit.
         """
         need = self.bound + n_new
         if need > self.max_len:
@@ -197,11 +159,8 @@ class KVCache:
     def compact(self, kept_slots: Sequence[Sequence[int] | torch.Tensor]) -> None:
         """Keep only ``kept_slots[b]`` of each sequence ``b``, moved to slots ``0..len-1`` in order.
 
-        Used after tree verification: the cache holds prefix + a flattened tree,
-        and only the prefix and the accepted path survive.  GPT-2's positions are
-        baked into K/V at write time, so the kept tokens must have been written
-        with the position ids they have in the compacted sequence (a tree node at
-        depth d gets position prefix_len + d, which is exactly that).
+        After tree verification only the prefix and the accepted path survive. Positions are baked into K/V,
+        so the kept tokens must have been written at their compacted positions (a node at depth d: prefix + d).
         """
         if len(kept_slots) != self.batch_size:
             raise ValueError(f"kept_slots must have one entry per sequence ({self.batch_size}), got {len(kept_slots)}")
@@ -222,10 +181,10 @@ class KVCache:
         self.set(torch.tensor(new_lengths, dtype=torch.long, device=self.device), max(new_lengths))
 
     def clone(self) -> KVCache:
-        """An independent copy (e.g. to branch a decode without disturbing the original)."""
+        """An independent copy, without graphs (they belong to addresses)."""
         out = KVCache.__new__(KVCache)
         out.k, out.v, out.lengths, out.bound = self.k.clone(), self.v.clone(), self.lengths.clone(), self.bound
-        out.graphs = None  # graphs belong to addresses
+        out.graphs = None
         return out
 
 

@@ -1,16 +1,12 @@
 """A decoding session: one generation's KV caches and captured passes, and what a module keeps for the next one.
 
-A decoding loop opens one `Session` per generation and takes every KV cache of the run from it,
-the target's and the draft's, by module and role (`Session.cache`). Where passes are captured as
-graphs (CUDA: `graphs.capturable`), a cache comes with its `CapturedPasses` (`KVCache.graphs`: a
-model's pass over it replays them) and the module keeps it for the next generation that fits
-(same batch size, at most its slots; a new one is rounded up to 64 slots), emptied: its addresses
-stay, so nothing is captured twice. Weights that moved since (`.to()`, `.half()`, a load with
-``assign=True``) drop what was kept. A cache belongs to its session until the session ends: a
-generation nested inside another on the same module (an ``on_step`` observer that generates) that
-asks for a held role gets a RuntimeError, not the outer generation's cache emptied under it.
-Elsewhere (a CPU, or capture switched off with ``kept(module).enabled = False``) every cache is new
-and nothing is kept.
+A decoding loop opens one `Session` per generation and takes every cache of the run from it, by
+module and role (`Session.cache`). Where passes are captured (CUDA: `graphs.capturable`), a cache
+comes with its `CapturedPasses` (`KVCache.graphs`) and the module keeps it, emptied, for the next
+generation that fits (same batch size, at most its slots; a new one is rounded up to 64 slots), so
+nothing is captured twice; weights that moved since drop it. A role held by an unfinished session
+(a generation nested in another on the same module) raises a RuntimeError. Elsewhere (a CPU, or
+``kept(module).enabled = False``) every cache is new and nothing is kept.
 """
 
 from __future__ import annotations
