@@ -2,8 +2,9 @@
 
 The rule: the grading process never parses what the learner wrote. The notebook's bytes (already size-capped:
 notebook.read_capped) and the answer cells' text (each at most notebook.MAX_ANSWER_CHARS, checked before it is
-sent) go to a fresh ``python -I`` (as root, of a fresh unprivileged uid where one can run the interpreter) that
-first limits itself (RLIMIT_AS: READ_MEMORY_MB of address space, RLIMIT_CPU: READ_CPU_S) and then parses them;
+sent) go to a fresh ``python -I`` that first limits itself (RLIMIT_AS: READ_MEMORY_MB of address space, RLIMIT_CPU:
+READ_CPU_S), as root then becomes a fresh unprivileged uid with no groups (`_drop_self`: after its imports, before
+it reads a byte of the learner's, so no account needs to be able to run the interpreter), and then parses them;
 what comes back is plain data only:
 
 * `read_submission`: the notebook slimmed to what grading reads (each cell's type, id, source, execution count,
@@ -27,7 +28,7 @@ import sys
 from pathlib import Path
 
 from specref_grading.notebook import GradeError, check_notebook, parse_notebook, read_capped
-from specref_grading.processes import _drop_cmd, _free_uid, can_drop
+from specref_grading.processes import _free_uid
 from specref_grading.scan import UNREADABLE, binds_unknown, names_bound, names_used, scan
 
 READ_MEMORY_MB = 1024  # the reading process's address space: ~200 bytes a byte of Python at the answers' cap
@@ -40,9 +41,10 @@ _META_KEYS = ("nbgrader", "specref")
 # -- in the grading process ------------------------------------------------------------------------------------------
 def _ask(op: str, payload: bytes, what: str) -> object:
     """Run `op` on `payload` in a fresh limited process; its answer, or GradeError naming `what` and why not. As
-    root, that process is a fresh unprivileged uid where one can run the interpreter (processes.can_drop)."""
-    drop = _drop_cmd(_free_uid()) if os.geteuid() == 0 and can_drop() else []
-    cmd = drop + [sys.executable, "-I", "-m", "specref_grading.trust.reading", op]
+    root, that process becomes a fresh unprivileged uid before it reads the payload (`_drop_self`)."""
+    cmd = [sys.executable, "-I", "-m", "specref_grading.trust.reading", op]
+    if os.geteuid() == 0:
+        cmd.append(str(_free_uid()))
     try:
         proc = subprocess.run(cmd, input=payload, capture_output=True, timeout=READ_TIMEOUT_S, cwd="/",
                               env={"PATH": os.defpath, "LC_ALL": "C.UTF-8"})
@@ -101,6 +103,16 @@ def _limit_self() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
+def _drop_self(uid: int) -> None:
+    """Become `uid` (real, effective and saved; its own group; no supplementary groups), for good: as root the
+    process keeps no capability, so the learner's bytes are parsed by an account that owns nothing."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (uid, uid, uid) or os.getgroups():
+        raise SystemExit("the reading process could not drop root")
+
+
 def _scalars(meta: object) -> dict:
     return {k: v for k, v in meta.items() if type(k) is str and type(v) in _SCALARS} if isinstance(meta, dict) else {}
 
@@ -152,8 +164,10 @@ def _read_answers(payload: bytes) -> dict:
     return {k: answer_facts(text, names, set(req["allowed"].get(k, ()))) for k, text in req["answers"].items()}
 
 
-def main(op: str) -> None:
+def main(op: str, uid: str | None = None) -> None:
     _limit_self()
+    if uid is not None:
+        _drop_self(int(uid))
     payload = sys.stdin.buffer.read()
     try:
         reply = {"ok": {"notebook": _read_notebook, "answers": _read_answers}[op](payload)}
@@ -172,4 +186,4 @@ def main(op: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])
