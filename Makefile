@@ -135,11 +135,11 @@ unexport NB DIR CSV SOLUTION SEED
 _grade_q = '$(subst ','\'',$(value $(1)))'
 grade: venv
 	@test -n $(call _grade_q,NB) || { echo "usage: make grade NB=path/to/notebook.ipynb [SOLUTION=solutions/<name>.ipynb] [SEED=N|random]"; exit 2; }
-	$(VPY) -I -m specref_grading.grade $(if $(value SOLUTION),--solution $(call _grade_q,SOLUTION)) $(if $(value SEED),--seed $(call _grade_q,SEED)) $(if $(filter 1,$(UNJAILED)),--unjailed) -- $(call _grade_q,NB)
+	$(VPY) -I -m specref_grading.grade --solutions-dir '$(CURDIR)/solutions' $(if $(value SOLUTION),--solution $(call _grade_q,SOLUTION)) $(if $(value SEED),--seed $(call _grade_q,SEED)) $(if $(filter 1,$(UNJAILED)),--unjailed) -- $(call _grade_q,NB)
 
 grade-all: venv
 	@test -n $(call _grade_q,DIR) || { echo "usage: make grade-all DIR=submissions/ [JOBS=N] [CSV=gradebook.csv] [SEED=N|random] [FRESH=1] [UNJAILED=1]"; exit 2; }
-	$(VPY) -I -m specref_grading.classrun grade $(if $(value JOBS),--jobs $(call _grade_q,JOBS)) $(if $(value CSV),--csv $(call _grade_q,CSV)) $(if $(value SEED),--seed $(call _grade_q,SEED)) $(if $(filter 1,$(FRESH)),--fresh) $(if $(filter 1,$(UNJAILED)),--unjailed) -- $(call _grade_q,DIR)
+	$(VPY) -I -m specref_grading.classrun grade --solutions-dir '$(CURDIR)/solutions' $(if $(value JOBS),--jobs $(call _grade_q,JOBS)) $(if $(value CSV),--csv $(call _grade_q,CSV)) $(if $(value SEED),--seed $(call _grade_q,SEED)) $(if $(filter 1,$(FRESH)),--fresh) $(if $(filter 1,$(UNJAILED)),--unjailed) -- $(call _grade_q,DIR)
 
 grade-merge: venv
 	@test -n $(call _grade_q,DIR) || { echo "usage: make grade-merge DIR=submissions/ [CSV=gradebook.csv]"; exit 2; }
@@ -147,7 +147,7 @@ grade-merge: venv
 
 release: venv
 	@test -n $(call _grade_q,DIR) || { echo "usage: make release DIR=<a new or empty folder outside the repository> [GRADED=ex02,ex05]"; exit 2; }
-	$(VPY) -I -m specref_grading.release $(if $(value GRADED),--graded $(call _grade_q,GRADED)) -- $(call _grade_q,DIR)
+	$(VPY) -I -m specref_grading.release --root '$(CURDIR)' $(if $(value GRADED),--graded $(call _grade_q,GRADED)) -- $(call _grade_q,DIR)
 
 execute: venv
 	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \

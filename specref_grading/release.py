@@ -435,9 +435,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="the exercises graded from this release, comma-separated (ex02 or ex02_accept_reject; "
                          "repeatable): their answer keys are left out of the package. Every other exercise is "
                          "practice only (its reference answer ships). Default: none, all practice only")
+    ap.add_argument("--root", type=Path, default=ROOT,
+                    help="the course's checkout, whose notebooks, exercises and package are released (default: the "
+                         "one this grader lies in; name it where the grader is installed with `pip install .`)")
     args = ap.parse_args(argv)
     try:
-        done = build(args.folder, graded=tuple(n for arg in args.graded for n in arg.split(",")))
+        done = build(args.folder, root=args.root.resolve(), graded=tuple(n for arg in args.graded for n in arg.split(",")))
     except ReleaseError as e:
         print(f"release refused: {e}", file=sys.stderr)
         return 2

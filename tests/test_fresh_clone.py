@@ -140,3 +140,35 @@ def tempfile_root() -> str:
     import tempfile
 
     return os.path.realpath(tempfile.gettempdir())
+
+
+def test_the_class_is_graded_from_a_non_editable_install(clone, tmp_path):
+    """`pip install .` (not editable) in the clone's venv: the grader and specref then live in site-packages, and
+    `make grade`, `make grade-all` (with its resume), `make grade-merge` and `make release` still work. Last in this
+    file: it replaces the clone's editable install."""
+    dest, env = clone
+    run([str(dest / ".venv" / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+         "--no-build-isolation", "."], dest, env, timeout=600)
+    where = run([str(dest / ".venv" / "bin" / "python"), "-I", "-c",
+                 "import specref, specref_grading; print(specref.__file__); print(specref_grading.__file__)"],
+                tmp_path, env).stdout.split()
+    assert all("site-packages" in w for w in where), where
+    unjailed = [] if os.geteuid() == 0 else ["UNJAILED=1"]
+    solution = "solutions/ex05_prompt_lookup.ipynb"
+    proc = run(["make", "grade", f"NB={solution}", "SEED=4", *unjailed], dest, env, timeout=600)
+    assert proc.stdout.rstrip().splitlines()[-1] == "status: full marks" or "checks passed" in proc.stdout, proc.stdout
+    folder = tmp_path / "class"
+    folder.mkdir()
+    shutil.copy(dest / solution, folder / "solved.ipynb")
+    for expect in ("graded 1 of 1 submissions", "graded 0 of 1 submissions"):  # the run, then its resume
+        graded = run(["make", "grade-all", f"DIR={folder}", *unjailed], dest, env, timeout=900)
+        assert expect in graded.stdout, graded.stdout
+    book = (tmp_path / "class-grading" / "gradebook.csv").read_text()
+    assert "solved.ipynb" in book and "some checks failed" not in book, book
+    merged = run(["make", "grade-merge", f"DIR={folder}"], dest, env, timeout=300)
+    assert "merged 0 hand marks" in merged.stdout, merged.stdout
+    released = tmp_path / "release"
+    out = run(["make", "release", f"DIR={released}", "GRADED=ex05"], dest, env, timeout=600)
+    assert "graded from this release: ex05" in out.stdout, out.stdout
+    assert (released / "exercises" / "ex05_prompt_lookup.ipynb").exists()
+    assert not (released / "specref" / "drafts" / "prompt_lookup.py").exists()
