@@ -9,8 +9,10 @@ from __future__ import annotations
 import torch
 
 from ._validate import check_generator
-from .rejection import _unbatch, check_chain, residual_unchecked
-from .sampling import check_uniforms, sample_unchecked
+from .rejection import _on_batch, _residual, check_chain
+from .sampling import _sample, check_uniforms
+
+__all__ = ["verify_chain"]
 
 
 def verify_chain(
@@ -26,32 +28,24 @@ def verify_chain(
     n_accepted [B]. k + 1 uniforms per row, from `generator` or given as `u` (as exact enumeration does).
     """
     k, V = check_chain(draft_tokens, q, p, probs=True)
-    batched = draft_tokens.dim() == 2
     if u is not None:
         shape = tuple(draft_tokens.shape[:-1]) + (k + 1,)
         check_uniforms(u, shape, f"[B?, k+1] = {list(shape)} (one uniform per draft plus one)")
     else:
         check_generator(generator, p.device)
-    if not batched:
-        draft_tokens, q, p = draft_tokens[None], q[None], p[None]
-        u = None if u is None else u[None]
-    tokens, n_accepted = verify_chain_unchecked(draft_tokens.long(), q, p, generator, u)
-    return _unbatch(tokens, n_accepted, batched)
+    return _on_batch(_verify_chain, draft_tokens, q, p, u, generator=generator)
 
 
-def verify_chain_unchecked(
+def _verify_chain(
     draft_tokens: torch.Tensor,  # [B, k] long
     q: torch.Tensor,  # [B, k, V]
     p: torch.Tensor,  # [B, k+1, V]
-    generator: torch.Generator | None,
-    u: torch.Tensor | None,  # [B, k+1] or None
+    u: torch.Tensor | None = None,  # [B, k+1]; None: drawn from generator
+    generator: torch.Generator | None = None,
     check_support: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, k+1] padded with -1, n_accepted [B]
-    """`verify_chain`'s rule on batched inputs whose shapes and values were already checked.
-
-    The decoding loop's call (everyone else calls `verify_chain`). ``check_support`` refuses a draft token
-    that q gives probability 0 (one read back); the loop clears it for the package's own drafts.
-    """
+    """`verify_chain`'s rule on batched inputs already checked (the decoding loop's). ``check_support`` refuses a
+    draft token that q gives probability 0 (one read back); the loop clears it for the package's own drafts."""
     B, k = draft_tokens.shape
     dtype = torch.promote_types(p.dtype, q.dtype)
     p, q = p.to(dtype), q.to(dtype)
@@ -73,11 +67,11 @@ def verify_chain_unchecked(
     at = n_accepted.clamp(max=max(k - 1, 0))
     rows = torch.arange(B, device=p.device)
     if k > 0:
-        res = residual_unchecked(p[rows, at], q[rows, at])  # [B, V]
+        res = _residual(p[rows, at], q[rows, at])  # [B, V]
         final_dist = torch.where((n_accepted < k)[:, None], res, p[:, k])
     else:
         final_dist = p[:, 0]
-    final = sample_unchecked(final_dist, u=u[:, k])  # [B]
+    final = _sample(final_dist, u=u[:, k])  # [B]
 
     positions = torch.arange(k + 1, device=p.device)
     padded = torch.cat([draft_tokens, torch.full((B, 1), -1, device=p.device, dtype=torch.long)], -1)

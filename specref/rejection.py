@@ -14,35 +14,31 @@ import torch
 
 from ._validate import check_probs, check_tensor, check_tokens
 
-# A chain verification rule: rule(draft_tokens [B, k], q [B, k, V], p [B, k+1, V], generator=None, u=None)
-# -> (tokens [B, k+1], n_accepted [B]), like `verify_chain`; the checks take one (or a broken one) as input.
+__all__ = ["acceptance_probability", "residual", "verify_chain_greedy"]
+
+# A chain rule like `verify_chain`: rule(draft_tokens [B, k], q [B, k, V], p [B, k+1, V], generator=None, u=None)
+# -> (tokens [B, k+1], n_accepted [B]); the checks take one (or a broken one) as input.
 ChainRule = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
-def acceptance_probability(
-    p: torch.Tensor,  # [..., V]
-    q: torch.Tensor,  # [..., V]
-) -> torch.Tensor:  # [...]
+def acceptance_probability(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:  # [..., V], [..., V] -> [...]
     """beta = sum_x min(p(x), q(x)) = 1 - TV(p, q): the chance a draft x ~ q is accepted."""
     _check_pair(p, q)
     return torch.minimum(p, q).sum(-1)
 
 
-def residual(
-    p: torch.Tensor,  # [..., V]
-    q: torch.Tensor,  # [..., V]
-) -> torch.Tensor:  # [..., V]
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:  # [..., V], [..., V] -> [..., V]
     """The distribution sampled after a rejection: max(0, p - q) normalized.
 
     When p == q it has zero mass and is never sampled (a rejection has probability 0): p itself is
     returned, so the result is always a distribution and no NaN leaks into a batch.
     """
     _check_pair(p, q)
-    return residual_unchecked(p, q)
+    return _residual(p, q)
 
 
-def residual_unchecked(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """`residual` without its input checks: for p and q that were already checked (the rules' hot paths)."""
+def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:  # [..., V], [..., V] -> [..., V]
+    """`residual` on p and q already checked (the rules' hot paths)."""
     diff = (p - q).clamp(min=0)
     mass = diff.sum(-1, keepdim=True)
     empty = mass <= 0
@@ -66,30 +62,28 @@ def check_chain(draft_tokens: object, q: object | None, p: object, probs: bool) 
     k = draft_tokens.shape[-1]
     lead = tuple(draft_tokens.shape[:-1])
     if tuple(p.shape[:-1]) != lead + (k + 1,):
-        raise ValueError(
-            f"p must have shape {'[B, k+1, V]' if batched else '[k+1, V]'} = "
-            f"{list(lead + (k + 1,))} + [V] for {k} drafts, got {tuple(p.shape)}"
-        )
+        raise ValueError(f"p must have shape {'[B, k+1, V]' if batched else '[k+1, V]'} = "
+                         f"{list(lead + (k + 1,))} + [V] for {k} drafts, got {tuple(p.shape)}")
     V = p.shape[-1]
     if V == 0:
         raise ValueError("p has an empty vocabulary (last dim is 0)")
     if q is not None:
         q = check_probs("q", q, min_dim=2)
         if tuple(q.shape) != lead + (k, V):
-            raise ValueError(
-                f"q must have shape {'[B, k, V]' if batched else '[k, V]'} = {list(lead + (k, V))} "
-                f"(one draft distribution per draft, same vocabulary as p), got {tuple(q.shape)}"
-            )
+            raise ValueError(f"q must have shape {'[B, k, V]' if batched else '[k, V]'} = {list(lead + (k, V))} "
+                             f"(one draft distribution per draft, same vocabulary as p), got {tuple(q.shape)}")
         if q.device != p.device or draft_tokens.device != p.device:
             raise ValueError("draft_tokens, q and p must be on the same device")
     check_tokens("draft_tokens", draft_tokens, V)
     return k, V
 
 
-def _unbatch(tokens: torch.Tensor, n_accepted: torch.Tensor, batched: bool) -> tuple[torch.Tensor, torch.Tensor | int]:
-    """Batched results as they are; for one unbatched row, its tokens without padding and an int."""
-    if batched:
-        return tokens, n_accepted
+def _on_batch(rule: ChainRule, draft_tokens: torch.Tensor, *tensors: torch.Tensor | None,
+              **kwargs: object) -> tuple[torch.Tensor, torch.Tensor | int]:
+    """`rule` on batched inputs; one unbatched row ([k]) runs as a batch of one and returns its tokens and an int."""
+    if draft_tokens.dim() == 2:
+        return rule(draft_tokens.long(), *tensors, **kwargs)
+    tokens, n_accepted = rule(draft_tokens.long()[None], *(t if t is None else t[None] for t in tensors), **kwargs)
     n = int(n_accepted[0])
     return tokens[0, : n + 1], n
 
@@ -107,18 +101,14 @@ def verify_chain_greedy(
         raise TypeError(f"p must be a floating-point tensor, got {p.dtype}")
     if torch.isnan(p).any():
         raise ValueError("p contains NaN")
-    batched = draft_tokens.dim() == 2
-    if not batched:
-        draft_tokens, p = draft_tokens[None], p[None]
-    tokens, n_accepted = verify_chain_greedy_unchecked(draft_tokens.long(), p)
-    return _unbatch(tokens, n_accepted, batched)
+    return _on_batch(_verify_chain_greedy, draft_tokens, p)
 
 
-def verify_chain_greedy_unchecked(
+def _verify_chain_greedy(
     draft_tokens: torch.Tensor,  # [B, k] long
     p: torch.Tensor,  # [B, k+1, V] probabilities or logits
 ) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, k+1] padded with -1, n_accepted [B]
-    """`verify_chain_greedy`'s rule on batched, checked inputs (the decoding loop)."""
+    """`verify_chain_greedy`'s rule on batched, checked inputs (the decoding loop's)."""
     k = draft_tokens.shape[1]
     best = p.argmax(-1)  # [B, k+1]
     n_accepted = (draft_tokens == best[:, :k]).long().cumprod(-1).sum(-1)  # [B]

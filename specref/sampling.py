@@ -13,24 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._validate import (
-    _fmt,
-    check_generator,
-    check_int,
-    check_probs,
-    check_tensor,
-    tolerance,
-)
+from ._validate import _fmt, check_generator, check_int, check_probs, check_tensor, tolerance
 
 __all__ = ["SamplingParams", "TorchRNG", "process_logits", "sample"]
 
 
-def process_logits(
-    logits: torch.Tensor,  # [..., V]
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-) -> torch.Tensor:  # [..., V]
+def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                   top_p: float | None = None) -> torch.Tensor:  # [..., V] -> [..., V]
     """Temperature, then top-k, then top-p, then softmax: the distribution decoding samples.
 
     temperature == 0 means greedy: a one-hot vector on the argmax (first index on ties).
@@ -65,12 +54,8 @@ def process_logits(
     return _process_logits(logits, temperature, top_k, top_p)
 
 
-def _process_logits(
-    logits: torch.Tensor,  # [..., V]
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-) -> torch.Tensor:  # [..., V]
+def _process_logits(logits: torch.Tensor, temperature: float, top_k: int | None,
+                    top_p: float | None) -> torch.Tensor:  # [..., V] -> [..., V]
     """`process_logits` without its input checks: for arguments already checked (`SamplingParams.probs_unchecked`)."""
     x = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
     if temperature == 0:
@@ -97,11 +82,8 @@ def _process_logits(
     return torch.softmax(x, dim=-1)
 
 
-def sample(
-    probs: torch.Tensor,  # [..., V]
-    generator: torch.Generator | None = None,
-    u: torch.Tensor | None = None,  # [...] uniforms in [0, 1), instead of drawing them
-) -> torch.Tensor:  # [...] long
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None,
+           u: torch.Tensor | None = None) -> torch.Tensor:  # [..., V], u [...] -> [...] long
     """Draw one token per row by inverse CDF: the first index whose cumulative mass exceeds u.
 
     Zero-probability tokens are never returned. One uniform per row, from `generator` or given as `u`.
@@ -111,7 +93,7 @@ def sample(
         check_generator(generator, probs.device)
     else:
         check_uniforms(u, tuple(probs.shape[:-1]), f"{list(probs.shape[:-1])} (one uniform per row of probs)")
-    return sample_unchecked(probs, generator, u)
+    return _sample(probs, generator, u)
 
 
 def check_uniforms(u: object, shape: tuple[int, ...], expected: str) -> None:
@@ -125,12 +107,9 @@ def check_uniforms(u: object, shape: tuple[int, ...], expected: str) -> None:
         raise ValueError("u must hold uniforms in [0, 1) (no NaN)")
 
 
-def sample_unchecked(
-    probs: torch.Tensor,  # [..., V]
-    generator: torch.Generator | None = None,
-    u: torch.Tensor | None = None,  # [...]
-) -> torch.Tensor:  # [...] long
-    """`sample` without its input checks, for the decoding loop's hot paths (inputs already checked)."""
+def _sample(probs: torch.Tensor, generator: torch.Generator | None = None,
+            u: torch.Tensor | None = None) -> torch.Tensor:  # [..., V], u [...] -> [...] long
+    """`sample` on inputs already checked (the rules' and drafts' hot paths)."""
     if u is None:
         u = torch.rand(probs.shape[:-1], generator=generator, dtype=probs.dtype, device=probs.device)
     cdf = torch.cumsum(probs, dim=-1)
@@ -184,15 +163,11 @@ def as_distribution(probs: object, who: str = "probs") -> torch.Tensor:  # [V] -
     if t.dim() != 1 or t.numel() == 0:
         raise ValueError(f"{who} needs a 1-D vector of probabilities [V], got shape {tuple(t.shape)}")
     if not torch.isfinite(t).all():
-        raise ValueError(
-            f"{who} got non-finite probabilities {_fmt(t)}: a division by zero? "
-            "(e.g. normalizing a residual whose mass is 0)"
-        )
+        raise ValueError(f"{who} got non-finite probabilities {_fmt(t)}: a division by zero? "
+                         "(e.g. normalizing a residual whose mass is 0)")
     if (t < 0).any():
-        raise ValueError(
-            f"{who} got negative probabilities {_fmt(t)}: probabilities must be >= 0 "
-            "(the residual is max(0, p - q), clamped before normalizing)"
-        )
+        raise ValueError(f"{who} got negative probabilities {_fmt(t)}: probabilities must be >= 0 "
+                         "(the residual is max(0, p - q), clamped before normalizing)")
     total = float(t.sum())
     if abs(total - 1) > tol:
         raise ValueError(f"{who} got probabilities {_fmt(t)} that sum to {total:.6g}, not 1: normalize them first")
@@ -202,8 +177,7 @@ def as_distribution(probs: object, who: str = "probs") -> torch.Tensor:  # [V] -
 class TorchRNG:
     """The rng protocol on a real generator: uniform() -> u ~ U[0, 1), categorical(probs) -> i w.p. probs[i].
 
-    One float64 uniform per call, from `generator` (None: torch's default). Exact enumeration passes a
-    symbolic rng with the same two methods instead.
+    One float64 uniform per call, from `generator` (None: torch's default); exact enumeration passes a symbolic rng.
     """
 
     def __init__(self, generator: torch.Generator | None) -> None:
@@ -218,7 +192,7 @@ class TorchRNG:
         """An index i drawn with probability probs[i] (probs: [V], summing to 1)."""
         t = as_distribution(probs, "rng.categorical")
         u = torch.rand((), generator=self.generator, dtype=torch.float64, device=self.device)
-        return int(sample_unchecked(t, u=u.cpu()))  # t was checked by as_distribution
+        return int(_sample(t, u=u.cpu()))  # t was checked by as_distribution
 
 
 def as_rng(generator: torch.Generator | None, rng: object | None) -> object:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ._validate import check_generator, check_probs, check_tensor, check_tokens
-from .sampling import sample_unchecked
+from .sampling import _sample
 
 NEXT_TOKEN = ("argmax", "sample")
 
@@ -134,7 +134,7 @@ def _verify_chain_typical(
     if next_token == "argmax":
         final = at_stop.argmax(-1)
     else:
-        final = sample_unchecked(at_stop, generator)
+        final = _sample(at_stop, generator)
     positions = torch.arange(k + 1, device=p.device)
     padded = torch.cat([draft_tokens, torch.full((B, 1), -1, device=p.device, dtype=torch.long)], -1)
     out = torch.where(positions < n_accepted[:, None], padded, torch.full_like(padded, -1))

@@ -112,7 +112,7 @@ def test_negative_control_always_accept_on_cuda_is_flagged(tiny, monkeypatch):
         B, k = draft_tokens.shape
         return torch.cat([draft_tokens, sample(p[:, k], generator)[:, None]], 1), torch.full((B,), k, device=p.device)
 
-    monkeypatch.setattr(decode, "verify_chain_unchecked", always_accept)
+    monkeypatch.setattr(decode, "_verify_chain", always_accept)
     target, draft = tiny
     exact = exact_first_two(target, [1, 2], SamplingParams(1.0)).cpu()
     assert distribution_test(exact, counts=_first_two_counts(target, draft, 2, seed=12)).p_value < 1e-6
@@ -313,7 +313,7 @@ def test_sampling_with_graphs_keeps_the_exact_distribution_and_the_control_is_fl
         B, k = draft_tokens.shape
         return torch.cat([draft_tokens, sample(p[:, k], generator)[:, None]], 1), torch.full((B,), k, device=p.device)
 
-    monkeypatch.setattr(decode, "verify_chain_unchecked", always_accept)
+    monkeypatch.setattr(decode, "_verify_chain", always_accept)
     assert distribution_test(exact, counts=_first_two_counts(target, draft, 2, seed=22)).p_value < 1e-6
 
 

@@ -136,7 +136,7 @@ def test_negative_control_always_accept_is_flagged(tiny_pair, monkeypatch):
         bonus = sample(p[:, k], generator)
         return torch.cat([draft_tokens, bonus[:, None]], 1), torch.full((B,), k)
 
-    monkeypatch.setattr(decode, "verify_chain_unchecked", always_accept)  # the rule the decoding loop calls
+    monkeypatch.setattr(decode, "_verify_chain", always_accept)  # the rule the decoding loop calls
     target, draft = tiny_pair
     params = SamplingParams(1.0)
     exact = exact_first_two(target, [1, 2], params)

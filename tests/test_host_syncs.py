@@ -180,7 +180,7 @@ def _drafts(target, draft):
 # the buffer to the host (its proposal is a host search); a feature draft checks the features it is handed
 # (`FeatureBuffer.observe`), the rows it reads (`scored`) and its rollback's n_valid >= 0 (`FeatureBuffer.rollback`);
 # MTP reads each depth's width (k = 3 depths).
-# A sampled step reads no more: the rule's check that q(x) > 0 (`chain_verify.verify_chain_unchecked`) runs only
+# A sampled step reads no more: the rule's check that q(x) > 0 (`chain_verify._verify_chain`) runs only
 # for a draft the package does not vouch for (its own drafts sample their tokens from q).
 BOUNDS = {"model": (2, 2), "nodraft": (0, 0), "prompt_lookup": (2, 2), "eagle": (5, 5), "medusa": (4, 4),
           "mtp": (7, 7)}

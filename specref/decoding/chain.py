@@ -1,9 +1,9 @@
 """Plain and speculative decoding with a KV cache (chapter 4).
 
-A speculative step (`speculative_step`), per row: the draft proposes k tokens (keeping q); one target
-pass over [last token, x_1..x_k] gives p_1..p_{k+1}; the rule accepts drafts left to right and adds one
-token (correction or bonus); both caches roll back to the accepted prefix by moving their lengths.
-`speculative_generate` and `generate` (the step with nothing drafted) run it in the one loop, `loop.decode`.
+A speculative step (`speculative_step`), per row: the draft proposes k tokens (keeping q); one target pass
+over [last token, x_1..x_k] gives p_1..p_{k+1}; the rule accepts drafts left to right and adds one token
+(correction or bonus); both caches roll back to the accepted prefix. `speculative_generate` and `generate`
+(the step with nothing drafted) run it in the one loop, `loop.decode`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from functools import partial
 import torch
 
 from .._validate import check_int
-from ..chain_verify import verify_chain_unchecked
+from ..chain_verify import _verify_chain
 from ..drafts import Draft, NoDraft, as_draft
 from ..drafts.base import draw
 from ..models.kvcache import KVCache
-from ..rejection import verify_chain_greedy_unchecked
+from ..rejection import _verify_chain_greedy
 from ..sampling import SamplingParams
 from ..typical import TypicalAcceptance, as_acceptance
 from .inputs import check_logits_total, check_model, check_proposal
@@ -40,9 +40,8 @@ def generate(
 ) -> torch.Tensor:  # [B, T + max_new_tokens]
     """Plain autoregressive decoding: one target pass per token, sampling process_logits(logits).
 
-    A `speculative_step` with k = 0 (`NoDraft`), reading nothing back (with `eos_token_id`, the tokens). Nothing is
-    prefilled: the first pass reads the whole prompt, so N new tokens take N passes. A row stops after emitting
-    `eos_token_id`; its remaining positions are filled with EOS.
+    A `speculative_step` drafting nothing (`NoDraft`): N new tokens take N passes, the first over the whole prompt.
+    A row stops after emitting `eos_token_id` (its remaining positions filled with EOS).
     """
     check_model(model)
     nothing = NoDraft(model.config.vocab_size)
@@ -107,10 +106,10 @@ def speculative_step(
             if typical is not None:  # LOSSY: q is ignored
                 out, n_acc = typical.verify(drafts, params.probs_unchecked(logits), generator)
             elif params.greedy:
-                out, n_acc = verify_chain_greedy_unchecked(drafts, logits)  # [B, n+1], [B]
+                out, n_acc = _verify_chain_greedy(drafts, logits)  # [B, n+1], [B]
             else:  # check_proposal checked q
-                out, n_acc = verify_chain_unchecked(drafts, q, params.probs_unchecked(logits), generator, None,
-                                                    check_support=not draft.trusted)
+                out, n_acc = _verify_chain(drafts, q, params.probs_unchecked(logits), generator=generator,
+                                           check_support=not draft.trusted)
             n_acc, total = _read_back(n_acc, logits)  # the step's one read back: waits for the rule to finish
             check_logits_total(total, logits, params)
     # 4. Commit the kept tokens; roll both caches back to context + accepted drafts.
@@ -156,11 +155,9 @@ def speculative_generate(
 ) -> tuple[torch.Tensor, SpecStats]:  # [B, T + max_new_tokens], stats
     """Speculative decoding: the output distribution is exactly the target's (greedy: the same tokens).
 
-    Each row accepts its own number of drafts per step. Exactly `max_new_tokens`
-    tokens are generated per row unless it emits `eos_token_id` (nothing after EOS;
-    the rest is filled with EOS). For tree drafting see `specref.decoding.tree.tree_generate`.
-    `acceptance=TypicalAcceptance(...)` (Medusa's) is LOSSY (`specref.typical`). `on_step` sees each `ChainStep`;
-    `timing` times the draft, target and rule (`SpecStats.time_*`; None: off CUDA, `loop.resolve_timing`).
+    Each row accepts its own number of drafts per step and gets `max_new_tokens` tokens, or stops after
+    `eos_token_id` (the rest filled with EOS). `acceptance=TypicalAcceptance(...)` (Medusa's) is LOSSY. `on_step`
+    sees each `ChainStep`; `timing` times draft, target and rule (`SpecStats.time_*`; None: off CUDA).
     """
     typical = as_acceptance(acceptance)
     stats = SpecStats(k=check_int("k", k, 1, "k drafted tokens per step"))

@@ -1,7 +1,5 @@
-"""What a generation checks where its inputs enter (`loop.decode` calls these once), and a proposal's shape.
-
-Inside a generation the passes are unchecked; a step checks only a draft's proposal and, with the
-accepted counts it reads back anyway, the target's logits.
+"""What a generation checks where its inputs enter (`loop.decode` calls these once); inside it the passes are
+unchecked, and a step checks only a draft's proposal and, with the counts it reads back anyway, the target's logits.
 """
 
 from __future__ import annotations
@@ -32,24 +30,18 @@ def check_eos(eos_token_id: object, vocab_size: int) -> None:
 def check_inputs(model: torch.nn.Module, input_ids: object, max_new_tokens: object, name: str = "model") -> torch.Tensor:
     """input_ids as a [B, T] long tensor on the model's device; T + max_new_tokens must fit the window."""
     check_model(model, name)
-    if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(f"input_ids must be a [B, T] torch.Tensor of token ids, got {type(input_ids).__name__}")
-    if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool or input_ids.is_complex():
-        raise TypeError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
+    check_tokens("input_ids", input_ids, model.config.vocab_size)  # a tensor of ids in the vocabulary
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
     if input_ids.dim() != 2 or input_ids.shape[0] == 0:
         raise ValueError(f"input_ids must have shape [B, T] with B >= 1, got {tuple(input_ids.shape)}")
     if input_ids.shape[1] == 0:
         raise ValueError("input_ids is an empty prompt: give at least one token")
-    check_tokens("input_ids", input_ids, model.config.vocab_size)
     check_int("max_new_tokens", max_new_tokens, 0, "tokens to generate per row", ValueError)
     n_ctx = model.config.n_positions
     if input_ids.shape[1] + max_new_tokens > n_ctx:
-        raise ValueError(
-            f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
-            f"{name}'s context window n_positions={n_ctx}"
-        )
+        raise ValueError(f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+                         f"{name}'s context window n_positions={n_ctx}")
     return input_ids.to(model.device, torch.long)
 
 

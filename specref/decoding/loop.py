@@ -1,12 +1,9 @@
 """The one decoding loop (`decode`) and what every strategy's step shares: the stats, the token buffer, prefill.
 
-Plain (`chain.generate`), chain, tree and lookahead decoding are strategies: each hands `decode`
-its step, the room its passes write past the budget and its draft; `decode` checks the inputs
-once, opens the run's `Session`, prefills, and calls the step until every row is done, handing
-each step's record to `on_step`. Every target pass goes through `target_pass`: the model's
-unchecked core, with hidden states only for a draft that reads them (`Draft.feature_layers`,
-handed to `draft.observe` before `draft.rollback`). A chain step reads the device back once
-(tests/test_host_syncs.py); the passes are timed only when asked (`resolve_timing`).
+Plain (`chain.generate`), chain, tree and lookahead decoding are strategies: each hands `decode` its step,
+the room its passes write past the budget and its draft. Every target pass goes through `target_pass`, the
+model's unchecked pass, with hidden states only for a draft that reads them (`Draft.feature_layers`). A chain
+step reads the device back once (tests/test_host_syncs.py); the passes are timed only when asked.
 """
 
 from __future__ import annotations
@@ -39,10 +36,10 @@ class SpecStats:
     target_passes: int = 0
     draft_passes: int = 0
     steps: int = 0  # row-steps: one per active sequence per target pass
-    accepted_hist: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # [k+1]
+    accepted_hist: np.ndarray = field(init=False)  # [k+1] row-steps by the number of drafts accepted
     proposed: int = 0  # drafts proposed
     # [k+1] chain row-steps by the number of drafts proposed (fewer than k near the end, or when a draft declines)
-    proposed_hist: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    proposed_hist: np.ndarray = field(init=False)
     examined: int = 0  # drafts the rule looked at: min(accepted + 1, k) per step
     accepted: int = 0
     emitted: int = 0
@@ -54,10 +51,8 @@ class SpecStats:
 
     def __post_init__(self) -> None:
         check_int("k", self.k, 0, "drafts per step")
-        if self.accepted_hist.shape != (self.k + 1,):
-            self.accepted_hist = np.zeros(self.k + 1, dtype=np.int64)
-        if self.proposed_hist.shape != (self.k + 1,):
-            self.proposed_hist = np.zeros(self.k + 1, dtype=np.int64)
+        self.accepted_hist = np.zeros(self.k + 1, dtype=np.int64)
+        self.proposed_hist = np.zeros(self.k + 1, dtype=np.int64)
 
     @property
     def acceptance_rate(self) -> float:
@@ -106,10 +101,8 @@ class SpecStats:
 
 
 class Sequences:
-    """The batch being decoded: a token buffer [B, T + max_new] holding the prompt, each row's length, done flags.
-
-    Lengths and done flags are host ints (`lengths_h`, `done_h`: no device sync); `lengths` is on the device.
-    """
+    """The batch being decoded: a token buffer [B, T + max_new] holding the prompt, each row's length (`lengths` on
+    the device, `lengths_h` on the host: no device sync) and done flags (`done_h`, host)."""
 
     def __init__(self, input_ids: torch.Tensor, max_new_tokens: int) -> None:  # [B, T]
         B, T = input_ids.shape
@@ -150,9 +143,8 @@ class Sequences:
     ) -> tuple[list[int], torch.Tensor]:  # kept [B], n_valid [B]
         """Append out[b, :n_b] to each unfinished row, n_b = n_acc[b] + 1 cut by the budget and after EOS.
 
-        Returns the tokens each row kept (0: already done) and n_valid [B] on the device: the leading tokens
-        of each row still what the draft saw (context + accepted drafts), for its rollback.
-        """
+        Returns the tokens each row kept (0: already done) and n_valid [B] on the device, for the draft's rollback:
+        the leading tokens of each row still what it saw (context + accepted drafts)."""
         B, W = out.shape
         width = self.tokens.shape[1]
         if eos_token_id is not None and out_h is None:
@@ -246,10 +238,9 @@ def decode(
 ) -> torch.Tensor:  # [B, T + max_new_tokens]
     """The one generation loop behind every front door: check once, open a session, prefill, step, EOS fill.
 
-    Every check happens here, at the start: sampling, the pair, the prompt and its budget, EOS, the generator
-    (on the target's device); no pass checks again. The target's and the draft's (`Draft.join`) caches come
-    from one `Session`, sized to prompt + max_new_tokens + room (within the window) and released at its end.
-    `stats.time_total`: wall time from the cache's allocation to the last step.
+    Every check happens here (sampling, the pair, the prompt and its budget, EOS, the generator); no pass checks
+    again. The target's and the draft's (`Draft.join`) caches come from one `Session`, sized to prompt +
+    max_new_tokens + room (within the window). `stats.time_total`: from the cache's allocation to the last step.
     """
     params = SamplingParams(*sampling)  # raises on bad sampling arguments
     if draft is not None:

@@ -1,18 +1,14 @@
 """Drafts: anything that proposes tokens with the distribution q it drew them from.
 
-One contract, `Draft`: `begin(batch_size)` starts a generation; `propose(tokens, lengths, k, params,
-generator)` answers drafts [B, k'] and q [B, k', V]; a tree draft (`TreeDraft`) also defines
-`propose_tree(tokens, lengths, spec, params, generator, max_depth, max_nodes)`, one `Tree` per row.
-Both see the shared token buffer (row b holds lengths[b] valid tokens); after each verification
-`rollback(n_valid)` says how many leading tokens of each row are still the ones it saw. A draft
-hands `begin` and `rollback` on to the parts that hold its state (`drafts.cached.DraftCache`,
-`drafts.features.FeatureBuffer`); the generation's `Session` (`join`) hands out its caches.
+One contract, `Draft`: `begin(batch_size)` starts a generation; `propose` answers drafts [B, k'] and
+q [B, k', V] (a tree draft, `TreeDraft`, also `propose_tree`: one `Tree` per row), both reading the
+shared token buffer; after each verification `rollback(n_valid)` says how many leading tokens of each
+row are still the ones it saw. A draft hands `begin` and `rollback` on to the parts that hold its
+state (`DraftCache`, `FeatureBuffer`); the generation's `Session` (`join`) hands out its caches.
 
 The feature hook (Medusa, EAGLE, MTP): a draft that sets `feature_layers` (indices into
 `GPT2Output.hidden_states`: 0 = the embeddings, i = the input of block i, n_layer = after ln_f)
-gets them from the verification pass itself through `observe(features, starts)`, after every
-target pass (prefill included) and before `rollback`: features[j] is [B, T, C] for positions
-starts[b] .. starts[b]+T-1 of row b (in a tree step, the root and the accepted path, contiguous).
+gets them from every target pass (prefill included), before `rollback`, through `observe`.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ import torch
 
 from .._validate import check_int, check_rows
 from ..models.session import Session
-from ..sampling import SamplingParams, sample_unchecked
+from ..sampling import SamplingParams, _sample
 from ..tree_shapes import TreeSpec
 from ..trees import Tree
 
@@ -47,7 +43,7 @@ def draw(
         x = logits.argmax(-1)
         return x, one_hot(x, logits.shape[-1], logits.dtype)
     q = params.probs_unchecked(logits)
-    return sample_unchecked(q, generator), q
+    return _sample(q, generator), q
 
 
 def check_k(k: object, max_k: int | None, why: str = "") -> int:
@@ -85,11 +81,8 @@ class Draft(ABC):
 
     @property
     def trusted(self) -> bool:
-        """Whether the package vouches for this draft's proposals (ids in the vocabulary, q a distribution).
-
-        True when its `propose` is one of `specref.drafts`' own and it draws with `draw`: the loop then checks
-        a proposal's shapes only (values cost reads back). A learner's draft is checked every step.
-        """
+        """Whether the package vouches for this draft's proposals: its `propose` is one of `specref.drafts`' own and
+        it draws with `draw` (the loop then checks a proposal's shapes only; a learner's draft, every step)."""
         propose = getattr(type(self), "propose", None)
         return getattr(propose, "__module__", "").startswith("specref.drafts.") \
             and getattr(self, "sampler", draw) is draw
@@ -115,7 +108,8 @@ class Draft(ABC):
         check_rows("n_valid", n_valid, self.begun("rollback"))
 
     def observe(self, features: tuple[torch.Tensor, ...], starts: torch.Tensor) -> None:  # ([B, T, C], ...), [B]
-        """The target's hidden states feature_layers[j] -> features[j] for buffer positions starts[b] .. + T - 1."""
+        """The target's hidden states feature_layers[j] -> features[j] for buffer positions starts[b] .. + T - 1
+        (in a tree step, the root and the accepted path, contiguous)."""
         raise NotImplementedError(f"{type(self).__name__} sets feature_layers={self.feature_layers!r} "
                                   f"but does not implement observe(features, starts)")
 
@@ -128,10 +122,8 @@ class Draft(ABC):
         params: SamplingParams,
         generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # draft tokens [B, k'], q [B, k', V]
-        """Propose k' <= k tokens after each sequence (k' the same in every row), with the q each was drawn from.
-
-        Fewer, none included, is allowed (with none the step is a plain decoding step).
-        """
+        """Propose k' <= k tokens after each sequence (k' the same in every row; none makes a plain decoding step),
+        with the q each was drawn from."""
 
     def propose_tree(
         self,

@@ -1,9 +1,8 @@
 """A smaller language model as the draft, with its own KV cache: a chain of k tokens (`ModelDraft`) or a tree
 (`TreeModelDraft`) per step (chapters 4-6).
 
-Rule: feed the tokens the cache has not seen in one pass (the draft's logits after the context); then each
-draft is drawn from q = the processed logits (one-hot when greedy) and fed to get the next; the last is never
-fed. A tree grows one masked pass per depth over the nodes' ancestors (`DraftCache.feed_ancestors`).
+Rule: feed the tokens the cache has not seen in one pass; then each draft is drawn from q = the processed
+logits (one-hot when greedy) and fed to get the next, the last never; a tree grows one masked pass per depth.
 """
 
 from __future__ import annotations
@@ -70,14 +69,8 @@ class ModelDraft(Draft):
         return pick(logits, last - rows[:, :1])[:, 0]
 
     @torch.no_grad()
-    def propose(
-        self,
-        tokens: torch.Tensor,  # [B, L]
-        lengths: torch.Tensor,  # [B]
-        k: int,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # drafts [B, k], q [B, k, V]
+    def propose(self, tokens: torch.Tensor, lengths: torch.Tensor, k: int, params: SamplingParams,  # [B, L], [B]
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # [B, k], [B, k, V]
         self.begun()
         if check_k(k, None) == 0:
             return self.empty(tokens, torch.float32)
@@ -100,7 +93,7 @@ class ModelDraft(Draft):
 
 
 def as_draft(draft: object) -> Draft:
-    """Wrap a bare model as a `ModelDraft`; pass `Draft` objects through."""
+    """Wrap a bare model (a GPT2-like module with new_cache()) as a `ModelDraft`; pass `Draft` objects through."""
     if isinstance(draft, Draft):
         return draft
     if isinstance(draft, torch.nn.Module) and hasattr(draft, "new_cache"):
@@ -112,16 +105,9 @@ class TreeModelDraft(ModelDraft):
     """A smaller language model that grows one draft tree per row (and chains, as a `ModelDraft`)."""
 
     @torch.no_grad()
-    def propose_tree(
-        self,
-        tokens: torch.Tensor,  # [B, L] buffer; row b holds lengths[b] valid tokens
-        lengths: torch.Tensor,  # [B]
-        spec: TreeSpec,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-        max_depth: int | None = None,
-        max_nodes: int | None = None,
-    ) -> list[Tree]:
+    def propose_tree(self, tokens: torch.Tensor, lengths: torch.Tensor, spec: TreeSpec,  # [B, L], [B]
+                     params: SamplingParams, generator: torch.Generator | None = None, max_depth: int | None = None,
+                     max_nodes: int | None = None) -> list[Tree]:
         """One tree per row after its context, grown by a `TreeGrower` (one draft pass per depth)."""
         root_logits = self.context_logits(tokens, lengths)[:, None]  # [B, 1, V]
         self.passes += 1
@@ -143,7 +129,5 @@ def as_tree_draft(draft: object) -> TreeDraft:
         return TreeModelDraft(draft.model)
     if isinstance(draft, torch.nn.Module) and hasattr(draft, "new_cache"):
         return TreeModelDraft(draft)
-    raise TypeError(
-        f"tree drafting needs a TreeDraft, a draft model (a GPT2-like module) or a ModelDraft, "
-        f"got {type(draft).__name__}"
-    )
+    raise TypeError(f"tree drafting needs a TreeDraft, a draft model (a GPT2-like module) or a ModelDraft, "
+                    f"got {type(draft).__name__}")

@@ -1,13 +1,11 @@
 """GPT-2 in one readable file, with Hugging Face's parameter names and layouts.
 
-``GPT2(config).state_dict()`` has exactly the keys and shapes of ``transformers.GPT2LMHeadModel``.
-Linear layers are GPT-2's ``Conv1D``: weight ``[in, out]``, applied as ``x @ weight + bias``.
-Added for speculative decoding: a static KV cache with one length per row (``KVCache``: rejected
-drafts are dropped by moving a length back); ``position_ids`` and a bool ``attention_mask`` among
-the new tokens (a flattened tree scored in one pass); ``return_hidden=True``, every layer's hidden
-states (the features Medusa/EAGLE-style drafts read). A pass calls the blocks as functions over
-their parameters on rows ``[B * T, C]`` (`_block`): the same kernels, fewer Python calls; hooks go
-on the `GPT2` itself.
+``GPT2(config).state_dict()`` has exactly the keys and shapes of ``transformers.GPT2LMHeadModel``; linear
+layers are GPT-2's ``Conv1D`` (weight ``[in, out]``: ``x @ weight + bias``). For speculative decoding: a static
+KV cache with one length per row (``KVCache``), ``position_ids`` and a bool ``attention_mask`` among the new
+tokens (a flattened tree in one pass), every layer's hidden states (``return_hidden=True``, for feature drafts).
+A pass calls the blocks as functions over their parameters on rows ``[B * T, C]`` (`run_blocks`); hooks go on
+the `GPT2` itself.
 """
 
 from __future__ import annotations
@@ -93,9 +91,8 @@ class GPT2Config:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def check_attention_mask(
-    attention_mask: torch.Tensor | None, B: int, T: int, device: torch.device
-) -> torch.Tensor | None:  # [B or 1, T, T] bool on device, or None (causal)
+def check_attention_mask(attention_mask: torch.Tensor | None, B: int, T: int,
+                         device: torch.device) -> torch.Tensor | None:  # [B or 1, T, T] bool on device, None: causal
     """Validate a mask among the new tokens: bool ``[B or 1, T, T]``, True on the diagonal."""
     if attention_mask is None:
         return None
@@ -113,10 +110,9 @@ def check_attention_mask(
 
 def check_cache(cache: object, n_layer: int, n_head: int, head_dim: int, batch_size: int,
                 device: torch.device, n_new: int) -> int:
-    """Raise unless `cache` fits this model, batch and device with room for n_new more tokens per row.
+    """Raise unless `cache` fits this model, batch and device with room for n_new more tokens per row (reads back).
 
-    Reads back (`KVCache.tighten`); returns the longest cached row + n_new.
-    """
+    Returns the longest cached row + n_new."""
     if not isinstance(cache, KVCache):
         raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
     if cache.n_layer != n_layer or cache.k.shape[2] != n_head or cache.k.shape[4] != head_dim:
@@ -164,10 +160,8 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # bo
 
 
 def _arange(n: int, device: torch.device) -> torch.Tensor:  # [n] long
-    """``arange(n)`` on ``device``, made once and shared (never written).
-
-    Made afresh while a CUDA graph is captured: a tensor made there holds its values only once the graph replays.
-    """
+    """``arange(n)`` on ``device``, made once and shared (never written); made afresh while a CUDA graph is captured
+    (a tensor made there holds its values only once the graph replays)."""
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return torch.arange(n, device=device)
     return _shared_arange(n, device)
@@ -242,9 +236,9 @@ def _norm(ln: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:  # [N, C] -> [N, C
     return torch.layer_norm(x, ln.normalized_shape, p["weight"], p["bias"], ln.eps)
 
 
-def _attend(
-    attn: Attention,
-    x: torch.Tensor,  # [N, C], N = B * T rows (ln_1's output)
+def _block(
+    block: Block,
+    x: torch.Tensor,  # [N, C], N = B * T rows
     B: int,
     T: int,
     mask: torch.Tensor,  # [B or 1, 1, T, S] bool or additive
@@ -252,10 +246,12 @@ def _attend(
     v_slots: torch.Tensor | None,  # [B, H, S, D]
     idx: torch.Tensor | None,  # [B, H, T, D] each new token's cache slot, expanded
 ) -> torch.Tensor:  # [N, C]
-    """Attention: write the new K/V at their slots, attend over the S slots (the mask hides the others)."""
-    m = attn._modules
-    qkv = _linear(m["c_attn"], x).view(B, T, 3, attn.n_head, attn.head_dim).permute(2, 0, 3, 1, 4)
-    q, k, v = qkv.unbind(0)  # [B, H, T, D] each
+    """``Block.forward`` on rows: x + attn(ln_1(x)), the new K/V written at their slots and the S slots attended
+    (the mask hides the others); then x + mlp(ln_2(x))."""
+    m = block._modules  # submodules read from _modules: no nn.Module.__getattr__ on the hot path
+    attn, mlp = m["attn"], m["mlp"]
+    qkv = _linear(attn._modules["c_attn"], _norm(m["ln_1"], x)).view(B, T, 3, attn.n_head, attn.head_dim)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, T, D] each
     if k_slots is not None:
         dtype = k_slots.dtype
         k_slots.scatter_(2, idx, k if k.dtype == dtype else k.to(dtype))
@@ -263,15 +259,7 @@ def _attend(
         k = k_slots if dtype == q.dtype else k_slots.to(q.dtype)
         v = v_slots if dtype == q.dtype else v_slots.to(q.dtype)
     y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, T, D]
-    return _linear(m["c_proj"], y.transpose(1, 2).reshape(x.shape))
-
-
-def _block(block: Block, x: torch.Tensor, B: int, T: int, mask: torch.Tensor, k_slots: torch.Tensor | None,
-           v_slots: torch.Tensor | None, idx: torch.Tensor | None) -> torch.Tensor:  # [N, C] -> [N, C]
-    """``Block.forward`` on rows: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
-    m = block._modules
-    x = x + _attend(m["attn"], _norm(m["ln_1"], x), B, T, mask, k_slots, v_slots, idx)
-    mlp = m["mlp"]
+    x = x + _linear(attn._modules["c_proj"], y.transpose(1, 2).reshape(x.shape))
     fc = mlp._modules
     return x + _linear(fc["c_proj"], mlp.act(_linear(fc["c_fc"], _norm(m["ln_2"], x))))
 
@@ -359,17 +347,12 @@ class GPT2(nn.Module):
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=config.initializer_range / math.sqrt(2 * config.n_layer))
 
-    def _init_weights(self, module: nn.Module) -> None:
+    def _init_weights(self, module: nn.Module) -> None:  # biases start at 0 and LayerNorms at 1, GPT-2's values
         std = self.config.initializer_range
         if isinstance(module, (Conv1D, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=std)
-        if isinstance(module, Conv1D):
-            nn.init.zeros_(module.bias)
         if isinstance(module, nn.Linear) and not self.config.tie_word_embeddings:  # an untied LM head
             nn.init.normal_(module.weight, mean=0.0, std=std)
-        if isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
 
     def _apply(self, fn, *args, **kwargs):  # .to(), .half() ...: the packed copies of the old weights go
         drop_small_kernel(self)
@@ -390,13 +373,8 @@ class GPT2(nn.Module):
             n -= self.transformer.wte.weight.numel() + self.transformer.wpe.weight.numel()
         return n
 
-    def new_cache(
-        self,
-        batch_size: int,
-        max_len: int | None = None,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> KVCache:
+    def new_cache(self, batch_size: int, max_len: int | None = None, device: torch.device | str | None = None,
+                  dtype: torch.dtype | None = None) -> KVCache:
         """An empty cache for ``batch_size`` sequences of up to ``max_len`` (default ``n_positions``) tokens."""
         c = self.config
         max_len = c.n_positions if max_len is None else max_len
@@ -419,14 +397,12 @@ class GPT2(nn.Module):
         *,
         checked: bool = True,
     ) -> torch.Tensor | GPT2Output:
-        """Logits ``[B, T, V]`` for ``input_ids`` (appended after ``cache`` if one is given).
+        """Logits ``[B, T, V]`` for ``input_ids`` appended after ``cache``, under `attention_mask_over_slots`.
 
-        The rule: new token ``i`` of row ``b`` sees every cached slot ``< cache.lengths[b]`` and new token
-        ``j`` iff ``attention_mask[b, i, j]`` (default causal, ``j <= i``); positions default to
-        ``cache.lengths[b] + arange(T)``; the new K/V go to slots ``lengths[b] ..`` and ``lengths`` grows by T.
-        ``return_hidden=True`` returns ``GPT2Output(logits, hidden_states)``; ``logits_to_keep=n`` (HF's name)
-        keeps the last ``n`` tokens' logits (0: all). Every argument is checked (reads back); ``checked=False``,
-        the decoding loops' call, runs the unchecked `step`, still through ``__call__`` (hooks see every pass).
+        Positions default to ``cache.lengths[b] + arange(T)``; the new K/V go to slots ``lengths[b] ..`` and
+        ``lengths`` grows by T. ``return_hidden=True`` returns ``GPT2Output(logits, hidden_states)``;
+        ``logits_to_keep=n`` (HF's name) keeps the last ``n`` tokens' logits (0: all). Every argument is checked
+        (reads back); ``checked=False``, the decoding loops' call, runs `step` through ``__call__`` (hooks fire).
         """
         if not checked:
             return self.step(input_ids, cache, position_ids, attention_mask, return_hidden, logits_to_keep)
@@ -465,9 +441,8 @@ class GPT2(nn.Module):
     ) -> torch.Tensor | GPT2Output:
         """``forward`` without its checks, reading nothing back; the lengths advance in place after the pass.
 
-        Its shapes depend only on (B, T) and ``cache.capacity(T)`` (from the host bound), so a pass of at most
-        ``GRAPH_MAX_TOKENS`` tokens over a cache with ``graphs`` (from a `Session`) replays one graph per key
-        (the shapes and the outputs asked for); a longer pass (a prompt's) runs eagerly.
+        Its shapes depend only on (B, T) and ``cache.capacity(T)``, so a pass of at most ``GRAPH_MAX_TOKENS`` tokens
+        over a cache with ``graphs`` replays one graph per key (shapes, outputs asked for); a longer one runs eagerly.
         """
         B, T = input_ids.shape
         n_slots = T if cache is None else cache.capacity(T)
@@ -510,11 +485,7 @@ class GPT2(nn.Module):
 
     # -- HF interop ----------------------------------------------------------------------
     def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True, assign: bool = False):
-        """Load GPT-2 weights with HF names (with or without the ``transformer.`` prefix).
-
-        Tolerates a missing ``lm_head.weight`` (it is tied to ``wte``) and drops HF's
-        non-persistent ``attn.bias`` / ``attn.masked_bias`` buffers.
-        """
+        """Load GPT-2 weights with HF names (`normalize_state_dict`); a missing ``lm_head.weight`` is tied to wte."""
         drop_small_kernel(self)
         sd = normalize_state_dict(state_dict)
         if "lm_head.weight" not in sd and self.config.tie_word_embeddings:

@@ -1,13 +1,11 @@
-"""Passes captured once as CUDA graphs and replayed: the launch cost of a small pass, paid once.
+"""Passes captured once as CUDA graphs and replayed: a small pass's hundreds of kernel launches, paid once.
 
-A small GPU pass costs its hundreds of kernel launches more than its arithmetic; a CUDA graph
-records the kernels of one call and launches them all again with one call. The rule of a captured
-pass (``CapturedPasses.run(key, fn, *inputs)``):
+The rule of a captured pass (``CapturedPasses.run(key, fn, *inputs)``):
 
-* The first call with a key runs ``fn(*inputs)`` eagerly (the warm-up, whose result is returned),
-  then captures ``fn`` on static copies of the inputs. Capture executes no kernel, so a side effect
-  on a persistent buffer (a KV cache and its lengths) happens once per call; Python code in ``fn``
-  runs twice on that call: keep host-side counting outside ``fn``.
+* The first call with a key runs ``fn(*inputs)`` eagerly (the warm-up, whose result is returned), then
+  captures ``fn`` on static copies of the inputs. Capture executes no kernel, so a side effect on a
+  persistent buffer (a KV cache's lengths) happens once per call; Python code in ``fn`` runs twice on
+  that call: keep host-side counting outside ``fn``.
 * A later call copies its inputs into the static buffers (same shape, dtype and device, else
   ``ValueError``), replays, and returns clones of the static outputs.
 * ``fn`` must keep its shapes for a key, read nothing back, draw no random numbers, and keep the
@@ -85,8 +83,7 @@ class CapturedPasses:
         self._eager: set[Hashable] = set()  # keys whose capture failed: they run eagerly
         self._pool: Any = None
 
-    def __len__(self) -> int:
-        """How many graphs are held."""
+    def __len__(self) -> int:  # how many graphs are held
         return len(self._captured)
 
     def __contains__(self, key: Hashable) -> bool:
@@ -109,12 +106,9 @@ class CapturedPasses:
         held = self._captured.get(key)
         if held is not None:
             return self._replay(key, held, inputs)
+        out = fn(*inputs)  # eager; on a key's first capturable call, the warm-up, whose side effects are this call's
         if key in self._eager or not inputs or not all(capturable(x.device) for x in inputs):
-            return fn(*inputs)
-        return self._warm_up_and_capture(key, fn, inputs)
-
-    def _warm_up_and_capture(self, key: Hashable, fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> Any:
-        out = fn(*inputs)  # the warm-up: the eager pass, whose side effects are this call's
+            return out
         _check_output(out, key)
         with torch.inference_mode(False):  # buffers a later replay outside inference mode may write
             static_inputs = tuple(x.detach().clone() for x in inputs)
@@ -125,7 +119,7 @@ class CapturedPasses:
         except RuntimeError as err:  # this call's result stands (the eager pass ran); later calls stay eager
             warnings.warn(f"the pass of key {key!r} could not be captured as a CUDA graph and runs eagerly from "
                           f"now on: a captured pass must read nothing back to the host and keep its shapes ({err})",
-                          RuntimeWarning, stacklevel=3)
+                          RuntimeWarning, stacklevel=2)
             self._eager.add(key)
             return out
         _check_output(static_outputs, key)

@@ -7,11 +7,12 @@ verification ``compact`` moves the kept path's slots to consecutive positions.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
 
-from .._validate import check_int
+from .._validate import as_int_tuple, check_int
 from .graphs import CapturedPasses
 
 __all__ = ["KVCache", "attended_slots"]
@@ -40,16 +41,8 @@ class KVCache:
     ``graphs``: the passes captured over this cache (from a `Session`), which a pass replays; None: eager.
     """
 
-    def __init__(
-        self,
-        n_layer: int,
-        batch_size: int,
-        n_head: int,
-        head_dim: int,
-        max_len: int,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.float32,
-    ) -> None:
+    def __init__(self, n_layer: int, batch_size: int, n_head: int, head_dim: int, max_len: int,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> None:
         for name, value in (("n_layer", n_layer), ("batch_size", batch_size), ("n_head", n_head),
                             ("head_dim", head_dim), ("max_len", max_len)):
             check_int(name, value, 1, "a positive size", ValueError)
@@ -59,29 +52,11 @@ class KVCache:
         # zeros, not empty: masked stale slots holding NaN would still poison 0 * NaN in some kernels.
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # [L, B, H, S, D]
         self.v = torch.zeros(shape, device=device, dtype=dtype)  # [L, B, H, S, D]
-        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.k.device)  # [B]
+        self.n_layer, self.batch_size, self.max_len = n_layer, batch_size, max_len
+        self.device, self.dtype = self.k.device, dtype
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)  # [B]
         self.bound = 0  # host-side: >= max(lengths), never read from the device
         self.graphs: CapturedPasses | None = None  # the passes captured over these addresses
-
-    @property
-    def n_layer(self) -> int:
-        return self.k.shape[0]
-
-    @property
-    def batch_size(self) -> int:
-        return self.k.shape[1]
-
-    @property
-    def max_len(self) -> int:
-        return self.k.shape[3]
-
-    @property
-    def device(self) -> torch.device:
-        return self.k.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.k.dtype
 
     def __repr__(self) -> str:
         return (f"KVCache(n_layer={self.n_layer}, batch_size={self.batch_size}, max_len={self.max_len}, "
@@ -127,8 +102,7 @@ class KVCache:
         """Roll back to ``new_lengths`` (an int for all rows or a ``[B]`` tensor), in place; growing is refused.
 
         Dropped tokens stay as stale slots. ``check=False`` (a caller that guarantees it) skips the check and its
-        read back; ``bound``, a host-side upper bound of ``new_lengths``, tightens the host bound.
-        """
+        read back; ``bound``, a host-side upper bound of ``new_lengths``, tightens the host bound."""
         new = self._as_lengths(new_lengths)
         if check and not bool(((new >= 0) & (new <= self.lengths)).all()):
             raise ValueError(f"new_lengths must satisfy 0 <= new_lengths <= lengths={self.lengths.tolist()}, "
@@ -140,10 +114,9 @@ class KVCache:
     def check_room(self, n_new: int, what: str) -> None:
         """Raise unless `n_new` more tokens per row (`what`) fit the free slots, max_len - bound (no read back)."""
         if self.bound + n_new > self.max_len:
-            raise ValueError(
-                f"{what} needs {n_new} new cache slots after up to {self.bound} cached tokens, but the cache "
-                f"holds at most max_len={self.max_len}: use a smaller tree near the end of the window"
-            )
+            raise ValueError(f"{what} needs {n_new} new cache slots after up to {self.bound} cached tokens, "
+                             f"but the cache holds at most max_len={self.max_len}: use a smaller tree near the end "
+                             "of the window")
 
     def capacity(self, n_new: int) -> int:
         """The slots a pass of ``n_new`` tokens attends over: ``bound + n_new`` rounded up to a power of two.
@@ -157,17 +130,15 @@ class KVCache:
         return _bucket(need, self.max_len)
 
     def compact(self, kept_slots: Sequence[Sequence[int] | torch.Tensor]) -> None:
-        """Keep only ``kept_slots[b]`` of each sequence ``b``, moved to slots ``0..len-1`` in order.
-
-        After tree verification only the prefix and the accepted path survive. Positions are baked into K/V,
-        so the kept tokens must have been written at their compacted positions (a node at depth d: prefix + d).
-        """
+        """Keep only ``kept_slots[b]`` of each sequence ``b`` (after tree verification: the prefix and the accepted
+        path), moved to slots ``0..len-1`` in order. Positions are baked into K/V, so the kept tokens must have been
+        written at their compacted positions (a node at depth d: prefix + d)."""
         if len(kept_slots) != self.batch_size:
             raise ValueError(f"kept_slots must have one entry per sequence ({self.batch_size}), got {len(kept_slots)}")
         old = self.lengths.tolist()  # one read back: the slots are checked on the host
         new_lengths = []
         for b, slots in enumerate(kept_slots):
-            kept = _slot_list(b, slots)  # host ints (a tensor's are read back)
+            kept = as_int_tuple(f"kept_slots[{b}]", slots)  # host ints (a tensor's are read back)
             if any(s < 0 or s >= old[b] for s in kept):
                 raise ValueError(f"kept_slots[{b}] must index valid slots in [0, {old[b]}), got {kept}")
             if len(set(kept)) != len(kept):
@@ -182,19 +153,7 @@ class KVCache:
 
     def clone(self) -> KVCache:
         """An independent copy, without graphs (they belong to addresses)."""
-        out = KVCache.__new__(KVCache)
-        out.k, out.v, out.lengths, out.bound = self.k.clone(), self.v.clone(), self.lengths.clone(), self.bound
-        out.graphs = None
+        out = copy.copy(self)
+        out.k, out.v, out.lengths, out.graphs = self.k.clone(), self.v.clone(), self.lengths.clone(), None
         return out
 
-
-def _slot_list(b: int, slots: Sequence[int] | torch.Tensor) -> list[int]:
-    """kept_slots[b] as a list of ints; TypeError unless it is a 1-D sequence of integer slot indices."""
-    if isinstance(slots, torch.Tensor):
-        if slots.dtype.is_floating_point or slots.dtype == torch.bool or slots.is_complex() or slots.ndim != 1:
-            raise TypeError(f"kept_slots[{b}] must be a 1-D sequence of integer slot indices")
-        return slots.tolist()
-    out = list(slots)
-    if any(isinstance(s, bool) or not hasattr(s, "__index__") for s in out):  # ints, numpy's included
-        raise TypeError(f"kept_slots[{b}] must be a 1-D sequence of integer slot indices")
-    return [s.__index__() for s in out]

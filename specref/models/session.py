@@ -1,11 +1,9 @@
 """A decoding session: one generation's KV caches and captured passes, and what a module keeps for the next one.
 
-A decoding loop opens one `Session` per generation and takes every cache of the run from it, by
-module and role (`Session.cache`). Where passes are captured (CUDA: `graphs.capturable`), a cache
-comes with its `CapturedPasses` (`KVCache.graphs`) and the module keeps it, emptied, for the next
-generation that fits (same batch size, at most its slots; a new one is rounded up to 64 slots), so
-nothing is captured twice; weights that moved since drop it. A role held by an unfinished session
-(a generation nested in another on the same module) raises a RuntimeError. Elsewhere (a CPU, or
+A decoding loop opens one `Session` per generation and takes every cache of the run from it, by module and
+role (`Session.cache`). Where passes are captured (CUDA: `graphs.capturable`), a cache comes with its
+`CapturedPasses` and the module keeps it, emptied, for the next generation that fits (same batch size, at
+most its slots), so nothing is captured twice; weights that moved since drop it. Elsewhere (a CPU, or
 ``kept(module).enabled = False``) every cache is new and nothing is kept.
 """
 
@@ -51,7 +49,8 @@ class Session:
         self._held: list[tuple[Kept, str]] = []
 
     def cache(self, module: torch.nn.Module, role: str, batch_size: int, max_len: int, window: int) -> KVCache:
-        """An empty cache of `module` (with `new_cache`) for `role`: at least `max_len` slots, at most `window`."""
+        """An empty cache of `module` (with `new_cache`) for `role`: at least `max_len` slots, at most `window` (a
+        kept one is rounded up to 64); RuntimeError if an unfinished session (a nested generation) holds the role."""
         state = kept(module)
         if not (state.enabled and graphs.capturable(next(module.parameters()).device)):
             return module.new_cache(batch_size, max_len=max_len)
