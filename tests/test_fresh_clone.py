@@ -169,7 +169,7 @@ def test_the_class_is_graded_from_a_non_editable_install(clone, tmp_path):
     book = (tmp_path / "class-grading" / "gradebook.csv").read_text()
     assert "stub.ipynb" in book and "some checks failed" in book, book
     merged = run(["make", "grade-merge", f"DIR={folder}"], dest, env, timeout=300)
-    assert "merged 0 hand marks" in merged.stdout, merged.stdout
+    assert "hand marks from" in merged.stdout and "gradebook:" in merged.stdout, merged.stdout
     released = tmp_path / "release"
     out = run(["make", "release", f"DIR={released}", "GRADED=ex05"], dest, env, timeout=600)
     assert "graded from this release: ex05" in out.stdout, out.stdout
