@@ -25,6 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .._validate import check_int, check_tokens
 from .kernels import KernelPath, SmallLinear, kernel_path
 from .kvcache import KVCache
+from .meta_init import NoMetaDraws
 
 __all__ = ["GPT2", "GPT2Config", "GPT2Output", "normalize_state_dict", "use_small_kernel"]
 
@@ -336,16 +337,17 @@ class GPT2(nn.Module):
         if not isinstance(config, GPT2Config):
             raise TypeError(f"config must be a GPT2Config, got {type(config).__name__}")
         self.config = config
-        self.transformer = Transformer(config)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
-        self.apply(self._init_weights)
-        # GPT-2 scales residual projections by 1/sqrt(2 * n_layer) so the residual
-        # stream's variance does not grow with depth.
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=config.initializer_range / math.sqrt(2 * config.n_layer))
+        with NoMetaDraws():  # on the meta device (a shape for a checkpoint): nothing drawn
+            self.transformer = Transformer(config)
+            self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+            if config.tie_word_embeddings:
+                self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
+            self.apply(self._init_weights)
+            # GPT-2 scales residual projections by 1/sqrt(2 * n_layer) so the residual
+            # stream's variance does not grow with depth.
+            for name, p in self.named_parameters():
+                if name.endswith("c_proj.weight"):
+                    nn.init.normal_(p, mean=0.0, std=config.initializer_range / math.sqrt(2 * config.n_layer))
 
     def _init_weights(self, module: nn.Module) -> None:  # biases start at 0 and LayerNorms at 1, GPT-2's values
         std = self.config.initializer_range

@@ -15,7 +15,7 @@ pass on a busy machine is off by a percentage of its time, not by a fixed number
   -1.5 sigma^2 of each coefficient (lognormal noise: the mean of exp(-sigma z) is exp(sigma^2 / 2)).
   The tolerance on coefficient j is Z_FIT = 5 of its standard errors plus BIAS_FIT = 2 sigma^2 of
   its size: a correct fit misses it with probability below 1e-6 per coefficient, while an unweighted
-  fit (the slowest passes dominate) misses it on about 4 tables in 10 (tests/test_grading_ex07.py).
+  fit (the slowest passes dominate) misses it on about 4 tables in 10 (tests/grading/test_ex07.py).
 * Task 2 is graded on the sum model of given coefficients. v(k, B) = t(B, k + 1, S) / t(B, 1, S), and its limit
   as B grows (batch_size = math.inf), by value at a relative REL = 1e-9: a closed form in float64 rounds a few
   ulps apart, any wrong formula far more. The crossover B*(k) (the largest B at which k beats plain decoding; 0 if
@@ -26,7 +26,7 @@ pass on a busy machine is off by a percentage of its time, not by a fixed number
   where a float64 closed form may round either way; inf passes only where B* is inf. That allowance is enough
   because every random case is clear (`_clear`): B* at most FAR_MAX = 10^7 or inf, and the limit speedup at least
   LIMIT_GAP = 1e-5 from 1, so the cancellation in g costs a float64 closed form about 1e-11 of the crossing point
-  (tests/test_grading_ex07.py measures it). The cases mix crossovers of a few batches, crossovers between 10^5 and
+  (tests/grading/test_ex07.py measures it). The cases mix crossovers of a few batches, crossovers between 10^5 and
   10^7 (no search batch by batch to 10^5 reaches them), none and every batch size (long contexts, where the cache
   read that a plain and a verification pass share dominates), alpha 0 and 1, no fixed cost, no per-token cost.
   The speedup itself is not graded (it is the chapter's E / (v + c k)); Task 3 judges what the learner does with it.
@@ -34,7 +34,7 @@ pass on a busy machine is off by a percentage of its time, not by a fixed number
   every batch size at least SAFE = 0.90x plain decoding, and over the batch sizes on average at
   least EFFICIENT = 0.80 of the best k's throughput (an oracle that knows the true costs).
 
-False-fail rates at a random seed (the grader draws a fresh seed per grading; tests/test_grade_false_fail.py
+False-fail rates at a random seed (the grader draws a fresh seed per grading; tests/grading/test_false_fail.py
 measures each on the solution's answers):
 * the fit: each coefficient misses Z_FIT = 5 standard errors with probability 2 Phi(-5) = 5.7e-7 (first order;
   BIAS_FIT covers the second-order bias), so a correct fit fails the hidden check (12 tables x 3 coefficients)
@@ -44,7 +44,7 @@ measures each on the solution's answers):
   mean share of a table was 0.811 (the next 0.885), the worst batch 0.93x plain. The one-sided 95% Clopper-Pearson
   upper bound on the rate, scipy.stats.beta.ppf(0.95, 1, N), is 5.7e-4: below 1 in 1,000. The floors keep the check's power: a
   fixed k = 4 fails every one of 100 hidden checks, a policy that never speculates every one too (EFFICIENT = 0.75
-  would let 2 of those 100 pass; tests/test_grade_false_fail.py holds the figures and rechecks them).
+  would let 2 of those 100 pass; tests/grading/test_false_fail.py holds the figures and rechecks them).
 
 Visible and hidden checks are separate functions with their own case generators (other grids,
 noise levels and batch sizes); the hidden ones draw from the grader's seed. Feedback shows the

@@ -309,7 +309,7 @@ def check_propose(fn: Callable[..., object], cases=PROPOSE_CASES, seed: int = 0)
 # 30 tokens, at temperature 0.7 and top-k 3, the target's first token has three possible values
 # (about 0.50, 0.41, 0.09) and the draft disagrees on half the mass: beta = sum min(p, q) = 0.50. The
 # first two tokens then take 9 cells. `sampling_power` computes the effect sizes exactly (float64,
-# by enumerating the broken rules) and tests/test_grading_pair.py holds them to these numbers: per
+# by enumerating the broken rules) and tests/grading/test_ex04.py holds them to these numbers: per
 # sample, the chi-square non-centrality of the first token alone is 0.25 for skipping the residual and
 # 0.53 for a q handed to the rule unprocessed (softmax at temperature 1, no top-k). At N = 2000 that
 # is 500 and 1060, against a critical value of 29.6 (chi-square, 8 dof, level SAMPLING_ALPHA = 2.5e-4): each
@@ -321,7 +321,7 @@ def check_propose(fn: Callable[..., object], cases=PROPOSE_CASES, seed: int = 0)
 # draw. It fails when the chi-square p-value is below SAMPLING_ALPHA (probability SAMPLING_ALPHA, to the
 # chi-square approximation, cells expected below 5 pooled), or the TV exceeds its Bretagnolle-Huber-Carol bound
 # (probability below SAMPLING_ALPHA), or fewer first drafts are accepted than N beta - 6 sd (below 1e-9): at
-# most 2 SAMPLING_ALPHA + 1e-9 = 5e-4 per check, 1 in 2,000 (tests/test_grade_false_fail.py measures it).
+# most 2 SAMPLING_ALPHA + 1e-9 = 5e-4 per check, 1 in 2,000 (tests/grading/test_false_fail.py measures it).
 # The hidden setting (prompt 31, 9 tokens, top-k 4, k = 1): beta 0.50, TV 0.25 and 0.30, 16 cells.
 SAMPLING_HIDDEN = {"prompt": 31, "n_tokens": 9, "k": 1, "temperature": 0.7, "top_k": 4, "n": 2000}
 SAMPLING_ALPHA = 2.5e-4  # the distribution test's level: a correct decoder fails at most 2 x this (see above)
@@ -643,7 +643,7 @@ def check_speculative_decode(
 #
 # * the counts (new tokens, speculative steps) of the greedy run they timed. The grader counts the same run on the
 #   bundled pair in float64. A greedy count is a chain of argmax decisions, and float32 rounding moves these
-#   models' logits by less than 1e-4 (tests/test_grading_pair.py measures the grown float32 target and the float32
+#   models' logits by less than 1e-4 (tests/grading/test_ex04.py measures the grown float32 target and the float32
 #   draft against float64 along the timed run and holds the difference below COUNT_MARGIN / 4), so a decision
 #   whose float64 margin, best logit minus second best, is above COUNT_MARGIN comes out the same in float32 on any
 #   CPU. The check computes the run's smallest margin and compares the reported counts only when it clears
@@ -659,7 +659,14 @@ HIDDEN_COUNTS = {"n_prompts": 2, "n_tokens": 24, "ks": (1, 3), "max_new_tokens":
 
 
 def _target_greedy(prompt: list[int], n: int) -> tuple[list[int], float]:
-    """The float64 target's n greedy tokens after `prompt`, and the smallest `_margin` of its decisions."""
+    """The float64 target's n greedy tokens after `prompt`, and the smallest `_margin` of its decisions (a fresh
+    list each call: the run is made once per prompt and n in this process, whatever the k it is compared at)."""
+    tokens, margin = _target_greedy_run(tuple(int(t) for t in prompt), int(n))
+    return list(tokens), margin
+
+
+@functools.lru_cache(maxsize=64)
+def _target_greedy_run(prompt: tuple[int, ...], n: int) -> tuple[tuple[int, ...], float]:
     target, _ = _pair64()
     out: list[int] = []
     margin = math.inf
@@ -671,7 +678,7 @@ def _target_greedy(prompt: list[int], n: int) -> tuple[list[int], float]:
             out.append(int(logits.argmax()))
             if i < n - 1:
                 logits = target(torch.tensor([[out[-1]]]), cache=cache)[0, -1]
-    return out, margin
+    return tuple(out), margin
 
 
 def greedy_count(prompts: list[list[int]], k: int, max_new_tokens: int) -> tuple[int, int, float]:

@@ -31,7 +31,7 @@ False-fail rates: `check_lossless_check` 0 (it draws no sample: the grader's tru
 both exact enumerations, so a correct answer passes at every seed; the seed only composes the samplers).
 `check_resolution` simulates multinomial counts from a seeded generator and fails an answer only where a count
 exceeds its binomial quantile at 1 - 1e-6: a correct answer fails with probability below 1e-6 per
-configuration, below 1e-4 over all of them (tests/test_grade_false_fail.py runs the solution over many seeds).
+configuration, below 1e-4 over all of them (tests/grading/test_false_fail.py runs the solution over many seeds).
 
 Samplers handed to the learner's code are fresh function objects under opaque names, in an order drawn anew; a
 failure shows what the learner's code returned and which property failed, never which verdict is wrong.

@@ -10,13 +10,13 @@ follow the kept buffer, shapes, inputs unchanged), then by a distribution test: 
 thousands of speculative generations at temperature 1 on a small random GPT-2 built from the seed,
 against their exact distribution (`specref.checks.montecarlo.distribution_test`). The test has power
 at its sample size: a draft that reports a smoothed q for the same proposals fails it
-(tests/test_grading_ex05.py). The sample size is RUNS = 16,000 generations: at 4,000 (with the level below) a
+(tests/grading/test_ex05.py). The sample size is RUNS = 16,000 generations: at 4,000 (with the level below) a
 draft reporting q = 0.9 one-hot + 0.1 uniform passed 14 hidden seeds in 100, at 16,000 none of 100 (its
 chi-square at least 1.37 x the critical value); the batched generations cost about 0.3 s more per grading.
 Its false-fail rate at a random seed is at most FALSE_FAIL_RATE = 5e-4 (1 in
 2,000): a correct draft fails when the chi-square p-value is below SAMPLING_ALPHA = 2.5e-4 or the TV exceeds
 its Bretagnolle-Huber-Carol bound at that level (each with probability at most SAMPLING_ALPHA);
-tests/test_grade_false_fail.py measures it.
+tests/grading/test_false_fail.py measures it.
 
 Task 3, compare_tau(a, b, level) -> ((tau_a, low_a, high_a), (tau_b, low_b, high_b), verdict): tokens per
 target pass from per-step counts, each with its two-sided t-interval, and the decision the intervals allow (+1: a
@@ -25,7 +25,7 @@ per-step counts (sizes 2 to 400, levels 0.80 to 0.99, pairs that overlap and pai
 edge); no sampling in the check, so a correct answer never fails (FALSE_FAIL_RATE_TAU = 0). Tolerance
 INTERVAL_RTOL = 1e-6 relative: float32 arithmetic of a mean and a quantile stays within it, and the usual
 mistakes (a normal quantile for the t one, ddof = 0, a one-sided quantile) are at least 50 times further out
-on the check's cases (tests/test_grading_ex05.py).
+on the check's cases (tests/grading/test_ex05.py).
 
 The reference rule (`specref_grading.checks.rules`): a task that calls the specref function it asks the
 learner to write scores 0, with a message that says why.

@@ -5,7 +5,7 @@ the learner's own speculative loop.
 Every `check_*` function raises AssertionError with the input, the received answer and a hint (never the answer a
 task asks for), or returns None and prints one line on success. The statistical checks use generators seeded by
 `derived_seed` (a fixed seed per case), a real test statistic and threshold, and state their false-fail rate and
-their power where they are defined; tests/test_grading.py runs them on the solution and on negative controls.
+their power where they are defined; tests/grading/test_ex02_ex03.py runs them on the solution and on negative controls.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def check_accepted_counts(fn: Callable[[list[float], int, torch.Generator], obje
 
     False-fail rate: a correct simulation fails a case with probability 1e-6 (the chi-square law is accurate here:
     every kept bin expects at least 5 counts, nearly all of them hundreds); over the 6 visible and 8 hidden cases
-    at most 1.4e-5, 1 in 70,000. Power (the noncentral chi-square at 20,000 samples; tests/test_grading.py runs
+    at most 1.4e-5, 1 in 70,000. Power (the noncentral chi-square at 20,000 samples; tests/grading/test_ex02_ex03.py runs
     these as negative controls): drafts accepted independently without stopping at the first rejection,
     acceptance `u > alpha` instead of `u < alpha`, one alpha for every position, the alphas shifted by one
     position fail with probability 1 to machine precision (noncentrality 2.5e4, 8.8e4 and 4.1e4 on the cases
@@ -451,13 +451,13 @@ def check_toy_measurement(fn: Callable[..., object], n_cases: int = 3, seed: int
     spread (see `toy_reference`). At TOY_RUNS = 2000 runs of TOY_N = 60 tokens that tolerance is about 0.01 to 0.05
     tokens per step and 0.005 to 0.015 in a rate: far below an off-by-one (1 token per step) or accepted / drafted
     in place of accepted / examined (0.2 or more on these pairs); on the two-topic chain the two rates differ by
-    about 0.1, many tolerances, so swapping them is flagged (tests/test_grading.py holds the cases to that). Two
+    about 0.1, many tolerances, so swapping them is flagged (tests/grading/test_ex02_ex03.py holds the cases to that). Two
     calls with generators seeded alike must agree (randomness from the generator handed in).
 
     False-fail rate at a random seed: each measure of a correct loop is off the reference by a difference that is
     normal to first order (2000 and 20 000 independent runs), so it misses 5 standard errors with probability
     2 Phi(-5) = 5.7e-7; over 3 measures x n_cases (6 in the hidden test, 3 visible) at most 1.6e-5, 1 in 60,000
-    (tests/test_grade_false_fail.py measures it on the solution).
+    (tests/grading/test_false_fail.py measures it on the solution).
     """
     g = "check_toy_measurement"
     for n, (label, target, draft, k) in enumerate(_toy_cases(n_cases, seed), 1):

@@ -8,6 +8,7 @@ Read with docs/grading-threat-model.md. One concept a module:
 * remote.py: the handle on an object of the other process;
 * calls.py: the call machinery (`Peer`): requests, nested serving, sync-back of arrays and generators, caps;
 * kernel_policy.py, trusted_policy.py: what each side exports, lets read and lets answer;
+* exports.py: the declared wrappers, one per kind, in which the trusted side's objects leave it;
 * program.py: the kernel's program, made of the kernel-side modules above;
 * kernel_tree.py: the allow-list copy of specref the kernel imports;
 * wall.py: starts the trusted process and the jailed kernel for a plan, reads the results' pipe;

@@ -4,7 +4,7 @@ The grader is not on the kernel's filesystem, so the kernel cannot import these 
 The rule: `KERNEL_MODULES`, in order, each without its ``from __future__`` line and its imports of the other
 trust modules (they share the program's one namespace, so those imports name nothing new), then the jail's main.
 A kernel-side module imports another's names as they are (no ``as``), and no two define the same top-level name
-(tests/test_grade_trust_core.py holds both). The trusted side's policy is not in it.
+(tests/grading/test_trust_core.py holds both). The trusted side's policy is not in it.
 """
 
 from __future__ import annotations

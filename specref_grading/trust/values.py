@@ -11,7 +11,8 @@ The rule, per value:
   our stack lends it (keys are sequential, so guessable);
 * a frozen dataclass of specref: its fields (records.py);
 * anything else is not sent: it is exported under a handle id, and the receiver gets a `Remote`. What a side
-  may export, and what it sends as a plain copy, is its policy's (kernel_policy.py, trusted_policy.py).
+  may export, what leaves in its place (the trusted side: a declared wrapper, exports.py) and what it sends as a
+  plain copy is its policy's (kernel_policy.py, trusted_policy.py).
 
 Every message is limited in depth and items while it is encoded or decoded, whatever its bytes say.
 """
@@ -65,7 +66,8 @@ class Codec:
 
     def __init__(self, side: str, policy):
         self.side, self.policy = side, policy
-        self.exports: dict[int, object] = {}
+        self.exports: dict[int, object] = {}  # handle id -> what left (a declared wrapper on the trusted side)
+        self.originals: dict[int, object] = {}  # handle id -> the object it stands for
         self.export_ids: dict[int, int] = {}
         self.proxies: dict[int, Remote] = {}
         self.gens: dict[str, object] = {}
@@ -140,13 +142,16 @@ class Codec:
         return self.export(x)
 
     def export(self, x) -> dict:
-        """A handle on `x` for the other side, if this side's policy lets `x` out."""
-        self.policy.check_export(x)
+        """A handle for the other side on what leaves in place of `x`: the policy refuses `x` (raises), or names
+        its declared wrapper (None: `x` itself). The other side's requests act on what left; a handle coming
+        back is `x` again."""
         key = id(x)
         hid = self.export_ids.get(key)
-        if hid is None or self.exports.get(hid) is not x:
+        if hid is None or self.originals.get(hid) is not x:
+            out = self.policy.check_export(x)
+            out = x if out is None else out
             hid = self.new_id()
-            self.exports[hid] = x
+            self.exports[hid], self.originals[hid] = out, x
             self.export_ids[key] = hid
         kind = getattr(type(x), "__qualname__", "object")
         return {"$h": hid, "own": True, "kind": kind if isinstance(kind, str) else "object"}
@@ -223,9 +228,9 @@ class Codec:
             if type(hid) is not int:
                 raise ValueError("malformed handle")
             if not x.get("own"):  # one of ours, coming back
-                if hid not in self.exports:
+                if hid not in self.originals:
                     raise ValueError("a handle this process never gave out")
-                return self.exports[hid]
+                return self.originals[hid]
             proxy = self.proxies.get(hid)
             if proxy is None:
                 kind = x.get("kind")

@@ -41,7 +41,7 @@ CALL_TIMEOUT_S = 60  # one call of the checks into the submission's code (the ce
 # The checks' process's own CPU time on one test cell (its checks, and every call it makes into the kernel or serves
 # for it): what stops a flood of calls (a value looped over without end, code calling back without end), whatever
 # the number of calls an honest algorithm needs. The cap leaves a wide margin over ex03's exhaustive best_k (close to
-# a million calls of v(k); tests/test_grade_limits.py grades it under this cap and prints what it took), stays below
+# a million calls of v(k); tests/grading/test_honest_answers.py grades it under this cap and prints what it took), stays below
 # the process's CPU limit for the whole run (processes.TRUSTED_CPU_S), and under half of a test cell's time, so that
 # a flood, where this side does at most about half of the work of each round trip, meets it first.
 TEST_CPU_S = 240
