@@ -264,7 +264,7 @@ def test_exercises_are_stamped_with_the_exercise_id_and_the_tests_version():
     assert make_exercises.tests_version(changed) == stamp["version"]  # answers do not change the version
 
 
-# -- grading: what runs comes from the solution (tests/test_grade_security.py has the attacks) -----
+# -- grading: what runs comes from the solution (tests/grading/test_plan.py has the attacks) -----
 def test_grading_runs_the_solutions_test_cells_and_only_the_learners_answers():
     sol = toy_solution()
     submission = make_exercise(sol, "ex_toy.ipynb")

@@ -78,12 +78,12 @@ def test_the_unit_tests_it_reruns_are_every_test_but_the_browser_and_fresh_clone
     is in it (slow or not); the fresh clone and the grader's end-to-end tests are not."""
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                           *portable.unit_test_run(["tests/test_bench_batch.py", "tests/test_fresh_clone.py",
-                                                  "tests/test_grade_seed.py"])[1:]],
+                                                  "tests/grading/test_hidden_seed.py"])[1:]],
                          cwd=portable.ROOT, capture_output=True, text=True, timeout=300)
     ids = [ln for ln in out.stdout.splitlines() if "::" in ln]
     assert any("test_the_in_loop_model_never_sees" in i for i in ids), out.stdout[-2000:]
     assert any("quick_prints_every_table" in i for i in ids), ids
-    assert not any("fresh_clone" in i or "test_grade_seed" in i for i in ids), ids
+    assert not any("fresh_clone" in i or "test_hidden_seed" in i for i in ids), ids
     assert portable.unit_test_run([]) == ["tests", "-m", "not browser and not fresh_clone and not grader"]
 
 

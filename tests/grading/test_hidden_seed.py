@@ -1,12 +1,11 @@
-"""specref_grading --seed: the hidden tests' cases follow a seed the grader chooses, not the one in the solutions.
+"""The hidden seed: the hidden tests' cases follow a seed the grader draws, never one the kernel can read or set.
 
-A learner who has read solutions/ knows HIDDEN_SEED = 1 and could learn the hidden cases by heart.
-With another seed those answers fail, while a correct answer still gets full marks; and no answer
-can rebind the seed, because the grader binds it inside the test cell itself.
-
-A failing hidden case prints its inputs (by design), so a seed used twice for one learner leaks its cases:
-one grading (``python -m specref_grading.grade``, ``make grade``) draws a fresh seed each time unless
-``--seed N`` asks for one, and a class run draws one per submission graded (tests/test_grade_all.py).
+A learner who has read solutions/ knows HIDDEN_SEED = 1 and could learn the hidden cases by heart: with another seed
+those answers fail, while a correct answer still gets full marks, and no answer can rebind the seed, because the
+grader binds it inside the test cell itself. A failing hidden case prints its inputs (by design), so a seed used
+twice for one learner leaks its cases: one grading (``python -m specref_grading.grade``, ``make grade``) draws a
+fresh seed each time unless ``--seed N`` asks for one, and a class run draws one per submission graded
+(test_class_run.py). The hidden tests and the seed never reach the kernel.
 """
 
 from __future__ import annotations
@@ -21,14 +20,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specref_grading.checks import batch as G
-
-ROOT = Path(__file__).resolve().parents[1]
-from specref_grading import grade
+from specref_grading import grade as grader
 from specref_grading import plan as grade_plan
+from specref_grading.checks import batch as G
 from specref_grading.exercises import BEGIN_HIDDEN, END_HIDDEN
 
-SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
+from .conftest import REPO, answer, attacked, grade, make_exercise, solved, toy_solution
+
+pytestmark = pytest.mark.grader
+
+
+SOLUTIONS = sorted((REPO / "solutions").glob("*.ipynb"))
+
+
 HIDDEN = re.compile(re.escape(BEGIN_HIDDEN) + "(.*?)" + re.escape(END_HIDDEN), re.S)
 
 
@@ -73,11 +77,11 @@ def _seeds_main_grades_with(monkeypatch, tmp_path, *args: str, times: int = 3) -
     def fake_grade(notebook, solution, solutions_dir, cell_timeout, run_timeout, seed, memory_mb, unjailed):
         assert unjailed is ("--unjailed" in args)  # an unjailed grading only when asked for
         seen.append(seed)
-        return grade.Report(str(notebook), exercise="ex_toy", seed=seed)
+        return grader.Report(str(notebook), exercise="ex_toy", seed=seed)
 
-    monkeypatch.setattr(grade, "grade", fake_grade)
+    monkeypatch.setattr(grader, "grade", fake_grade)
     for _ in range(times):
-        assert grade.main([str(path), *args]) == 0
+        assert grader.main([str(path), *args]) == 0
     return seen
 
 
@@ -95,7 +99,7 @@ def test_make_grade_passes_no_seed_unless_asked():
     if shutil.which("make") is None:
         pytest.skip("no make")
     dry = lambda *a: subprocess.run(["make", "-n", "-s", "grade", *a], capture_output=True, text=True,  # noqa: E731
-                                    cwd=ROOT, timeout=60).stdout
+                                    cwd=REPO, timeout=60).stdout
     line = next(ln for ln in dry("NB=x.ipynb").splitlines() if "specref_grading.grade" in ln)
     assert "--seed" not in line, line
     assert "--seed '5'" in dry("NB=x.ipynb", "SEED=5") or "--seed 5" in dry("NB=x.ipynb", "SEED=5")
@@ -127,7 +131,7 @@ def test_every_seeded_hidden_test_follows_the_graders_seed(path):
 
 
 def _submission(answer_source: str) -> dict:
-    nb = json.loads((ROOT / "solutions" / "ex07_load_aware_k.ipynb").read_text())
+    nb = json.loads((REPO / "solutions" / "ex07_load_aware_k.ipynb").read_text())
     nb["metadata"]["specref"] = {"exercise": "ex07_load_aware_k"}
     for c in nb["cells"]:
         if c["metadata"].get("nbgrader", {}).get("grade_id") == "ex07_fit_answer":
@@ -138,7 +142,7 @@ def _submission(answer_source: str) -> dict:
 def test_the_plan_binds_the_seed_inside_each_test_cell_after_every_answer():
     # An answer that rebinds HIDDEN_SEED (to 0: the visible cases) changes nothing: the test cell binds it again.
     nb = _submission("HIDDEN_SEED = 0\n\ndef fit_pass_time(rows):\n    return [0.0, 0.0, 0.0]\n")
-    solution = json.loads((ROOT / "solutions" / "ex07_load_aware_k.ipynb").read_text())
+    solution = json.loads((REPO / "solutions" / "ex07_load_aware_k.ipynb").read_text())
     plan = grade_plan.build_plan(solution, nb, "ex07_load_aware_k.ipynb", seed=9)
     tests = [c for c in plan.cells if c["role"] == "test"]
     assert plan.seed == 9 and tests
@@ -182,7 +186,7 @@ def test_answers_learned_by_heart_pass_the_solutions_seed_and_fail_another(tmp_p
     at_seven = _grade(tmp_path, memorised, "--seed", "7")
     assert at_seven["seed"] == 7
     assert {t["grade_id"]: t["outcome"] for t in at_seven["tests"]}[check] == "failed"
-    solution = json.loads((ROOT / "solutions" / "ex07_load_aware_k.ipynb").read_text())
+    solution = json.loads((REPO / "solutions" / "ex07_load_aware_k.ipynb").read_text())
     solution["metadata"]["specref"] = {"exercise": "ex07_load_aware_k"}
     honest = _grade(tmp_path, solution, "--seed", "7")
     assert honest["total"] == honest["possible"] > 0, honest
@@ -194,5 +198,56 @@ def test_grade_py_refuses_a_bad_seed_before_grading(tmp_path):
     assert done.returncode == 2 and "--seed must be in [1, 2**63)" in done.stderr
 
 
-# Grades in kernels whose environment specref_grading sets itself: tools/upkeep/portable.py leaves these out.
-pytestmark = pytest.mark.grader
+def test_the_hidden_tests_and_seed_never_reach_the_kernel(toy):
+    """The old kernel held the test cells, hidden tests and `HIDDEN_SEED = N` included, in its own memory. The
+    checks' cell (the toy's check_double, ``metadata.specref.side == "checks"``) runs in the trusted process only."""
+    sol_dir, _, _ = toy
+    sol = toy_solution()
+    test = answer(sol, "double_check")
+    test["source"] = test["source"].replace("xs=(10, -7.5)", "xs=(HIDDEN_SEED % 97, -7.5)")
+    (sol_dir / "ex_toy.ipynb").write_text(json.dumps(sol))
+    exercise = make_exercise(sol)
+    probe = ('import sys\n'
+             'seen = []\n'
+             'def walk(o, depth=0):\n'
+             '    if depth > 8:\n'
+             '        return\n'
+             '    if isinstance(o, str):\n'
+             '        if "HIDDEN" + "_SEED" in o and "check" + "_double" in o:\n'
+             '            seen.append(o)\n'
+             '    elif isinstance(o, dict):\n'
+             '        for v in list(o.values()):\n'
+             '            walk(v, depth + 1)\n'
+             '    elif isinstance(o, (list, tuple)):\n'
+             '        for v in list(o):\n'
+             '            walk(v, depth + 1)\n'
+             'for m in list(sys.modules.values()):\n'
+             '    walk(getattr(m, "__dict__", {}))\n'
+             'spaces = [globals()] + [getattr(m, "__dict__", {}) for m in list(sys.modules.values())]\n'
+             'checks = [d for d in spaces if "check" + "_double" in d]\n'
+             'raise ValueError("found: " + repr(seen)[:3000] + " checks: " + repr(len(checks)))\n')
+    code, report, out = grade(attacked(exercise, probe), toy, "alice.ipynb", "--seed", "918273")
+    assert report and report["seed"] == 918273, out
+    assert "found: [] checks: 0" in json.dumps(report["tests"]), json.dumps(report["tests"])[:3000]
+    assert "918273" not in json.dumps(report["tests"]), json.dumps(report["tests"])[:3000]
+
+
+def test_a_fresh_seed_is_drawn_and_reported(toy):
+    sol_dir, sub_dir, _ = toy
+    path = sub_dir / "alice.ipynb"
+    path.write_text(json.dumps(solved(toy)))
+    a = grader.grade(path, sol_dir / "ex_toy.ipynb", seed=None)
+    assert a.seed is not None and 1 <= a.seed < 2**63 and a.total == a.possible, a.text()
+
+
+def test_make_grade_passes_the_seed_to_no_shell_and_the_report_names_it(toy, tmp_path):
+    nb_path = tmp_path / "learner.ipynb"
+    nb_path.write_text(json.dumps(toy_solution()))
+    make = ["make", "-s", "--no-print-directory", "-C", str(REPO), "grade", f"NB={nb_path}",
+            f"SOLUTION={toy[0] / 'ex_toy.ipynb'}"]
+    bad = subprocess.run([*make, "SEED=7; touch pwned4 $(touch pwned5)"], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    assert bad.returncode != 0 and "--seed must be" in bad.stderr, bad.stdout + bad.stderr
+    assert not any((d / f"pwned{i}").exists() for d in (tmp_path, REPO) for i in (4, 5))
+    good = subprocess.run([*make, "SEED=3"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert good.returncode == 0 and "hidden seed 3)" in good.stdout, good.stdout + good.stderr

@@ -27,25 +27,25 @@ import json
 import math
 import time
 from contextlib import redirect_stdout
-from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.stats
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-SECONDS = 50  # per measurement: as many seeds as fit (at least the minimum each test names)
+from .conftest import REPO
 
-# Slow, and about the grader (not numerics of ours): make test-portable leaves it out with the other grader tests.
 pytestmark = [pytest.mark.slow, pytest.mark.grader]
+
+
+SECONDS = 50  # per measurement: as many seeds as fit (at least the minimum each test names)
 
 
 @functools.cache
 def solution_namespace(exercise: str) -> dict:
     """The solution's setup, given and answer cells run in one namespace: its functions, as a correct learner's.
     Test cells and measurements (NBVAL_IGNORE_OUTPUT) are left out."""
-    nb = json.loads((ROOT / "solutions" / f"{exercise}.ipynb").read_text(encoding="utf-8"))
+    nb = json.loads((REPO / "solutions" / f"{exercise}.ipynb").read_text(encoding="utf-8"))
     ns: dict = {"__name__": "__main__"}
     with redirect_stdout(io.StringIO()):
         for c in nb["cells"]:
@@ -151,11 +151,9 @@ def test_ex04_sampling_decision_false_fail_rate(which):
 
 
 def test_ex04_the_real_check_passes_the_reference_decoder_at_random_seeds():
-    import sys
-    sys.path.insert(0, str(ROOT / "tests"))
-    from test_grading_pair import STEP, make_decoder
-
     from specref_grading.checks import gpt2_pair as G
+
+    from .test_ex04 import STEP, make_decoder
 
     failed, n = seeds_within(SECONDS, 6, 40, lambda s: fails(
         G.check_first_two_tokens, STEP, G.SAMPLING_HIDDEN, seed=10**12 + s))
@@ -269,7 +267,7 @@ def test_ex07_policy_false_fail_rate():
     from specref_grading.checks import batch as G
 
     # the notebook's loop form of the policy (about 0.5 s a check); batch.py's docstring holds EX07_POLICY_CHECKS seeds
-    # of the same policy, vectorised (tests/test_grading_ex07.py's load_aware_k), at SAFE = 0.90, EFFICIENT = 0.80
+    # of the same policy, vectorised (test_ex07.py's load_aware_k), at SAFE = 0.90, EFFICIENT = 0.80
     policy = solution_namespace("ex07_load_aware_k")["load_aware_k"]
     failed, n = seeds_within(60, 60, 2000, lambda s: fails(G.check_policy_unseen, policy, seed=10**12 + s))
     assert_consistent("ex07 check_policy_unseen (solution)", failed, n, 1e-3)
@@ -290,14 +288,16 @@ def test_ex07_policy_false_fail_rate():
 # choices as the notebook's loop) at seeds 10**12 + 1 ... 10**12 + EX07_POLICY_CHECKS: `_ex07_policy_tables` over those
 # seeds (about 0.07 s a check on a free core), a check failing when any of its 8 tables is below SAFE or EFFICIENT.
 EX07_POLICY_CHECKS, EX07_POLICY_FAILED = 5250, 0
+
+
 EX07_WORST_SEED = 10**12 + 248  # the worst table of that run: a mean share of 0.811 of the best k's throughput
 
 
 def _ex07_policy_tables(seeds) -> list[tuple[int, float, float]]:
     """(seed, worst speedup over plain, mean share of the best k) of every table check_policy_unseen grades."""
-    from test_grading_ex07 import load_aware_k
-
     from specref_grading.checks import batch as G
+
+    from .test_ex07 import load_aware_k
 
     out = []
     for seed in seeds:

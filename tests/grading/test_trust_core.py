@@ -24,15 +24,17 @@ from specref_grading.trust.kernel_policy import KernelPolicy
 from specref_grading.trust.remote import Remote
 from specref_grading.trust.trusted_policy import Served, TrustedPolicy
 
+pytestmark = pytest.mark.grader
+
+
 TRUST = Path(program.__file__).resolve().parent
+
+
 MODULES = sorted(p.stem for p in TRUST.glob("*.py") if p.stem != "__init__")
 
 
 def _tree(name: str) -> ast.Module:
     return ast.parse((TRUST / f"{name}.py").read_text(encoding="utf-8"))
-
-
-# -- the core's shape ------------------------------------------------------------------------------------------------
 
 
 # The core's ways out: kernel_tree and reading read the learner's and the exercise's code with the scanner's walker,
@@ -67,9 +69,6 @@ def test_no_module_of_the_core_cites_dates_or_benchmark_runs():
     for path in TRUST.glob("*.py"):
         text = path.read_text(encoding="utf-8")
         assert "benchmarks/history" not in text and "2026-" not in text, path.name
-
-
-# -- the kernel's program -------------------------------------------------------------------------------------------
 
 
 def test_the_kernels_program_is_the_kernel_side_modules_and_compiles():
@@ -148,9 +147,6 @@ def test_the_kernels_program_cannot_import_the_grader(kernel):
     assert error and ("ModuleNotFoundError" in error or "ImportError" in error), error
 
 
-# -- each side's policy -----------------------------------------------------------------------------------------------
-
-
 def test_the_kernels_policy_lets_everything_out_and_flattens_plain_subclasses():
     policy = KernelPolicy()
     policy.check_export(os.system)
@@ -185,6 +181,3 @@ def test_the_trusted_policy_refuses_operators_of_the_submissions_objects_while_t
         policy.check_operator(FakePeer(), remote, "an operator (-)")
     FakePeer.answering = 1  # answering a call of the kernel: the course's code computes for the submission
     policy.check_operator(FakePeer(), remote, "an operator (-)")
-
-
-pytestmark = pytest.mark.grader

@@ -204,7 +204,7 @@ def test_a_shaved_union_bound_passes_the_check_which_is_why_the_derivation_is_gr
     with pytest.raises(AssertionError, match="is not below the union bound"):
         G.check_resolution(lambda c, n, lv: 1.1 * bhc_threshold(c, n, lv), bhc_samples, seed=5)
 
-    path = Path(__file__).resolve().parents[1] / "solutions" / "ex08_lossless_or_not.ipynb"
+    path = Path(__file__).resolve().parents[2] / "solutions" / "ex08_lossless_or_not.ipynb"
     nb = nbformat.read(path, as_version=4)
     graded = {c.metadata["nbgrader"]["grade_id"]: c for c in nb.cells
               if c.metadata.get("nbgrader", {}).get("grade")}

@@ -14,7 +14,7 @@ import pytest
 
 from specref_grading.trust import reading
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 AS_ROOT = os.geteuid() == 0
 
 # The real main() with its parser replaced by a probe of who parses and what that account can open.

@@ -1,9 +1,14 @@
-"""Reading a submission: only regular files, capped in size, and every failure to read one is "could not be
-graded" with its reason, never a traceback or a hang; an answer is size-capped before anything parses it, and the
-learner's JSON and Python are parsed only in a limited process (specref_grading/trust/reading.py)."""
+"""Notebook to grader: a submission cannot exhaust or crash the grading process that reads it.
+
+Only regular files are read, capped in size, and every failure to read one is "could not be graded" with its
+reason, never a traceback or a hang; an answer is size-capped before anything parses it, and the learner's JSON and
+Python are parsed only in a limited process (specref_grading/trust/reading.py). One notebook the parser cannot read
+stops no other submission of a batch.
+"""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -18,7 +23,7 @@ from specref_grading import notebook, plan, scan
 from specref_grading.notebook import GradeError
 from specref_grading.trust import reading
 
-REPO = Path(__file__).resolve().parents[1]
+from .conftest import CLASSRUN_CMD, REPO, attacked, grade, solved
 
 
 def _nb(cells=(), **meta) -> dict:
@@ -120,9 +125,6 @@ def test_an_answer_over_the_cap_is_refused_before_any_parse(monkeypatch):
     plan.build_plan(sol, ok, "ex_toy.ipynb")  # an honest answer is parsed as before
 
 
-# -- parsed only in a limited process ---------------------------------------------------------------------------
-
-
 def _with_answer(text: str) -> tuple[dict, dict]:
     sol = _answer_solution()
     sub = json.loads(json.dumps(sol))
@@ -192,22 +194,33 @@ def test_the_submission_comes_back_slim_and_checked(tmp_path):
         reading.read_submission(path)
 
 
-def test_as_root_the_reading_process_is_a_fresh_unprivileged_uid(monkeypatch):
-    """Where a fresh uid can run the interpreter (processes.can_drop), the parser never runs as root."""
-    seen: list[list[str]] = []
+@pytest.mark.grader
+@pytest.mark.parametrize("text, reason", [
+    ("{not json", "not valid JSON"),
+    (json.dumps({"cells": "nope"}), "not a notebook"),
+    (json.dumps({"cells": [{"cell_type": "code", "source": "x", "metadata": []}], "metadata": {}}), "broken metadata"),
+    (json.dumps({"cells": [{"cell_type": "code", "source": 3, "metadata": {}}], "metadata": {}}), "broken source"),
+])
+def test_a_broken_notebook_means_exit_2_with_a_reason(toy, text, reason):
+    code, report, out = grade(text, toy)
+    assert code == 2 and reason in report["error"], out
 
-    def fake_run(cmd, **kwargs):
-        seen.append(cmd)
-        return subprocess.CompletedProcess(cmd, 0, b'{"ok": {"1": {}}}', b"")
-    monkeypatch.setattr(reading, "can_drop", lambda: True)
-    monkeypatch.setattr(reading.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(reading.subprocess, "run", fake_run)
-    reading.read_answers({"1": "x = 1"}, set(), {})
-    cmd = seen[0]
-    assert cmd[0] == "setpriv" and "--no-new-privs" in cmd and cmd[cmd.index(sys.executable):][:4] == [
-        sys.executable, "-I", "-m", "specref_grading.trust.reading"], cmd
-    uid = int(next(a for a in cmd if a.startswith("--reuid=")).split("=")[1])
-    assert uid >= 200_000, cmd
-    monkeypatch.setattr(reading, "can_drop", lambda: False)  # no such uid: the grader's own, as the trusted process
-    reading.read_answers({"1": "x = 1"}, set(), {})
-    assert seen[1][0] == sys.executable, seen[1]
+
+# -- what must not take the grader or the host down -------------------------------------------------
+@pytest.mark.grader
+@pytest.mark.parametrize("bomb", [
+    pytest.param(lambda nb: json.dumps(nb)[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}", id="deep-json"),
+    pytest.param(lambda nb: json.dumps(attacked(nb, "x = " + "-" * 100_000 + "1")), id="parser-memory-error"),
+    pytest.param(lambda nb: json.dumps(attacked(nb, "x = a" + ".b" * 100_000)), id="parser-recursion-error"),
+])
+def test_a_notebook_the_parser_cannot_read_is_ungradable_and_the_batch_goes_on(toy, tmp_path, bomb):
+    """RecursionError and MemoryError from json.loads or ast.parse crashed grade.py, and with it grade-all."""
+    sol_dir, sub_dir, exercise_nb = toy
+    (sub_dir / "honest.ipynb").write_text(json.dumps(solved(toy)), encoding="utf-8")
+    (sub_dir / "bomb.ipynb").write_text(bomb(exercise_nb), encoding="utf-8")
+    book = tmp_path / "book.csv"
+    proc = subprocess.run([*CLASSRUN_CMD, str(sub_dir), "--csv", str(book), "--solutions-dir",
+                           str(sol_dir)], capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    rows = {r["file"]: r for r in csv.DictReader(book.open(encoding="utf-8"))}
+    assert rows["honest.ipynb"]["total"] == "3" and rows["bomb.ipynb"]["total"] == "0", rows

@@ -320,7 +320,7 @@ def _timed_counts() -> dict[int, tuple[int, int]]:
 def test_the_solution_times_the_run_these_tests_hold_to_the_count_margin():
     import json
     from pathlib import Path
-    nb = json.loads((Path(__file__).resolve().parents[1] / "solutions" / "ex04_gpt2_pair.ipynb").read_text())
+    nb = json.loads((Path(__file__).resolve().parents[2] / "solutions" / "ex04_gpt2_pair.ipynb").read_text())
     setup = "".join(next(c["source"] for c in nb["cells"] if "".join(c["source"]).startswith("import copy")))
     assert "TIMED_PROMPTS = heldout_prompts(n=6, n_tokens=24)[4:]" in setup
     assert "TIMED_NEW, TIMED_KS = 24, (2, 4)" in setup

@@ -21,7 +21,7 @@ import pytest
 
 from specref_grading.checks import batch as G
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- the solution's answers ---------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """specref_grading.classrun: a class graded in parallel, resumed, with feedback files and hand-grading sheets.
 
-Two toy exercises built here (pure Python, no torch: a kernel starts in a fraction of a second), each
-with an autograded task whose hidden test draws its cases from HIDDEN_SEED, and a hand-graded answer.
+Two toy exercises built here (pure Python, no torch: a kernel starts in a fraction of a second), each with an
+autograded task whose hidden test draws its cases from HIDDEN_SEED, and a hand-graded answer. The grader's version
+key: any change to a file that can change a grade changes the key, so a resumed class run regrades; a file no grade
+depends on leaves it as it was.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import copy
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,11 +21,26 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from specref_grading import classrun, processes, version
 from specref_grading import classrun as GA
-from specref_grading import processes
-from specref_grading import report as grade
+from specref_grading import report as grade_report
 from specref_grading.exercises import make_exercise as _make_exercise
+
+from .conftest import (
+    CLASSRUN_CMD,
+    REPO,
+    _code,
+    _meta,
+    answer,
+    attacked,
+    make_exercise,
+    solved,
+    toy_solution,
+    with_answer,
+)
+
+pytestmark = pytest.mark.grader
+
 
 SETUP = '''import math, random
 HIDDEN_SEED = 1
@@ -32,15 +50,6 @@ def check_double(fn, xs=(1, 2.5, -3)):
         got = fn(x)
         assert isinstance(got, (int, float)) and math.isclose(got, 2 * x), f"double({x}) returned {got!r}"
     print("check_double: passed")'''
-
-
-def _meta(grade_id, points, solution, graded=True):
-    return {"nbgrader": {"grade": graded, "grade_id": grade_id, "points": points, "solution": solution,
-                         "locked": not solution, "schema_version": 3}}
-
-
-def _code(source, meta, cid):
-    return {"cell_type": "code", "execution_count": None, "id": cid, "metadata": meta, "outputs": [], "source": source}
 
 
 def _why(gid, points, cid):
@@ -78,21 +87,14 @@ def pair_solution() -> dict:
     ])
 
 
-def exercise(solution: dict, name: str) -> dict:
+def exercise_of(solution: dict, name: str) -> dict:
     import nbformat
     return json.loads(nbformat.writes(_make_exercise(nbformat.from_dict(copy.deepcopy(solution)), name)))
 
 
-def solved(solution: dict, name: str) -> dict:
+def solved_of(solution: dict, name: str) -> dict:
     nb = copy.deepcopy(solution)
-    nb["metadata"]["specref"] = exercise(solution, name)["metadata"]["specref"]
-    return nb
-
-
-def with_answer(nb: dict, grade_id: str, source: str) -> dict:
-    nb = copy.deepcopy(nb)
-    cell = next(c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
-    cell["source"] = source
+    nb["metadata"]["specref"] = exercise_of(solution, name)["metadata"]["specref"]
     return nb
 
 
@@ -110,12 +112,12 @@ def course(tmp_path):
     (sol / "ex90_double.ipynb").write_text(json.dumps(d))
     (sol / "ex91_pair.ipynb").write_text(json.dumps(p))
     files = {
-        "alice/ex90_double.ipynb": solved(d, "ex90_double.ipynb"),
-        "alice/ex91_pair.ipynb": solved(p, "ex91_pair.ipynb"),
-        "bob/ex90_double.ipynb": exercise(d, "ex90_double.ipynb"),  # untouched stub
-        "bob/ex91_pair.ipynb": with_answer(solved(p, "ex91_pair.ipynb"), "pair_answer",
+        "alice/ex90_double.ipynb": solved_of(d, "ex90_double.ipynb"),
+        "alice/ex91_pair.ipynb": solved_of(p, "ex91_pair.ipynb"),
+        "bob/ex90_double.ipynb": exercise_of(d, "ex90_double.ipynb"),  # untouched stub
+        "bob/ex91_pair.ipynb": with_answer(solved_of(p, "ex91_pair.ipynb"), "pair_answer",
                                            "def pair(xs):\n    return sorted(xs"),  # broken: a syntax error
-        "carol/ex91_pair.ipynb": solved(d, "ex90_double.ipynb"),  # a solved ex90 saved under ex91's name
+        "carol/ex91_pair.ipynb": solved_of(d, "ex90_double.ipynb"),  # a solved ex90 saved under ex91's name
         "dave/ex90_double.ipynb": None,  # not a notebook
     }
     for rel, nb in files.items():
@@ -152,11 +154,11 @@ def _marks(sheet: Path, marks: dict[str, str]) -> None:
 
 # --------------------------------------------------------------------------------------
 def test_status_never_says_full_marks_while_points_await_hand_grading():
-    assert grade.status_text(grade.EXIT_FULL) == "full marks"
-    assert grade.status_text(grade.EXIT_FULL, 1) == "autograded checks passed, 1 point awaits hand grading"
-    assert grade.status_text(grade.EXIT_FAILED, 2.5) == "some checks failed; 2.5 points await hand grading"
-    rep = grade.Report("x.ipynb", exercise="ex90_double", manual=[("why", 2.0, "YOUR ANSWER HERE")])
-    assert rep.exit_code == grade.EXIT_FULL and rep.pending == 2
+    assert grade_report.status_text(grade_report.EXIT_FULL) == "full marks"
+    assert grade_report.status_text(grade_report.EXIT_FULL, 1) == "autograded checks passed, 1 point awaits hand grading"
+    assert grade_report.status_text(grade_report.EXIT_FAILED, 2.5) == "some checks failed; 2.5 points await hand grading"
+    rep = grade_report.Report("x.ipynb", exercise="ex90_double", manual=[("why", 2.0, "YOUR ANSWER HERE")])
+    assert rep.exit_code == grade_report.EXIT_FULL and rep.pending == 2
     assert "full marks" not in rep.text() and "2 points await hand grading" in rep.text()
     assert rep.as_dict()["status"] == rep.status and rep.as_dict()["pending"] == 2
 
@@ -176,7 +178,7 @@ def test_a_parallel_run_writes_what_a_serial_run_writes(course, tmp_path):
     assert rows["bob/ex90_double.ipynb"]["total"] == "0" and "NotImplementedError" in rows["bob/ex90_double.ipynb"]["reasons"]
     assert "syntax error in answer cell 'pair_answer'" in _fb(tmp_path / "serial", "bob/ex91_pair.ipynb").read_text()
     assert rows["dave/ex90_double.ipynb"]["status"] == "could not be graded"
-    assert serial["exit_code"] == parallel["exit_code"] == grade.EXIT_UNGRADABLE
+    assert serial["exit_code"] == parallel["exit_code"] == grade_report.EXIT_UNGRADABLE
 
 
 def test_a_symbolic_link_is_never_graded(course, tmp_path):
@@ -211,7 +213,7 @@ def test_resume_regrades_only_what_changed(course, tmp_path):
     assert (again["graded"], again["reused"]) == (0, 6) and seeds() == before  # unchanged: grade and seed kept
     assert (tmp_path / "book.csv").read_text().count("\n") == 7
     stub = sub / "bob" / "ex90_double.ipynb"
-    stub.write_text(json.dumps(solved(double_solution(), "ex90_double.ipynb")))  # bob hands in again, solved
+    stub.write_text(json.dumps(solved_of(double_solution(), "ex90_double.ipynb")))  # bob hands in again, solved
     third = _run(course, tmp_path)
     assert (third["graded"], third["reused"]) == (1, 5)
     assert _rows(tmp_path / "book.csv")["bob/ex90_double.ipynb"]["total"] == "2"
@@ -236,7 +238,7 @@ def test_each_run_draws_a_fresh_hidden_seed_and_records_it(course, tmp_path):
     sol, sub = course
     (sub / "erin").mkdir()
     (sub / "erin" / "ex90_double.ipynb").write_text(json.dumps(
-        with_answer(solved(double_solution(), "ex90_double.ipynb"), "double_answer", MEMORISED)))
+        with_answer(solved_of(double_solution(), "ex90_double.ipynb"), "double_answer", MEMORISED)))
     one = _run(course, tmp_path / "one")
     two = _run(course, tmp_path / "two")
     drawn = [s for run in (one, two) for s in run["seeds"].values()]
@@ -261,7 +263,7 @@ def test_one_feedback_file_per_submission_says_what_failed_and_why(course, tmp_p
     # an answer whose error message would close a three-backtick block and write its own heading
     (sub / "frank").mkdir()
     (sub / "frank" / "ex90_double.ipynb").write_text(json.dumps(
-        with_answer(solved(double_solution(), "ex90_double.ipynb"), "double_answer",
+        with_answer(solved_of(double_solution(), "ex90_double.ipynb"), "double_answer",
                     "def double(x):\n    raise ValueError('```\\n# Full marks\\n```')")))
     run = _run(course, tmp_path)
     state = json.loads((tmp_path / "book.state.json").read_text())
@@ -292,7 +294,7 @@ def test_hand_grading_sheets_and_merge(course, tmp_path):
     sol, sub = course
     formula = "=HYPERLINK(\"http://example.invalid\", \"see here\")"  # a spreadsheet would run it
     (sub / "alice" / "ex91_pair.ipynb").write_text(json.dumps(
-        with_answer(solved(pair_solution(), "ex91_pair.ipynb"), "pair_why", formula)))
+        with_answer(solved_of(pair_solution(), "ex91_pair.ipynb"), "pair_why", formula)))
     _run(course, tmp_path)
     sheets = tmp_path / "book-handgrading"
     assert sorted(p.name for p in sheets.iterdir()) == ["ex90_double.double_why.csv", "ex91_pair.pair_why.csv"]
@@ -345,7 +347,7 @@ def test_hand_grading_sheets_and_merge(course, tmp_path):
     GA.merge(sub, tmp_path / "book.csv")
 
     # a regrade keeps the marks of unchanged answers; an answer handed in anew waits for a new mark
-    changed = with_answer(solved(double_solution(), "ex90_double.ipynb"), "double_why", "Because I said so.")
+    changed = with_answer(solved_of(double_solution(), "ex90_double.ipynb"), "double_why", "Because I said so.")
     (sub / "alice" / "ex90_double.ipynb").write_text(json.dumps(changed))
     _run(course, tmp_path)
     book = _rows(tmp_path / "book.csv")
@@ -366,7 +368,7 @@ def test_the_console_line_names_the_exercise_it_graded(course, tmp_path):
     done = subprocess.run([sys.executable, "-I", "-m", "specref_grading.classrun", "grade", str(sub), "--csv",
                            str(tmp_path / "cli.csv"), "--solutions-dir", str(sol), "--seed", "3"],
                           capture_output=True, text=True, timeout=300)
-    assert done.returncode == grade.EXIT_UNGRADABLE, done.stdout + done.stderr
+    assert done.returncode == grade_report.EXIT_UNGRADABLE, done.stdout + done.stderr
     assert any(ln.startswith("ex90_double ") and "carol/ex91_pair.ipynb" in ln for ln in done.stdout.splitlines())
     assert "graded 6 of 6 submissions" in done.stdout and "submissions per minute" in done.stdout
     assert {r["hidden_seed"] for r in _rows(tmp_path / "cli.csv").values()} == {"3", ""}
@@ -374,10 +376,10 @@ def test_the_console_line_names_the_exercise_it_graded(course, tmp_path):
 
 def test_the_benchmarks_class_mixes_every_exercise_and_kind(tmp_path):
     import importlib.util
-    spec = importlib.util.spec_from_file_location("bench_grade_all", ROOT / "benchmarks" / "bench_grade_all.py")
+    spec = importlib.util.spec_from_file_location("bench_grade_all", REPO / "benchmarks" / "bench_grade_all.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    exercises = sorted(p.stem for p in (ROOT / "solutions").glob("ex*.ipynb"))
+    exercises = sorted(p.stem for p in (REPO / "solutions").glob("ex*.ipynb"))
     n = 4 * len(exercises) + 1
     made = bench.make_class(n, tmp_path)
     assert len(made) == n == len(list(tmp_path.rglob("*.ipynb")))
@@ -440,7 +442,7 @@ def test_a_stopped_run_leaves_no_kernel_behind(course, tmp_path, jobs):
     """SIGTERM to grade-all (an instructor's kill, a CI timeout) takes its workers, jails and trusted processes."""
     sol, _ = course
     sub = tmp_path / "hanging"
-    sleeper = with_answer(solved(double_solution(), "ex90_double.ipynb"), "double_answer",
+    sleeper = with_answer(solved_of(double_solution(), "ex90_double.ipynb"), "double_answer",
                           "import time\ntime.sleep(600)\ndef double(x):\n    return 2 * x")
     for name in ("ann", "ben"):
         (sub / name).mkdir(parents=True)
@@ -468,10 +470,6 @@ def test_a_stopped_run_leaves_no_kernel_behind(course, tmp_path, jobs):
                 pass
 
 
-# Grades in kernels whose environment specref_grading sets itself: tools/upkeep/portable.py leaves these out.
-pytestmark = pytest.mark.grader
-
-
 def test_the_hand_grading_sheet_carries_the_questions_rubric(tmp_path):
     """A rubric kept with the solution (a markdown cell marked "specref": {"rubric": grade_id}) is printed on that
     question's sheet, on every row; a question without one says so. Written from a state, no grading needed."""
@@ -483,7 +481,7 @@ def test_the_hand_grading_sheet_carries_the_questions_rubric(tmp_path):
                        "source": rubric})
     (sol / "ex90_double.ipynb").write_text(json.dumps(d))
     (sol / "ex91_pair.ipynb").write_text(json.dumps(pair_solution()))
-    assert '"rubric"' not in json.dumps(exercise(d, "ex90_double.ipynb"))  # the learners' copy lacks it
+    assert '"rubric"' not in json.dumps(exercise_of(d, "ex90_double.ipynb"))  # the learners' copy lacks it
 
     def entry(ex, gid, answer):
         return {"report": {"exercise": ex, "error": "", "manual": [{"grade_id": gid, "points": 1, "answer": answer}],
@@ -499,3 +497,106 @@ def test_the_hand_grading_sheet_carries_the_questions_rubric(tmp_path):
     assert list(rows[0])[-2:] == ["rubric", "id"] and list(rows[0])[:7] == GA.SHEET_COLUMNS[:7]  # the marked columns stay
     other = next(csv.DictReader((tmp_path / "sheets" / "ex91_pair.pair_why.csv").open(encoding="utf-8")))
     assert other["rubric"] == GA.NO_RUBRIC
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    """A copy of what the key reads (specref/ with its assets, specref_grading/) and a file beside them."""
+    root = tmp_path_factory.mktemp("tree")
+    for package in version.PACKAGES:
+        shutil.copytree(REPO / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "notebooks").mkdir()
+    shutil.copy2(REPO / "README.md", root / "notebooks" / "README.md")
+    return root
+
+
+def _changes_the_key(tree: Path, rel: str) -> bool:
+    before = version.grader_version(tree)
+    path = tree / rel
+    old = path.read_bytes()
+    path.write_bytes(old + b"\n")
+    try:
+        return version.grader_version(tree) != before
+    finally:
+        path.write_bytes(old)
+
+
+def _files(tree: Path, package: str) -> list[str]:
+    return sorted(str(p.relative_to(tree)) for p in (tree / package).rglob("*") if p.is_file())
+
+
+def test_every_file_of_the_grading_package_changes_the_key(tree):
+    # the wall, the jail, the kernel's specref, the protocol, the trusted process, the plan, the checks and the
+    # exercise generator: every one decides some grade
+    files = _files(tree, "specref_grading")
+    assert {"specref_grading/trust/trusted.py", "specref_grading/trust/wall.py", "specref_grading/jail.py",
+            "specref_grading/trust/calls.py", "specref_grading/trust/kernel_tree.py",
+            "specref_grading/exercises.py", "specref_grading/checks/accept_reject.py"} <= set(files)
+    assert [f for f in files if not _changes_the_key(tree, f)] == []
+
+
+def test_every_file_of_specref_changes_the_key_its_assets_included(tree):
+    # ex04's checks load the bundled pair (models/pair.py, reached through specref's lazy names, and its weights);
+    # the copy of specref a learner's kernel sees is made from all of specref
+    files = _files(tree, "specref")
+    assert {"specref/models/pair.py", "specref/models/gpt2.py", "specref/_lazy.py"} <= set(files)
+    assets = [f for f in files if f.startswith("specref/assets/")]
+    assert any(f.endswith(".safetensors") for f in assets) and any(f.endswith(".json") for f in assets), assets
+    assert [f for f in files if not _changes_the_key(tree, f)] == []
+
+
+def test_a_file_no_grade_depends_on_leaves_the_key_alone(tree):
+    # the negative control: the same edit outside the two packages changes nothing
+    assert not _changes_the_key(tree, "notebooks/README.md")
+    assert version.grader_version(tree) == version.grader_version(tree)
+
+
+def test_a_resumed_run_regrades_when_the_key_changes(tmp_path, monkeypatch):
+    """The key is what the class run compares: a new key regrades every submission, the same key none."""
+    sol_dir, sub = tmp_path / "solutions", tmp_path / "class"
+    sol_dir.mkdir()
+    sub.mkdir()
+    graded: list[str] = []
+
+    def fake_grade(path, solutions_dir=None, **kw):
+        graded.append(Path(path).name)
+        return classrun.Report(str(path), error="not graded in this test")
+
+    nb = {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (sub / "a.ipynb").write_text(json.dumps(nb))
+    monkeypatch.setattr(classrun, "grade", fake_grade)
+    keys = iter(["one", "one", "two"])
+    monkeypatch.setattr(classrun, "grader_version", lambda: next(keys))
+    for _ in range(3):
+        classrun.run(sub, tmp_path / "book.csv", jobs=1, seed=5, solutions_dir=sol_dir, echo=lambda line: None)
+    assert graded == ["a.ipynb", "a.ipynb"]  # the first run, then the run whose key changed
+
+
+@pytest.mark.slow
+def test_grade_all_writes_a_gradebook_of_isolated_runs(toy, tmp_path):
+    sol_dir, sub_dir, exercise = toy
+    second = toy_solution()
+    answer(second, "pair_check")["metadata"]["nbgrader"]["points"] = 5
+    (sol_dir / "ex_other.ipynb").write_text(json.dumps(second))
+    honest = solved(toy)
+    (sub_dir / "honest.ipynb").write_text(json.dumps(honest))
+    (sub_dir / "stub.ipynb").write_text(json.dumps(exercise))
+    (sub_dir / "other.ipynb").write_text(json.dumps(make_exercise(second, "ex_other.ipynb")))
+    (sub_dir / "patcher.ipynb").write_text(json.dumps(attacked(exercise, "import math\nmath.isclose = lambda *a, **k: True\n"
+                                                                         "double = lambda x: 0")))
+    (sub_dir / "broken.ipynb").write_text("{")
+    out_csv = tmp_path / "book.csv"
+    proc = subprocess.run([*CLASSRUN_CMD, str(sub_dir), "--csv", str(out_csv),
+                           "--solutions-dir", str(sol_dir)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr  # one notebook could not be graded
+    rows = {r["file"]: r for r in csv.DictReader(out_csv.open())}
+    assert set(rows) == {"honest.ipynb", "stub.ipynb", "other.ipynb", "patcher.ipynb", "broken.ipynb"}
+    assert (rows["honest.ipynb"]["total"], rows["honest.ipynb"]["double_check"], rows["honest.ipynb"]["status"]) == (
+        "3", "2", "autograded checks passed, 1 point awaits hand grading")
+    seeds = [int(rows[f]["hidden_seed"]) for f in ("honest.ipynb", "stub.ipynb")]  # a fresh seed per submission
+    assert all(s >= 1 for s in seeds) and seeds[0] != seeds[1] and rows["broken.ipynb"]["hidden_seed"] == ""
+    assert rows["stub.ipynb"]["total"] == "0" and "NotImplementedError" in rows["stub.ipynb"]["reasons"]
+    assert rows["other.ipynb"]["exercise"] == "ex_other" and rows["other.ipynb"]["possible"] == "7"
+    assert rows["patcher.ipynb"]["status"].startswith("some checks failed") and rows["patcher.ipynb"]["flags"] == ""
+    assert rows["patcher.ipynb"]["total"] == "0"  # math.isclose patched in the learner's kernel, not in the checks
+    assert rows["broken.ipynb"]["status"] == "could not be graded" and "JSON" in rows["broken.ipynb"]["reasons"]

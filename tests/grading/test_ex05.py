@@ -375,7 +375,7 @@ def _scan(source: str) -> list[str]:
 
     from specref_grading.scan import imported_specref_names, names_used, scan
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
 
     cells = json.loads((root / "solutions" / "ex05_prompt_lookup.ipynb").read_text())["cells"]
     first = next(i for i, c in enumerate(cells) if c["metadata"].get("nbgrader", {}).get("solution"))
@@ -399,7 +399,7 @@ def test_an_answer_that_uses_or_patches_the_reference_gets_nothing_and_the_solut
     from specref_grading import grade as grader
     from specref_grading import plan as grade_plan
 
-    sol = json.loads((Path(__file__).resolve().parents[1] / "solutions" / "ex05_prompt_lookup.ipynb").read_text())
+    sol = json.loads((Path(__file__).resolve().parents[2] / "solutions" / "ex05_prompt_lookup.ipynb").read_text())
     sub = json.loads(json.dumps(sol))
     cell = next(c for c in sub["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "ex05_lookup_answer")
     cell["source"] = source

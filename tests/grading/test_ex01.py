@@ -20,7 +20,7 @@ import pytest
 
 from specref_grading.checks import roofline as R
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def pass_bytes(model, B, T, S):

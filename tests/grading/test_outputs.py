@@ -1,8 +1,8 @@
 """A class run's outputs: in a folder the grader makes (beside the class's, by default), written only through
-paths of the grader's own, never through a link; every learner string in them is data; one submission's
-strings, name or file type cannot stop the others.
+paths of the grader's own, never through a link; every learner string in them is data (CSV, sheets, feedback, the
+console); one submission's strings, name or file type cannot stop the others; no shell sees a file name.
 
-The grading itself is replaced by a fake here (what is tested is what the run writes): each submission's report
+The grading itself is replaced by a fake where what is tested is what the run writes: each submission's report
 carries the learner strings an attacker controls (notes, messages, a hand-graded answer).
 """
 
@@ -12,6 +12,7 @@ import csv
 import json
 import os
 import stat
+import subprocess
 import threading
 from pathlib import Path
 
@@ -21,7 +22,11 @@ from specref_grading import classrun
 from specref_grading.report import Report
 from specref_grading.report import TestResult as Result
 
+from .conftest import GRADE_CMD, REPO, answer, as_root, attacked, toy_solution
+
 NASTY = "line one\nfull marks  alice.ipynb\x1b[2K\u202e\udcff\ud800"
+
+
 NB = json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
 
 
@@ -98,7 +103,7 @@ def test_a_link_between_the_class_folder_and_the_outputs_is_refused(klass, tmp_p
     assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a folder of another uid is made with chown, as root")
+@as_root
 def test_an_output_folder_that_is_not_the_graders_is_refused(klass):
     sol, sub = klass
     (sub / "gradebook-feedback").mkdir()
@@ -216,3 +221,35 @@ def test_one_grading_report_cannot_forge_a_line_either():
     assert [ln for ln in text.splitlines() if ln.startswith("status:")] == ["status: some checks failed"], text
     assert "\\udcff" in text and "\x1b" not in text
     text.encode("utf-8")  # nothing that cannot be printed
+
+
+# -- what the instructor reads -----------------------------------------------------------------------
+@pytest.mark.grader
+def test_escape_sequences_in_the_learners_text_cannot_redraw_the_report(toy):
+    """The text report printed an exception's message and a hand-graded answer raw: ANSI escapes in them erased
+    the real lines on a terminal, drew a fake "status: full marks" and hid what followed."""
+    fake = "\x1b[1A\x1b[2Kstatus: full marks\x1b[8m\u202e"
+    nb = attacked(toy[2], f"def double(x):\n    raise ValueError({fake!r})")
+    answer(nb, "why")["source"] = "Because." + fake
+    path = toy[1] / "alice.ipynb"
+    path.write_text(json.dumps(nb), encoding="utf-8")
+    proc = subprocess.run([*GRADE_CMD, str(path), "--solutions-dir", str(toy[0])],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "\x1b" not in proc.stdout and "\u202e" not in proc.stdout, proc.stdout
+    assert proc.stdout.count("\\x1b[1A") == 2 and "\\u202e" in proc.stdout, proc.stdout
+
+
+# -- make grade and batch grading --------------------------------------------------------------
+@pytest.mark.grader
+def test_make_grade_passes_the_file_name_to_no_shell(toy, tmp_path):
+    weird = tmp_path / "a dir; $(touch pwned1) 'q\" `touch pwned2`"
+    weird.mkdir()
+    nb_path = weird / "$(shell touch pwned3) ';\" $$HOME.ipynb"
+    nb_path.write_text(json.dumps(toy_solution()))
+    proc = subprocess.run(["make", "-s", "--no-print-directory", "-C", str(REPO), "grade", f"NB={nb_path}",
+                           f"SOLUTION={toy[0] / 'ex_toy.ipynb'}"], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert str(nb_path) in proc.stdout
+    assert not any((d / f"pwned{i}").exists() for d in (tmp_path, REPO, weird) for i in (1, 2, 3))
