@@ -7,6 +7,7 @@ when it cannot.
 from __future__ import annotations
 
 import ctypes
+import grp
 import os
 import pwd
 import random
@@ -49,6 +50,11 @@ def _free_uid() -> int:
         uid = random.randrange(200_000, 2_000_000_000)
         try:
             pwd.getpwuid(uid)
+            continue
+        except KeyError:
+            pass
+        try:
+            grp.getgrgid(uid)  # the same number is its group
         except KeyError:
             return uid
 

@@ -19,7 +19,8 @@ import types
 from itertools import islice
 
 MAX_LISTED = 1 << 20  # items of a module's listing (parameters(), modules(), ...)
-CODE_ROOTS = ("specref", "specref_grading", "torch")  # whose functions and methods may leave as a `Call`
+FUNCTION_HOMES = ("specref", "specref_grading.checks")  # whose plain functions may leave as a `Call`
+METHOD_HOMES = FUNCTION_HOMES + ("torch",)  # whose methods (bound to an object the checks hold) may
 CELL_FILE = re.compile(r"<(?:checks|setup|test) cell \d+>")  # how trusted.py names the solution's cells
 
 
@@ -135,11 +136,16 @@ class Model(Module):
 
 
 class Cache(Declared):
-    """A KV cache: its lengths and sizes, read; truncate and capacity."""
+    """A KV cache: its lengths and sizes, read; truncate(new_lengths) and capacity(n_new), as a learner calls them (no
+    keyword of the cache's own callers: truncate's check and bound stay the cache's)."""
 
     __slots__ = ()
     _attrs = frozenset({"lengths", "max_len", "batch_size", "n_layer"})
     _methods = frozenset({"truncate", "capacity"})
+
+    def _method(self, name: str):
+        fn = getattr(self._target, name)
+        return (lambda new_lengths: fn(new_lengths)) if name == "truncate" else (lambda n_new: fn(n_new))
 
 
 class Rng(Declared):
@@ -187,23 +193,29 @@ DECLARED: dict[tuple[str, str], type[Declared]] = {
 
 
 def course_code(fn: object) -> bool:
-    """A Python function (or a method of one) of specref, specref_grading or torch, or compiled from a solution's
-    cell; never a builtin, a partial or a function of trusted.py itself."""
+    """A Python function of specref or of the checks (FUNCTION_HOMES), a method of one of those or of torch
+    (METHOD_HOMES), or one compiled from a solution's cell; never a builtin, a partial, a function of the grader's
+    machinery (processes, trust, grade) or of trusted.py itself, nor a plain torch function (torch.load runs what it
+    unpickles)."""
+    homes = FUNCTION_HOMES
     if isinstance(fn, types.MethodType):
-        fn = fn.__func__
+        fn, homes = fn.__func__, METHOD_HOMES
     if not isinstance(fn, types.FunctionType):
         return False
     mod = fn.__module__
     if mod == "__main__":
         return CELL_FILE.fullmatch(fn.__code__.co_filename) is not None
-    return type(mod) is str and mod.split(".")[0] in CODE_ROOTS
+    return type(mod) is str and any(mod == h or mod.startswith(h + ".") for h in homes)
 
 
 def _cells_callable(x: object) -> bool:
-    """An instance of a class a solution's cell defines, every function of it from the cells, and callable."""
-    t = type(x)
-    return t.__module__ == "__main__" and callable(x) and all(
-        not isinstance(v, types.FunctionType) or course_code(v) for v in vars(t).values())
+    """An instance of a class a solution's cell defines (every class of its MRO but object), callable, every
+    function, staticmethod and classmethod of them from the cells."""
+    def own(v: object) -> bool:
+        v = v.__func__ if isinstance(v, (staticmethod, classmethod)) else v
+        return not callable(v) or isinstance(v, type) or (isinstance(v, types.FunctionType) and course_code(v))
+    mro = type(x).__mro__[:-1]
+    return callable(x) and all(c.__module__ == "__main__" and all(own(v) for v in vars(c).values()) for c in mro)
 
 
 def _table() -> dict[type, type[Declared]]:

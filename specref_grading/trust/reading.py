@@ -20,6 +20,7 @@ graded, the run goes on with the next one.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import resource
@@ -33,6 +34,7 @@ from specref_grading.scan import UNREADABLE, binds_unknown, names_bound, names_u
 
 READ_MEMORY_MB = 1024  # the reading process's address space: ~200 bytes a byte of Python at the answers' cap
 READ_CPU_S = 30  # its CPU time (SIGXCPU, then SIGKILL: RLIMIT_CPU's hard limit)
+PR_SET_NO_NEW_PRIVS = 38
 READ_TIMEOUT_S = 120  # its wall-clock time, on a loaded host
 _SCALARS = (str, int, float, bool, type(None))
 _META_KEYS = ("nbgrader", "specref")
@@ -104,12 +106,18 @@ def _limit_self() -> None:
 
 
 def _drop_self(uid: int) -> None:
-    """Become `uid` (real, effective and saved; its own group; no supplementary groups), for good: as root the
-    process keeps no capability, so the learner's bytes are parsed by an account that owns nothing."""
+    """Become `uid` (> 0; real, effective and saved; its own group; no supplementary groups), for good, with
+    no_new_privs set and no capability left: the learner's bytes are parsed by an account that owns nothing."""
+    if uid <= 0:
+        raise SystemExit("the reading process drops to a fresh uid, never to root")
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
-    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (uid, uid, uid) or os.getgroups():
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    with open("/proc/self/status") as f:
+        status = dict(line.split(":", 1) for line in f if ":" in line)
+    caps = [int(status.get(k, "1").strip(), 16) for k in ("CapEff", "CapPrm", "NoNewPrivs")]
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (uid, uid, uid) or os.getgroups() or caps != [0, 0, 1]:
         raise SystemExit("the reading process could not drop root")
 
 
@@ -168,6 +176,8 @@ def main(op: str, uid: str | None = None) -> None:
     _limit_self()
     if uid is not None:
         _drop_self(int(uid))
+    elif os.geteuid() == 0:
+        raise SystemExit("as root the reading process needs the uid to drop to")
     payload = sys.stdin.buffer.read()
     try:
         reply = {"ok": {"notebook": _read_notebook, "answers": _read_answers}[op](payload)}

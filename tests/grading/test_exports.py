@@ -157,6 +157,49 @@ def test_an_undeclared_object_is_refused_naming_its_type(value):
         Peer(*os.pipe(), "trusted", policy=TrustedPolicy()).encode(value, Frame())
 
 
+def _cell_class(source: str, name: str):
+    ns = {"__name__": "__main__"}
+    exec(compile(source, "<setup cell 1>", "exec"), ns)  # noqa: S102  as trusted.py compiles a solution's cell
+    return ns[name]
+
+
+def test_only_course_code_leaves_as_a_call_not_the_graders_machinery_or_plain_torch_functions():
+    from specref.sampling import sample
+    from specref_grading import processes
+    from specref_grading.checks.speedup import check_accepted_counts
+
+    for fn in (sample, check_accepted_counts, torch.nn.Linear(2, 2).forward, _cell_class(
+            "def f(x):\n    return x\n", "f")):
+        assert isinstance(exports.declare(fn), exports.Call), fn
+    for fn in (torch.load, torch.save, processes.unjailed_uid, processes.make_undumpable):
+        with pytest.raises(TypeError, match="not a declared kind"):
+            exports.declare(fn)
+
+
+def test_a_cells_callable_is_a_call_only_if_every_class_and_function_behind_it_is_the_cells():
+    ok = _cell_class("class Step:\n    def __call__(self, x):\n        return x\n", "Step")()
+    assert isinstance(exports.declare(ok), exports.Call)
+    inherited = _cell_class("import functools\nclass P(functools.partial):\n    pass\n", "P")(len, [1])
+    static = _cell_class("class S:\n    __call__ = staticmethod(eval)\n", "S")()
+    for x in (inherited, static):
+        with pytest.raises(TypeError, match="not a declared kind"):
+            exports.declare(x)
+
+
+def test_a_cache_is_truncated_as_a_learner_truncates_it_never_with_the_caches_own_keywords():
+    model = GPT2(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16, n_positions=32))
+    cache = model.new_cache(1, max_len=32)
+    model(torch.tensor([[1, 2, 3, 4]]), cache=cache)
+    wrapped = exports.declare(cache)
+    wrapped.truncate(2)
+    assert int(cache.lengths[0]) == 2 and wrapped.capacity(1) == cache.capacity(1)
+    with pytest.raises(TypeError):
+        wrapped.truncate(4, check=False)  # growing past the rows' tokens, as the cache's callers may not either
+    with pytest.raises(TypeError):
+        wrapped.truncate(1, bound=-9)
+    assert int(cache.lengths[0]) == 2
+
+
 def test_the_real_object_never_leaves_and_comes_back_as_itself():
     peer = Peer(*os.pipe(), "trusted", policy=TrustedPolicy())
     model = _small()

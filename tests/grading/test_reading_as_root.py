@@ -20,6 +20,7 @@ AS_ROOT = os.geteuid() == 0
 # The real main() with its parser replaced by a probe of who parses and what that account can open.
 _PROBE = """
 import json, os, sys
+sys.path.insert(0, sys.argv.pop(1))  # the checkout under test
 import specref_grading.trust.reading as r
 def probe(payload):
     try:
@@ -27,15 +28,23 @@ def probe(payload):
         secret = "read"
     except PermissionError:
         secret = "refused"
-    return {"uid": list(os.getresuid()), "gid": list(os.getresgid()), "groups": os.getgroups(), "secret": secret}
+    status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+    return {"uid": list(os.getresuid()), "gid": list(os.getresgid()), "groups": os.getgroups(), "secret": secret,
+            "caps": int(status["CapEff"], 16), "nnp": int(status["NoNewPrivs"])}
 r._read_answers = probe
-r.main("answers", *sys.argv[2:])
+if sys.argv[2] == "no-drop":  # the negative control: a drop that does nothing
+    r._drop_self = lambda uid: None
+r.main("answers", *sys.argv[3:])
 """
 
 
-def _probe(secret: Path, *uid: str) -> dict:
-    proc = subprocess.run([sys.executable, "-I", "-c", _PROBE, str(secret), *uid], input=b"{}", capture_output=True,
-                          timeout=60, cwd=REPO, env={"PATH": os.defpath, "PYTHONPATH": str(REPO)})
+def _run(secret: Path, mode: str, *uid: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-I", "-c", _PROBE, str(REPO), str(secret), mode, *uid], input=b"{}",
+                          capture_output=True, timeout=60, cwd=REPO, env={"PATH": os.defpath})
+
+
+def _probe(secret: Path, mode: str, *uid: str) -> dict:
+    proc = _run(secret, mode, *uid)
     assert proc.returncode == 0, proc.stderr.decode()
     return json.loads(proc.stdout)["ok"]
 
@@ -45,11 +54,21 @@ def test_the_parse_runs_as_a_fresh_uid_that_cannot_read_the_graders_files(tmp_pa
     secret = tmp_path / "answer_key"
     secret.write_text("the reference")
     secret.chmod(0o600)
-    got = _probe(secret, "1234567")
-    assert got == {"uid": [1234567] * 3, "gid": [1234567] * 3, "groups": [], "secret": "refused"}, got
-    # Negative control: the same probe without the drop parses as root and reads the key.
-    ctrl = _probe(secret)
-    assert ctrl["uid"] == [0, 0, 0] and ctrl["secret"] == "read", ctrl
+    got = _probe(secret, "drop", "1234567")
+    assert got == {"uid": [1234567] * 3, "gid": [1234567] * 3, "groups": [], "secret": "refused", "caps": 0,
+                   "nnp": 1}, got
+    # Negative control: the same probe with a drop that does nothing parses as root and reads the key.
+    ctrl = _probe(secret, "no-drop", "1234567")
+    assert ctrl["uid"] == [0, 0, 0] and ctrl["secret"] == "read" and ctrl["caps"] != 0, ctrl
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="dropping root needs root")
+def test_as_root_the_reading_process_refuses_to_parse_without_a_uid_or_as_uid_0(tmp_path):
+    secret = tmp_path / "answer_key"
+    secret.write_text("the reference")
+    for uid in ((), ("0",)):
+        proc = _run(secret, "drop", *uid)
+        assert proc.returncode != 0 and b'"ok"' not in proc.stdout, (uid, proc.stdout, proc.stderr)
 
 
 def test_as_root_the_grading_process_asks_for_a_fresh_uid(monkeypatch):
