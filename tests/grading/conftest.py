@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from specref_grading import processes as _processes
 from specref_grading.exercises import make_exercise as _make_exercise
 from specref_grading.processes import can_jail
 
@@ -186,3 +187,33 @@ def assert_no_marks_silently(code: int, report: dict, task: str = "double_check"
     assert report, "the grader gave no JSON report"
     assert scores(report)[task] == 0, report
     assert code in (1, 2, 3), report
+
+
+LIMITS_CHECK = '''import resource
+cpu = resource.getrlimit(resource.RLIMIT_CPU)[0]
+data = resource.getrlimit(resource.RLIMIT_DATA)[0]
+groups = open("/proc/self/cgroup").read()
+assert (cpu, data >> 20) == ({cpu}, {mb}), ("the trusted process's limits", cpu, data >> 20)
+if {cgroup}:
+    assert "/specref-grade/run-" in groups and "-trusted" in groups, groups
+'''
+
+
+def toy_with_limits(double_answer: str = "def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION",
+        seq_answer: str = "def seq(n):\n    ### BEGIN SOLUTION\n    return list(range(n))\n    ### END SOLUTION",
+        cgroup: bool = False) -> dict:
+    """double() (2 points), seq() (1 point: its check loops over the value returned, item by item) and a check
+    of the trusted process's own limits (1 point)."""
+    cells = [
+        _code("import math", cid="setup"),
+        _code(double_answer, _meta("double_answer", 0, True, graded=False), "a1"),
+        _code("for x in (1, 2.5, -3):\n    got = double(x)\n    assert math.isclose(got, 2 * x), f'double({x}) = {got!r}'",
+              _meta("double_check", 2, False), "t1"),
+        _code(seq_answer, _meta("seq_answer", 0, True, graded=False), "a2"),
+        _code("xs = seq(3)\ntotal = 0\nfor i in range(len(xs)):\n    total += xs[i]\nassert total == 3, total",
+              _meta("seq_check", 1, False), "t2"),
+        _code(LIMITS_CHECK.format(cpu=_processes.TRUSTED_CPU_S, mb=_processes.TRUSTED_MEMORY_MB, cgroup=cgroup),
+              _meta("limits_check", 1, False), "t3"),
+    ]
+    return {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                        "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}

@@ -55,6 +55,7 @@ from .conftest import (
     grade,
     make_exercise,
     scores,
+    toy_with_limits,
 )
 
 
@@ -563,34 +564,6 @@ def test_a_list_passed_in_is_a_copy_and_never_changes(toy):
     assert "pair([5, 4]) should be [4, 5]" in out, out
 
 
-LIMITS_CHECK = '''import resource
-cpu = resource.getrlimit(resource.RLIMIT_CPU)[0]
-data = resource.getrlimit(resource.RLIMIT_DATA)[0]
-groups = open("/proc/self/cgroup").read()
-assert (cpu, data >> 20) == ({cpu}, {mb}), ("the trusted process's limits", cpu, data >> 20)
-if {cgroup}:
-    assert "/specref-grade/run-" in groups and "-trusted" in groups, groups
-'''
-
-
-def toy_with_limits(double_answer: str = "def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION",
-        seq_answer: str = "def seq(n):\n    ### BEGIN SOLUTION\n    return list(range(n))\n    ### END SOLUTION",
-        cgroup: bool = False) -> dict:
-    """double() (2 points), seq() (1 point: its check loops over the value returned, item by item) and a check
-    of the trusted process's own limits (1 point)."""
-    cells = [
-        _code("import math", cid="setup"),
-        _code(double_answer, _meta("double_answer", 0, True, graded=False), "a1"),
-        _code("for x in (1, 2.5, -3):\n    got = double(x)\n    assert math.isclose(got, 2 * x), f'double({x}) = {got!r}'",
-              _meta("double_check", 2, False), "t1"),
-        _code(seq_answer, _meta("seq_answer", 0, True, graded=False), "a2"),
-        _code("xs = seq(3)\ntotal = 0\nfor i in range(len(xs)):\n    total += xs[i]\nassert total == 3, total",
-              _meta("seq_check", 1, False), "t2"),
-        _code(LIMITS_CHECK.format(cpu=processes.TRUSTED_CPU_S, mb=processes.TRUSTED_MEMORY_MB, cgroup=cgroup),
-              _meta("limits_check", 1, False), "t3"),
-    ]
-    return {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                        "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}
 
 
 def _cgroups_here() -> bool:

@@ -32,8 +32,6 @@ from .conftest import (
     AS_ROOT,
     REPO,
     _cell,
-    _code,
-    _meta,
     answer,
     as_root,
     assert_no_marks_silently,
@@ -43,6 +41,7 @@ from .conftest import (
     scores,
     solved,
     toy_solution,
+    toy_with_limits,
 )
 
 
@@ -368,34 +367,6 @@ def test_a_kernel_cannot_take_more_memory_than_its_limit(toy, gib, args):
     assert scores(report)["double_check"] == 2, out
 
 
-LIMITS_CHECK = '''import resource
-cpu = resource.getrlimit(resource.RLIMIT_CPU)[0]
-data = resource.getrlimit(resource.RLIMIT_DATA)[0]
-groups = open("/proc/self/cgroup").read()
-assert (cpu, data >> 20) == ({cpu}, {mb}), ("the trusted process's limits", cpu, data >> 20)
-if {cgroup}:
-    assert "/specref-grade/run-" in groups and "-trusted" in groups, groups
-'''
-
-
-def toy_with_limits(double_answer: str = "def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION",
-        seq_answer: str = "def seq(n):\n    ### BEGIN SOLUTION\n    return list(range(n))\n    ### END SOLUTION",
-        cgroup: bool = False) -> dict:
-    """double() (2 points), seq() (1 point: its check loops over the value returned, item by item) and a check
-    of the trusted process's own limits (1 point)."""
-    cells = [
-        _code("import math", cid="setup"),
-        _code(double_answer, _meta("double_answer", 0, True, graded=False), "a1"),
-        _code("for x in (1, 2.5, -3):\n    got = double(x)\n    assert math.isclose(got, 2 * x), f'double({x}) = {got!r}'",
-              _meta("double_check", 2, False), "t1"),
-        _code(seq_answer, _meta("seq_answer", 0, True, graded=False), "a2"),
-        _code("xs = seq(3)\ntotal = 0\nfor i in range(len(xs)):\n    total += xs[i]\nassert total == 3, total",
-              _meta("seq_check", 1, False), "t2"),
-        _code(LIMITS_CHECK.format(cpu=processes.TRUSTED_CPU_S, mb=processes.TRUSTED_MEMORY_MB, cgroup=cgroup),
-              _meta("limits_check", 1, False), "t3"),
-    ]
-    return {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                        "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}
 
 
 # -- /tmp: a checkout and a venv under /tmp are jailed; the kernel's /tmp stays private --------------------------
