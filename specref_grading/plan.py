@@ -46,7 +46,8 @@ class TestSpec:
 class Plan:
     exercise: str
     version: str
-    cells: list[dict]  # {"n", "role", "grade_id", "source"} in the solution's order; tests included; role: checks,
+    cells: list[dict]  # {"n", "role", "grade_id", "source"} in the solution's order; tests included (with "asks": the
+    # names of the exercise's answers they read, all they may ask of the kernel); role: checks,
     # setup (with "kernel_source", "serve" and "forbidden": kernel_tree.prepare), answer, other, test or demo (a given
     # cell that uses what the kernel lacks, the reference: not run in grading, kernel_tree.prepare)
     tests: list[TestSpec]
@@ -247,6 +248,9 @@ def build_plan(solution: dict, submission: dict, solution_name: str = "solution"
         names_used(source(c)) for c in sol_cells if is_answer(c) and c.get("cell_type") == "code"))
     # What the kernel lacks and is not served is the answer key: given cells that use it are not run (role "demo").
     defined = set().union(*(names_bound(source(c)) for c in sol_cells if is_answer(c) and c.get("cell_type") == "code"))
+    for c in cells:  # what a test may ask of the kernel: the names the exercise's answers bind (trust/trusted.py)
+        if c["role"] == "test":
+            c["asks"] = sorted(names_used(c["source"]) & defined)
     forbidden = kernel_tree.prepare(cells, kernel_uses, defined=defined)
     return Plan(eid or exercise_id(Path(solution_name)), version, cells, tests, manual, notes, syntax, seed,
                 forbidden)

@@ -31,7 +31,7 @@ from specref_grading.trust.errors import (
 )
 from specref_grading.trust.kernel_policy import KernelPolicy
 from specref_grading.trust.remote import BINARY, COMPARE, UNARY
-from specref_grading.trust.values import MAX_ITEMS, Codec, Frame, _np, _torch, array_bytes
+from specref_grading.trust.values import MAX_ITEMS, REFUSED, Codec, Frame, _np, _torch, array_bytes
 from specref_grading.trust.wire import recv_message, send_message
 
 
@@ -186,7 +186,7 @@ class Peer(Codec):
         if op in self.ops:
             return self.ops[op](*args)
         if not args or type(args[0]) is not int or args[0] not in self.exports:
-            raise ValueError(f"unknown object in a {op!r} call")
+            raise ValueError(f"{op}: {REFUSED}")
         obj = self.exports[args[0]]
         if op == "call":
             a, kw = args[1], args[2]

@@ -81,6 +81,21 @@ class Call(Declared):
         return f"<{self._name}, passed by the grader>"
 
 
+class Served(Call):
+    """A name the exercise serves the kernel (its setup's own tool, run here because the kernel's specref lacks it):
+    called with no argument, so it computes on the exercise's own setting, never on one the kernel chooses; computed
+    once per run, so a loop of calls costs this side one computation. Nothing else: no attribute, no argument."""
+
+    __slots__ = ("_result",)
+
+    def __call__(self, *args, **kwargs):
+        if args or kwargs:
+            raise TypeError(f"{self._name}() takes no arguments in grading: it computes on the exercise's own setting")
+        if not hasattr(self, "_result"):  # an unset slot
+            object.__setattr__(self, "_result", self._target())
+        return self._result
+
+
 class Fields(Declared):
     """A dataclass of settings (a model's config): its fields, read; nothing else."""
 

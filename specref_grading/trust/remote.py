@@ -1,6 +1,6 @@
 """A handle on an object the other process owns: every use of it is a call to that process.
 
-The rule: a `Remote` holds no data, only (peer, handle id, kind). Calling it, its len, indexing and iteration,
+The rule: a `Remote` holds no data, only (peer, handle id, kind). Calling it, its len, indexing and iteration (`in`),
 float(), int(), index() and its public attributes are requests to the owner; a private name (a leading
 underscore: __dict__, __code__, _secret) is refused here and again by the owner; it cannot be set, deleted
 or pickled. An operator or its truth value is asked of the owner only where the peer's policy allows it
@@ -42,9 +42,6 @@ class Remote:
 
     def __iter__(self):
         return iter(self._peer.request("iter", self._hid))
-
-    def __contains__(self, x) -> bool:
-        return x in self._peer.request("iter", self._hid)
 
     def __bool__(self) -> bool:
         self._peer.policy.check_operator(self._peer, self, "its truth (bool, if, assert, and, or, not)")

@@ -9,12 +9,15 @@ kernel (specref_grading/jail.py) and writes the plan to its stdin:
 * setup cells run in both processes: here, to give the tests the exercise's own objects; in the
   kernel, for the learner's answers;
 * answer and other cells run only in the kernel;
-* test cells (hidden tests and the HIDDEN_SEED line included) run only here. A name a test reads
-  that the setup did not bind is asked of the kernel: plain data arrives as a copy, a function or
-  other object as a `Remote` handle (specref_grading/trust/remote.py) whose calls run in the kernel, under a
-  per-call time limit. What the checks hand to the learner's functions (models, samplers,
-  generators' states, caches) is served from here. A test may spend at most "test_cpu_s" of this
-  process's CPU time (its checks and every call across the wall, either way), however many calls that is.
+* test cells (hidden tests and the HIDDEN_SEED line included) run only here. Of the names a test reads,
+  only those the plan lists in its "asks" (the names the exercise's answer cells bind, plan.py) and the
+  setup did not bind are asked of the kernel: plain data arrives as a copy, a function or other object as
+  a `Remote` handle (specref_grading/trust/remote.py) whose calls run in the kernel, under a per-call time
+  limit; every other name comes from this side or is a NameError. What the checks hand to the learner's
+  functions (models, samplers, generators' states, caches) is served from here, and revoked when the test
+  ends (`Codec.revoke`): a handle the kernel kept from one test is refused in the next. A test may spend at
+  most "test_cpu_s" of this process's CPU time (its checks and every call across the wall, either way),
+  however many calls that is.
 
 The outcome of each test is decided here, from whether its cell raised, and written as a JSON
 line to the `events` pipe, which the kernel cannot reach. When a call into the kernel times out,
@@ -24,7 +27,6 @@ specref_grading/trust/wall.py starts a fresh pair for the tests that remain.
 
 from __future__ import annotations
 
-import ast
 import builtins
 import json
 import os
@@ -76,14 +78,6 @@ def emit(event: dict) -> None:
         data = data[os.write(_EVENTS, data):]
 
 
-def names_loaded(source: str) -> list[str]:
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return []
-    return sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)})
-
-
 _CHANGED = "changed an input the check passed in: a function must not modify its input values"
 
 
@@ -103,7 +97,8 @@ def run_test(cell: dict, ns: dict, peer: Peer, answer_errors: list[str], cpu_s: 
 
     `cpu_s` caps this process's CPU time on the test (the check's own work and every call it makes or serves): past
     it the next call across the wall stops the test (WorkLimit). The cap is on this side's work, not on the
-    submission's calls: an honest answer may call what it was given as often as its algorithm needs.
+    submission's calls: an honest answer may call what it was given as often as its algorithm needs. Only the
+    names in `cell["asks"]` are asked of the kernel; what this side exported during the test is revoked at its end.
     """
     n = cell["n"]
     emit({"ev": "start", "n": n, "role": "test"})
@@ -112,9 +107,10 @@ def run_test(cell: dict, ns: dict, peer: Peer, answer_errors: list[str], cpu_s: 
     filename = f"<test cell {n}>"
     first, cpu0 = peer.calls + peer.served, time.process_time()
     peer.cpu_limit = None if cpu_s is None else cpu0 + cpu_s
+    kept = set(peer.exports)  # what was exported before the test (the served names) outlives it; nothing else
     try:
-        for name in names_loaded(cell["source"]):
-            if name in tns or hasattr(builtins, name):
+        for name in cell.get("asks", ()):
+            if name in tns:
                 continue
             try:
                 value = peer.request("get", name)
@@ -168,6 +164,7 @@ def run_test(cell: dict, ns: dict, peer: Peer, answer_errors: list[str], cpu_s: 
         outcome, message = "error", describe_error(e, filename)
     finally:
         peer.cpu_limit = None
+        peer.revoke(kept)
     flags = changed_flags(peer, names)
     peer.changed.clear()
     emit({"ev": "result", "n": n, "grade_id": cell.get("grade_id"), "outcome": outcome, "message": message,

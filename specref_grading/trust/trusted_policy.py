@@ -3,7 +3,7 @@
 The rules:
 
 * exports: every object leaves as its declared wrapper (exports.py: one table, type -> wrapper; an undeclared type
-  is a TypeError naming it). What the exercise serves by name leaves as a `Served` call (`serve`);
+  is a TypeError naming it). What the exercise serves by name leaves as a `Served` call: no arguments, computed once (`serve`);
 * attributes: only those a wrapper declares (exports.readable); private names never;
 * operators: the checks' own code may not let an object of the submission answer an operator or its own truth
   (its answer would come from the kernel, which can say anything: an object whose __sub__ gives 0 passes
@@ -15,9 +15,7 @@ The rules:
 
 from __future__ import annotations
 
-from specref_grading.trust.exports import Call, Declared, declare, readable
-
-Served = Call  # what the kernel gets for a name the exercise serves it: a call, nothing else
+from specref_grading.trust.exports import Declared, Served, declare, readable
 
 
 class TrustedPolicy:
@@ -25,10 +23,10 @@ class TrustedPolicy:
 
     flags_changes = True
 
-    def serve(self, table: dict[str, object]) -> dict[str, Call]:
+    def serve(self, table: dict[str, object]) -> dict[str, Served]:
         """The declared wrappers of what the exercise gives the kernel on purpose (the setup's served names): one
-        call per name, the only form in which those objects leave this process."""
-        return {name: Call(value, name) for name, value in table.items()}
+        call without arguments per name, computed once, the only form in which those objects leave this process."""
+        return {name: Served(value, name) for name, value in table.items()}
 
     def plain_copy(self, x):
         """Nothing is sent as a copy that is not plain already."""

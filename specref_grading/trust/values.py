@@ -8,11 +8,14 @@ The rule, per value:
   modify its input" is still seen by the caller;
 * a torch.Generator: its state, the seed it was made with blanked. The caller's generator takes the callee's
   final state when the call returns; the other side may set the state of one of ours only while a call on
-  our stack lends it (keys are sequential, so guessable);
+  our stack lends it;
 * a frozen dataclass of specref: its fields (records.py);
 * anything else is not sent: it is exported under a handle id, and the receiver gets a `Remote`. What a side
   may export, what leaves in its place (the trusted side: a declared wrapper, exports.py) and what it sends as a
-  plain copy is its policy's (kernel_policy.py, trusted_policy.py).
+  plain copy is its policy's (kernel_policy.py, trusted_policy.py). Every id (handle, generator key, call) is
+  63 random bits from os.urandom (`new_id`), so the other side cannot guess one it was not given; `revoke`
+  forgets what was exported since a mark (trusted.py: at the end of each test), so a handle kept from one test
+  is refused in the next.
 
 Every message is limited in depth and items while it is encoded or decoded, whatever its bytes say.
 """
@@ -20,6 +23,7 @@ Every message is limited in depth and items while it is encoded or decoded, what
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import sys
 
 from specref_grading.trust.records import record_name, record_type
@@ -28,6 +32,8 @@ from specref_grading.trust.wire import MAX_MESSAGE_ITEMS
 
 MAX_ITEMS = 1 << 20  # items of one container, or of one iteration
 MAX_DEPTH = 64
+REFUSED = ("a handle this process never gave out, or gave out in a test that has ended (what a check hands out is "
+           "valid only while that test runs)")
 
 
 def _torch():
@@ -72,14 +78,22 @@ class Codec:
         self.proxies: dict[int, Remote] = {}
         self.gens: dict[str, object] = {}
         self.gen_keys: dict[int, str] = {}
-        self.counter = 0
         # The keys of the generators each call on this side's stack lent the other side (`frame.gens`): the other
         # side may set the state of one of ours only while it is lent (_decode_gen, calls.py's sync_back).
         self.lent: list[list[str]] = []
 
     def new_id(self) -> int:
-        self.counter += 1
-        return self.counter
+        """A fresh id: 63 random bits (secrets: os.urandom, never the global RNG), never one this side exported."""
+        while True:
+            hid = secrets.randbits(63)
+            if hid not in self.exports:
+                return hid
+
+    def revoke(self, keep: set[int]) -> None:
+        """Forget every export whose id is not in `keep` (the ids at a mark): a later use of it is refused."""
+        for hid in [h for h in self.exports if h not in keep]:
+            del self.exports[hid], self.originals[hid]
+        self.export_ids = {key: hid for key, hid in self.export_ids.items() if hid in self.exports}
 
     # ---- encoding -------------------------------------------------------------------
     def encode(self, x, frame: Frame, depth: int = 0):
@@ -229,7 +243,7 @@ class Codec:
                 raise ValueError("malformed handle")
             if not x.get("own"):  # one of ours, coming back
                 if hid not in self.originals:
-                    raise ValueError("a handle this process never gave out")
+                    raise ValueError(REFUSED)
                 return self.originals[hid]
             proxy = self.proxies.get(hid)
             if proxy is None:

@@ -672,7 +672,7 @@ def test_grading_the_honest_toy_gives_full_marks_and_the_trusted_process_its_lim
     assert report.total == report.possible == 4, report.text()
     results = [e for e in events if e.get("ev") == "result"]
     calls = {e["grade_id"]: e["calls"] for e in results}
-    assert calls["seq_check"] >= 5 and calls["double_check"] >= 4, calls  # get, len, 3 items; get, 3 calls
+    assert calls["seq_check"] == 2 and calls["double_check"] == 4, calls  # get seq, one call; get double, 3 calls
 
 
 @pytest.mark.grader
@@ -755,10 +755,13 @@ def test_a_cpu_limit_stops_the_trusted_process_with_a_clear_message(monkeypatch)
     monkeypatch.setattr(trusted, "emit", emitted.append)
 
     class Busy:
-        timeout, calls, served, cpu_limit = 1.0, 0, 0, None
+        timeout, calls, served, cpu_limit, exports = 1.0, 0, 0, None, {}
 
         def request(self, op, *args):
             raise NameError(args[0])
+
+        def revoke(self, keep):
+            pass
     cell = {"n": 3, "role": "test", "grade_id": "spin", "source": "import os, signal\nos.kill(os.getpid(), signal.SIGXCPU)\nwhile True:\n    pass"}
     old = __import__("signal").signal(__import__("signal").SIGXCPU, trusted._on_sigxcpu)
     try:

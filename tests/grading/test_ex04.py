@@ -158,7 +158,7 @@ def test_the_hidden_checks_pass_the_reference():
 @pytest.mark.parametrize("bug", ["skip_residual", "q_unprocessed", "no_target_rollback"])
 def test_the_sampling_check_flags_a_broken_decoder_at_its_own_sample_size(bug):
     _, step, _ = make_decoder(bug)
-    with pytest.raises(AssertionError, match="do not follow the target's distribution"):
+    with pytest.raises(AssertionError, match="do not follow the target's distribution|an outcome of those counted"):
         G.check_first_two_tokens(step)
 
 
@@ -277,7 +277,7 @@ def _reject_every_draft(target, draft, seq, target_cache, draft_cache, k, temper
 
 
 def test_a_step_that_rejects_every_draft_fails_the_sampling_check():
-    with pytest.raises(AssertionError, match="rarely accept a draft"):
+    with pytest.raises(AssertionError, match="rarely accept a draft|an outcome of those counted"):
         G.check_first_two_tokens(_reject_every_draft, sampling=dict(G.SAMPLING, n=200))
 
 

@@ -142,7 +142,7 @@ def test_course_callables_are_calls(kernel):
     sampler = SAMPLERS["A"]  # a course function, called with the checks' own rng coming back as itself
     want = exact_distribution(lambda rng: tuple(sampler(target, draft, start, 2, rng)))
     assert exact_distribution(lambda rng: tuple(call(sampler, target, draft, start, 2, rng))) == want
-    assert call(peer.policy.serve({"sq": lambda x: x * x})["sq"], 7) == 49
+    assert call(peer.policy.serve({"sq": lambda: 7 * 7})["sq"]) == 49
 
 
 # -- undeclared objects --------------------------------------------------------------------------------------------

@@ -127,7 +127,7 @@ def _ex04_verdict_fails(expected: np.ndarray, beta: float, n: int, rng: np.rando
     drawn = expected if sampled is None else sampled
     counts = rng.multinomial(n, drawn / drawn.sum())
     accepted_first = rng.binomial(n, beta)
-    if accepted_first < n * beta - 6 * math.sqrt(n * beta * (1 - beta)):
+    if abs(accepted_first - n * beta) > 6 * math.sqrt(n * beta * (1 - beta)):  # the two 6-sd bounds
         return True
     return not distribution_test(torch.tensor(expected), counts=torch.tensor(counts), alpha=G.SAMPLING_ALPHA).passed
 
