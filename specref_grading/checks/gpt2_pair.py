@@ -23,7 +23,8 @@ What is graded, all on float64 copies of the pair, so no verdict depends on a CP
   greedy rule emits; (c) the first two tokens of sampled generation follow the target's exact
   distribution (`distribution_test`), with power shown against broken decoders at the same N;
 * `check_speculative_decode`: (a) greedy output equals the target's greedy output token for token;
-  (b) at most one target pass per step plus one for the prompt.
+  (b) at most one target pass per step plus one for the prompt; (c) those passes, replayed in order, decode the
+  output by the greedy rule (`_greedy_replay`), as they must for `count_steps` too.
 
 Task 4 times the learner's decoder against plain decoding on the grown target, with their own timing code. No
 point depends on a timing. Graded exactly: `count_steps(target, draft, prompts, k, max_new_tokens)` ->
@@ -102,6 +103,7 @@ class _Memo(torch.nn.Module):
         self.calls = 0
         self.inputs: list[int] = []  # the number of new tokens of each call
         self.fed: list[list[int] | None] = []  # the token ids of each call, [1, T] integer inputs only
+        self.held: list[int | None] = []  # tokens in the cache before each call (0 without one; None: unreadable)
         self._memo: dict = {} if memo is None else memo
 
     def get_submodule(self, target: str) -> torch.nn.Module:
@@ -136,6 +138,8 @@ class _Memo(torch.nn.Module):
         one_row = (isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] == 1
                    and not input_ids.is_floating_point() and input_ids.dtype != torch.bool)
         self.fed.append([int(t) for t in input_ids[0].tolist()] if one_row else None)
+        self.held.append(0 if cache is None else int(cache.lengths[0]) if isinstance(cache, KVCache)
+                         and cache.lengths.numel() == 1 else None)
         known = getattr(cache, "_grader_tokens", None)
         plain = (
             known is not None and position_ids is None and attention_mask is None and not return_hidden
@@ -599,6 +603,11 @@ def _margin(logits: torch.Tensor) -> float:  # [V]
 
 def _greedy_run(prompt: list[int], k: int, max_new_tokens: int, expected: list[int]) -> tuple[int, float]:
     """(steps, margin): the steps of `_greedy_steps`, and the smallest `_margin` of the draft's argmax decisions."""
+    return _greedy_run_of(tuple(prompt), k, max_new_tokens, tuple(expected))
+
+
+@functools.lru_cache(maxsize=256)  # the step count and the replay's margin ask for the same run
+def _greedy_run_of(prompt: tuple[int, ...], k: int, max_new_tokens: int, expected: tuple[int, ...]) -> tuple[int, float]:
     _, draft = _pair64()
     steps, pos, margin = 0, 0, math.inf
     with torch.no_grad():
@@ -614,6 +623,78 @@ def _greedy_run(prompt: list[int], k: int, max_new_tokens: int, expected: list[i
             pos += n_acc + 1
             steps += 1
     return steps, margin
+
+
+# The decoder and count checks tie what was decoded to the target passes counted on the handed models
+# (`_greedy_replay`): read in order, those passes must be a greedy speculative decoding of the target's own greedy
+# output, each step's emission the greedy rule's outcome on that pass (`_step_outcome` at temperature 0: the drafts
+# the draft's argmax choices, the accepted prefix and the correction the target's). Plain decoding on a model of the
+# kernel's own with dummy passes booked to match the counts books passes that decode nothing. The rule is exact in
+# float64. The learner decides on the handed float64 pair: its cached passes differ from this recompute by float64
+# rounding (about 1e-12), or, if it casts the logits to float32, by half an ulp of a logit (2^-24 x 32 = 2e-6 for
+# logits below 32 in magnitude, which tests/grading/test_ex04_decode_tied.py holds along the graded runs). A run
+# whose smallest argmax margin (target or draft, float64) is below REPLAY_MARGIN, 50 times that, is not replayed.
+REPLAY_MARGIN = 1e-4
+
+
+def _greedy_replay(runs: list[tuple[list[int], list[int], int]], k: int, target: _Memo, draft: _Memo) -> str | None:
+    """Why the target's counted passes are no greedy speculative decoding of `runs`, in order, or None.
+
+    runs: (prompt, S, end) per prompt: S the target's greedy tokens after the prompt, k + 1 past the budget;
+    end = len(prompt) + the budget. With cur the tokens decoded so far (prompt + S[:cur - len(prompt)]), a pass on
+    a cache of n tokens fed f is either a prefill (n + len(f) <= cur, f the tokens there: it emits nothing) or a
+    step (n <= cur - 1, f = the tokens n..cur, then at most k drafts), which emits the greedy rule's outcome on its
+    drafts (`_step_outcome`) and moves cur by that, up to end; at end the next prompt starts. The drafts of every
+    step but its last were fed to the handed draft, in order. A pass that fits both readings keeps both."""
+    def tokens(i: int) -> list[int]:
+        return runs[i][0] + runs[i][1]
+
+    def with_next(states: set) -> set:  # a finished prompt may be followed by the next one's passes
+        return states | {(i + 1, len(runs[i + 1][0]), fed) for i, cur, fed in states
+                         if cur == runs[i][2] and i + 1 < len(runs)}
+
+    states = with_next({(0, len(runs[0][0]), ())})
+    for c, (n, f) in enumerate(zip(target.held, target.fed), 1):
+        if n is None or f is None:
+            return f"target pass {c} was not one row of token ids on no cache or on a cache of the target's"
+        after, why = set(), None
+        for i, cur, fed in states:
+            seq = tokens(i)
+            if n + len(f) <= cur and f == seq[n : n + len(f)]:
+                after.add((i, cur, fed))  # a prefill of tokens already decoded
+            if n <= cur - 1 and f[: cur - n] == seq[n:cur] and 0 <= len(f) - (cur - n) <= k:
+                drafts = f[cur - n :]
+                j = next((a for a, d in enumerate(drafts) if d != seq[cur + a]), len(drafts))
+                why = _step_outcome(tuple(seq[:cur]), tuple(drafts), tuple(seq[cur : cur + j + 1]), 0.0, None)
+                if why is None:
+                    after.add((i, min(runs[i][2], cur + j + 1), fed + tuple(drafts[:-1])))
+        if not after:
+            shown = f"{len(f)} tokens on a cache of {n}"
+            return (f"target pass {c} ({shown}) is neither a prefill of the tokens decoded so far nor a step that "
+                    f"scores the last token and at most k = {k} drafts" + (f": {why}" if why else ""))
+        states = with_next(after)
+    done = [fed for i, cur, fed in states if i == len(runs) - 1 and cur == runs[-1][2]]
+    if not done:
+        return "the target's passes end before the last token was decoded"
+    if not any(_fed_in_order(draft.fed, list(fed)) for fed in done):
+        return "the drafts the target scored were not fed to the draft you are given, in order"
+    return None
+
+
+def _tie_error(prompts: list[list[int]], k: int, max_new_tokens: int, margin: float, target: _Memo,
+               draft: _Memo) -> str | None:
+    """`_greedy_replay` of greedy speculative decoding of `prompts`, or None where `margin` is below REPLAY_MARGIN."""
+    runs = []
+    for prompt in prompts:
+        ext, m = _target_greedy(prompt, max_new_tokens + k + 1)
+        runs.append((list(prompt), ext, len(prompt) + max_new_tokens))
+        margin = min(margin, m)
+    return None if margin < REPLAY_MARGIN else _greedy_replay(runs, k, target, draft)
+
+
+_TIE_HINT = ("every token comes from the passes of the `target` and `draft` you are given: after the prompt, each "
+             "target pass scores the last token and the draft's greedy drafts, and the step emits the accepted "
+             "drafts and the target's own token, never tokens of models of your own.")
 
 
 @graded(3, "check_speculative_decode", FORBIDDEN, ALLOWED)
@@ -675,6 +756,10 @@ def check_speculative_decode(
             if draft.calls < steps - 1:
                 raise failure(g, where, inputs + [f"your decoder called the draft {draft.calls} times, {steps} steps"],
                             "each step lets the draft propose its k tokens before the target verifies them.")
+            why = _tie_error([list(prompt)], k, max_new_tokens, _greedy_run(prompt, k, max_new_tokens, expected)[1],
+                             target, draft)
+            if why is not None:
+                raise failure(g, where, inputs + [why], _TIE_HINT)
     # A sampled run: the right number of valid tokens.
     target, draft = _graded_pair(mine)
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
@@ -787,6 +872,9 @@ def _count_run(fn: Callable[..., object], prompts: list[list[int]], max_new_toke
                                               f"the target was called {target.calls} times"],
                           "a step is one verification: one target pass over the last token and the drafts. The "
                           "passes over the prompts are not steps.")
+        why = _tie_error(prompts, k, max_new_tokens, want[k][2], target, draft)
+        if why is not None:
+            raise failure(g, where, inputs + [why], _TIE_HINT)
 
 
 @graded(4, "check_timed_counts", FORBIDDEN, ALLOWED)
