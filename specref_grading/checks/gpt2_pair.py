@@ -612,7 +612,7 @@ def _greedy_run_of(prompt: tuple[int, ...], k: int, max_new_tokens: int, expecte
     steps, pos, margin = 0, 0, math.inf
     with torch.no_grad():
         while pos < max_new_tokens:
-            seq, drafts = list(prompt) + expected[:pos], []
+            seq, drafts = list(prompt + expected[:pos]), []
             for _ in range(k):
                 logits = draft(torch.tensor([seq + drafts]))[0, -1]
                 margin = min(margin, _margin(logits))
