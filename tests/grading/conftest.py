@@ -11,6 +11,7 @@ GRADE_PY=path/to/another/grade.py runs the same tests against another grader (on
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -21,9 +22,13 @@ from pathlib import Path
 
 import pytest
 
+from specref_grading import jail as _jail
 from specref_grading import processes as _processes
 from specref_grading.exercises import make_exercise as _make_exercise
 from specref_grading.processes import can_jail
+from specref_grading.trust import program as _program
+from specref_grading.trust.calls import Peer as _Peer
+from specref_grading.trust.trusted_policy import TrustedPolicy as _TrustedPolicy
 
 REPO = Path(__file__).resolve().parents[2]
 # The grader's command line; GRADE_PY=path/to/grade.py runs the same tests against another grader.
@@ -217,3 +222,20 @@ def toy_with_limits(double_answer: str = "def double(x):\n    ### BEGIN SOLUTION
     ]
     return {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
                                                         "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}
+
+
+@contextlib.contextmanager
+def kernel_peer(timeout: float = 60):
+    """A trusted peer talking to the kernel's program in a fresh ``python -I`` (the jail's command, unjailed)."""
+    t2k_r, t2k_w = os.pipe()
+    k2t_r, k2t_w = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-I", "-c", _program.kernel_program(_jail.KERNEL), str(t2k_r), str(k2t_w)],
+                            pass_fds=(t2k_r, k2t_w), cwd="/")
+    os.close(t2k_r)
+    os.close(k2t_w)
+    try:
+        yield _Peer(k2t_r, t2k_w, "trusted", timeout=timeout, policy=_TrustedPolicy())
+    finally:
+        os.close(t2k_w)
+        os.close(k2t_r)
+        proc.wait(timeout=30)

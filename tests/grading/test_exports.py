@@ -12,22 +12,21 @@ from __future__ import annotations
 
 import functools
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from specref.checks.rng import exact_distribution
 from specref.models.gpt2 import GPT2, GPT2Config
-from specref_grading import jail
 from specref_grading.checks.gpt2_pair import _Memo
 from specref_grading.checks.pitfalls import SAMPLERS, reference_cases
 from specref_grading.checks.speedup import VerifyCost
-from specref_grading.trust import exports, program
+from specref_grading.trust import exports
 from specref_grading.trust.calls import Peer
 from specref_grading.trust.trusted_policy import TrustedPolicy
 from specref_grading.trust.values import Frame
+
+from .conftest import kernel_peer
 
 pytestmark = pytest.mark.grader
 
@@ -79,18 +78,9 @@ def forged(obj, name):
 @pytest.fixture
 def kernel():
     """A trusted peer talking to the kernel's program in a fresh ``python -I`` (the jail's command, unjailed)."""
-    t2k_r, t2k_w = os.pipe()
-    k2t_r, k2t_w = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-I", "-c", program.kernel_program(jail.KERNEL), str(t2k_r), str(k2t_w)],
-                            pass_fds=(t2k_r, k2t_w), cwd="/")
-    os.close(t2k_r)
-    os.close(k2t_w)
-    peer = Peer(k2t_r, t2k_w, "trusted", timeout=120, policy=TrustedPolicy())
-    assert peer.request("exec", LEARNER, "<answer cell 1>") is None
-    yield peer, lambda name: peer.request("get", name)
-    os.close(t2k_w)
-    os.close(k2t_r)
-    proc.wait(timeout=30)
+    with kernel_peer(timeout=120) as peer:
+        assert peer.request("exec", LEARNER, "<answer cell 1>") is None
+        yield peer, lambda name: peer.request("get", name)
 
 
 def _small(dtype=torch.float32) -> GPT2:

@@ -13,39 +13,26 @@ import ast
 import builtins
 import itertools
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from specref_grading import jail
 from specref_grading.plan import build_plan
 from specref_grading.scan import names_bound, names_used
-from specref_grading.trust import exports, program, trusted
+from specref_grading.trust import exports, trusted
 from specref_grading.trust.calls import Peer
 from specref_grading.trust.trusted_policy import TrustedPolicy
 from specref_grading.trust.values import Codec
 
-from .conftest import REPO, toy_solution
+from .conftest import REPO, kernel_peer, toy_solution
 
 pytestmark = pytest.mark.grader
 
 
 @pytest.fixture
 def kernel():
-    """A trusted peer talking to the kernel's program in a fresh ``python -I`` (the jail's command, unjailed)."""
-    t2k_r, t2k_w = os.pipe()
-    k2t_r, k2t_w = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-I", "-c", program.kernel_program(jail.KERNEL), str(t2k_r), str(k2t_w)],
-                            pass_fds=(t2k_r, k2t_w), cwd="/")
-    os.close(t2k_r)
-    os.close(k2t_w)
-    peer = Peer(k2t_r, t2k_w, "trusted", timeout=60, policy=TrustedPolicy())
-    yield peer
-    os.close(t2k_w)
-    os.close(k2t_r)
-    proc.wait(timeout=30)
+    """A trusted peer talking to the kernel's program in a fresh ``python -I`` (conftest.kernel_peer)."""
+    with kernel_peer() as peer:
+        yield peer
 
 
 def _checks_ns(source: str) -> dict:

@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import ast
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from specref_grading import jail
 from specref_grading.trust import program
-from specref_grading.trust.calls import Peer
 from specref_grading.trust.errors import RemoteError
 from specref_grading.trust.kernel_policy import KernelPolicy
 from specref_grading.trust.remote import Remote
 from specref_grading.trust.trusted_policy import Served, TrustedPolicy
+
+from .conftest import kernel_peer
 
 pytestmark = pytest.mark.grader
 
@@ -100,18 +99,9 @@ def test_the_kernel_side_modules_share_one_namespace_without_clashes():
 
 @pytest.fixture
 def kernel():
-    """A trusted peer talking to the kernel's program in a fresh ``python -I`` (the jail's command, unjailed)."""
-    t2k_r, t2k_w = os.pipe()
-    k2t_r, k2t_w = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-I", "-c", program.kernel_program(jail.KERNEL), str(t2k_r), str(k2t_w)],
-                            pass_fds=(t2k_r, k2t_w), cwd="/")
-    os.close(t2k_r)
-    os.close(k2t_w)
-    peer = Peer(k2t_r, t2k_w, "trusted", timeout=60, policy=TrustedPolicy())
-    yield peer
-    os.close(t2k_w)
-    os.close(k2t_r)
-    proc.wait(timeout=30)
+    """A trusted peer talking to the kernel's program in a fresh ``python -I`` (conftest.kernel_peer)."""
+    with kernel_peer() as peer:
+        yield peer
 
 
 def test_the_kernels_program_serves_the_trusted_side(kernel):
