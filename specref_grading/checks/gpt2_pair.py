@@ -394,9 +394,9 @@ def _step_outcome(seq: tuple[int, ...], drafts: tuple[int, ...], emitted: tuple[
         p = process_logits(target(ids)[0, n - 1 :], temperature, top_k)  # [k + 1, V]
         q = process_logits(draft(ids)[0, n - 1 : n - 1 + k], temperature, top_k)  # [k, V]
     slack = 1 - SUPPORT_RTOL
-    if any(float(q[i, d]) <= 0 for i, d in enumerate(drafts)):
-        i = next(i for i, d in enumerate(drafts) if float(q[i, d]) <= 0)
-        return f"draft {i} ({drafts[i]}) has probability 0 under the draft's q: the draft never proposed it"
+    for i, d in enumerate(drafts):
+        if float(q[i, d]) <= 0:
+            return f"draft {i} ({d}) has probability 0 under the draft's q: the draft never proposed it"
     if any(float(p[i, d]) <= 0 for i, d in enumerate(drafts[:j])):
         return "an accepted draft has probability 0 under p: the rule never accepts it"
     if j == k:
@@ -592,7 +592,7 @@ def _fed_in_order(fed: list[list[int] | None], tokens: list[int]) -> bool:
 
 def _greedy_steps(prompt: list[int], k: int, max_new_tokens: int, expected: list[int]) -> int:
     """Target passes a greedy speculative decoder needs after the prompt's pass (draft runs from scratch)."""
-    return _greedy_run(prompt, k, max_new_tokens, expected)[0]
+    return _greedy_run(tuple(prompt), k, max_new_tokens, tuple(expected))[0]
 
 
 def _margin(logits: torch.Tensor) -> float:  # [V]
@@ -601,13 +601,9 @@ def _margin(logits: torch.Tensor) -> float:  # [V]
     return float(top[0] - top[1])
 
 
-def _greedy_run(prompt: list[int], k: int, max_new_tokens: int, expected: list[int]) -> tuple[int, float]:
-    """(steps, margin): the steps of `_greedy_steps`, and the smallest `_margin` of the draft's argmax decisions."""
-    return _greedy_run_of(tuple(prompt), k, max_new_tokens, tuple(expected))
-
-
 @functools.lru_cache(maxsize=256)  # the step count and the replay's margin ask for the same run
-def _greedy_run_of(prompt: tuple[int, ...], k: int, max_new_tokens: int, expected: tuple[int, ...]) -> tuple[int, float]:
+def _greedy_run(prompt: tuple[int, ...], k: int, max_new_tokens: int, expected: tuple[int, ...]) -> tuple[int, float]:
+    """(steps, margin): the steps of `_greedy_steps`, and the smallest `_margin` of the draft's argmax decisions."""
     _, draft = _pair64()
     steps, pos, margin = 0, 0, math.inf
     with torch.no_grad():
@@ -756,8 +752,8 @@ def check_speculative_decode(
             if draft.calls < steps - 1:
                 raise failure(g, where, inputs + [f"your decoder called the draft {draft.calls} times, {steps} steps"],
                             "each step lets the draft propose its k tokens before the target verifies them.")
-            why = _tie_error([list(prompt)], k, max_new_tokens, _greedy_run(prompt, k, max_new_tokens, expected)[1],
-                             target, draft)
+            margin = _greedy_run(tuple(prompt), k, max_new_tokens, tuple(expected))[1]
+            why = _tie_error([list(prompt)], k, max_new_tokens, margin, target, draft)
             if why is not None:
                 raise failure(g, where, inputs + [why], _TIE_HINT)
     # A sampled run: the right number of valid tokens.
@@ -826,7 +822,7 @@ def greedy_count(prompts: list[list[int]], k: int, max_new_tokens: int) -> tuple
     margin = math.inf
     for prompt in prompts:
         expected, m_target = _target_greedy(prompt, max_new_tokens)
-        s, m_draft = _greedy_run(prompt, k, max_new_tokens, expected)
+        s, m_draft = _greedy_run(tuple(prompt), k, max_new_tokens, tuple(expected))
         tokens, steps, margin = tokens + max_new_tokens, steps + s, min(margin, m_target, m_draft)
     return tokens, steps, margin
 

@@ -112,7 +112,7 @@ def test_the_graded_settings_are_replayed_and_their_logits_round_below_the_repla
     runs += [(p, k, TIMED_NEW) for p in TIMED_PROMPTS for k in TIMED_KS]  # the timed counts
     for prompt, k, n in runs:
         expected = G._target_greedy(prompt, n)[0]
-        margin = min(G._target_greedy(prompt, n + k + 1)[1], G._greedy_run(prompt, k, n, expected)[1])
+        margin = min(G._target_greedy(prompt, n + k + 1)[1], G._greedy_run(tuple(prompt), k, n, tuple(expected))[1])
         assert margin > G.REPLAY_MARGIN, (prompt[:3], k, margin)
     with torch.no_grad():
         for prompt, _, n in runs[::2]:
